@@ -1,0 +1,21 @@
+//! Tangram's scheduling core: a pure function from a cluster snapshot, the pending queue and
+//! the current time to a plan. See `README.md` beside this crate for the vocabulary and the
+//! invariants.
+//!
+//! No channels, locks, clocks or I/O live here, so the same code runs in the scheduler
+//! service, in tests and (later) in the simulator, and its decisions are reproducible.
+#![forbid(unsafe_code)]
+
+mod fcfs;
+mod model;
+
+pub use fcfs::FcfsFirstFit;
+pub use model::{
+    Constraint, Launch, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason, NeverReason,
+    WorkerView,
+};
+
+/// Runs the default policy.
+pub fn schedule(snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
+    FcfsFirstFit.schedule(snapshot, pending, now_ms)
+}

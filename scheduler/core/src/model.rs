@@ -1,0 +1,166 @@
+//! The core's vocabulary: snapshots in, plans out.
+
+use std::fmt;
+use tangram_shared::{ActionId, Demand, Grant, WorkerId};
+
+/// What the scheduler knows about one worker at the start of a cycle.
+///
+/// `free_*` already subtracts running actions and dispatched-but-unconfirmed ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerView {
+    /// The worker.
+    pub id: WorkerId,
+    /// Cores it can grant in all.
+    pub total_cores: u32,
+    /// Cores free now.
+    pub free_cores: u32,
+    /// Memory it can reserve in all, in MiB.
+    pub total_mem_mb: u64,
+    /// Memory free now, in MiB.
+    pub free_mem_mb: u64,
+    /// False when draining or not known to be alive: no new work goes there.
+    pub accepting: bool,
+}
+
+/// The cluster at the start of a cycle. Workers are kept sorted by id so that plans never
+/// depend on map iteration order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    workers: Vec<WorkerView>,
+}
+
+impl Snapshot {
+    /// Builds a snapshot; sorts the workers by id.
+    pub fn new(mut workers: Vec<WorkerView>) -> Self {
+        workers.sort_by(|a, b| a.id.cmp(&b.id));
+        Self { workers }
+    }
+    /// The workers, sorted by id.
+    pub fn workers(&self) -> &[WorkerView] {
+        &self.workers
+    }
+    /// One worker.
+    pub fn worker(&self, id: &WorkerId) -> Option<&WorkerView> {
+        self.workers.binary_search_by(|w| w.id.cmp(id)).ok().map(|i| &self.workers[i])
+    }
+}
+
+/// Where an action may run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Constraint {
+    /// Any worker.
+    Any,
+    /// Only this worker (it holds the trajectory's sandbox).
+    OnWorker(WorkerId),
+}
+
+/// One queued action, in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The action.
+    pub id: ActionId,
+    /// What it needs.
+    pub demand: Demand,
+    /// Where it may run.
+    pub constraint: Constraint,
+}
+
+/// A decision to run an action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The action.
+    pub id: ActionId,
+    /// The worker.
+    pub worker: WorkerId,
+    /// What it gets.
+    pub grant: Grant,
+}
+
+/// Why an action can not run yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitReason {
+    /// No worker has registered.
+    NoWorkers,
+    /// Not enough free cores on any allowed worker.
+    Cores {
+        /// Cores needed at least.
+        need: u32,
+        /// Most free cores on an allowed worker.
+        best_free: u32,
+    },
+    /// Not enough free memory on any allowed worker.
+    Memory {
+        /// MiB needed.
+        need_mb: u64,
+        /// Most free MiB on an allowed worker.
+        best_free_mb: u64,
+    },
+    /// The allowed worker is draining or not known to be alive.
+    NotAccepting(WorkerId),
+}
+
+/// Why an action can never run as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NeverReason {
+    /// Its demand exceeds every worker's whole capacity.
+    ExceedsEveryWorker {
+        /// Cores needed at least.
+        cores: u32,
+        /// MiB needed.
+        mem_mb: u64,
+    },
+    /// It must run on a worker that is not in the cluster.
+    WorkerGone(WorkerId),
+}
+
+/// The structured reason an action was not launched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Blocked until capacity changes; keep it queued, do not retry hot.
+    MayFitLater(WaitReason),
+    /// Fail fast with this reason.
+    NeverFits(NeverReason),
+}
+
+impl fmt::Display for Unplaced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unplaced::MayFitLater(WaitReason::NoWorkers) => write!(f, "no worker has registered"),
+            Unplaced::MayFitLater(WaitReason::Cores { need, best_free }) => {
+                write!(f, "needs {need} free cores; the best allowed worker has {best_free}")
+            }
+            Unplaced::MayFitLater(WaitReason::Memory { need_mb, best_free_mb }) => write!(
+                f,
+                "needs {need_mb} MiB free memory; the best allowed worker has {best_free_mb} MiB"
+            ),
+            Unplaced::MayFitLater(WaitReason::NotAccepting(w)) => {
+                write!(f, "worker {w} takes no new work now")
+            }
+            Unplaced::NeverFits(NeverReason::ExceedsEveryWorker { cores, mem_mb }) => write!(
+                f,
+                "needs at least {cores} cores and {mem_mb} MiB; no worker in the fleet has that much"
+            ),
+            Unplaced::NeverFits(NeverReason::WorkerGone(w)) => {
+                write!(f, "must run on worker {w}, which is no longer in the cluster")
+            }
+        }
+    }
+}
+
+/// The outcome of one scheduling cycle: every pending action is either launched once or
+/// explained once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Actions to start now, in queue order.
+    pub launches: Vec<Launch>,
+    /// Actions not started, with the reason, in queue order.
+    pub unplaced: Vec<(ActionId, Unplaced)>,
+}
+
+/// A scheduling policy. Pure: the same arguments always give the same plan.
+pub trait Policy {
+    /// The policy's name, as selected in config and the simulator.
+    fn name(&self) -> &'static str;
+    /// Plans one cycle.
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan;
+}

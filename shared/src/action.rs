@@ -1,0 +1,330 @@
+//! Actions: what a rollout asks Tangram to run.
+
+use crate::ids::{ActionId, JobId, TrajectoryId};
+use crate::result::{RejectCode, Rejection};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default action timeout when the submitter gives none: 60 s.
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+
+fn default_timeout_ms() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+
+/// One action, as published on `tangram.v1.action.<job>.<kind>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    /// Idempotency key; also sent as the `Nats-Msg-Id` header.
+    pub id: ActionId,
+    /// The job that submits it; must match the subject's `<job>` token.
+    pub job: JobId,
+    /// The trajectory it belongs to; sandbox actions address that trajectory's container.
+    pub trajectory: TrajectoryId,
+    /// Wall-clock limit for the execution itself, in milliseconds (queueing not included).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// What to do; its `kind` field selects the variant.
+    pub spec: ActionSpec,
+}
+
+/// The kind-specific part of an action, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ActionSpec {
+    /// Create the trajectory's container. Holds memory, not cores.
+    SandboxOpen(SandboxOpen),
+    /// Run a command in the trajectory's container with an elastic number of cores.
+    SandboxExec(SandboxExec),
+    /// Remove the trajectory's container.
+    SandboxClose(SandboxClose),
+}
+
+/// The kinds of action, as they appear in subjects, messages and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// See [`ActionSpec::SandboxOpen`].
+    SandboxOpen,
+    /// See [`ActionSpec::SandboxExec`].
+    SandboxExec,
+    /// See [`ActionSpec::SandboxClose`].
+    SandboxClose,
+}
+
+impl ActionKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [ActionKind; 3] =
+        [ActionKind::SandboxOpen, ActionKind::SandboxExec, ActionKind::SandboxClose];
+
+    /// The kind's wire name (`sandbox_exec`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::SandboxOpen => "sandbox_open",
+            ActionKind::SandboxExec => "sandbox_exec",
+            ActionKind::SandboxClose => "sandbox_close",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// `sandbox_open`: create the trajectory's container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxOpen {
+    /// Container image; the worker's default sandbox image when absent.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Memory limit of the container, in MiB. Reserved on the worker while the sandbox lives.
+    #[serde(default = "SandboxOpen::default_memory_mb")]
+    pub memory_mb: u64,
+    /// Size of the writable tmpfs working directory `/work`, in MiB (counts against memory).
+    #[serde(default = "SandboxOpen::default_workdir_mb")]
+    pub workdir_mb: u64,
+    /// Environment set for every command run in the sandbox.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl SandboxOpen {
+    fn default_memory_mb() -> u64 {
+        512
+    }
+    fn default_workdir_mb() -> u64 {
+        64
+    }
+}
+
+impl Default for SandboxOpen {
+    fn default() -> Self {
+        Self {
+            image: None,
+            memory_mb: Self::default_memory_mb(),
+            workdir_mb: Self::default_workdir_mb(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// An elastic range of cores, inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuRange {
+    /// Fewest cores the command can run with.
+    pub min: u32,
+    /// Most cores the command can use.
+    pub max: u32,
+}
+
+impl Default for CpuRange {
+    fn default() -> Self {
+        Self { min: 1, max: 1 }
+    }
+}
+
+/// `sandbox_exec`: run a command in the trajectory's container.
+///
+/// The command sees its core count as the `TANGRAM_CPUS` environment variable, and every
+/// `{cpus}` in `argv` is replaced by it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SandboxExec {
+    /// Program and arguments; not run through a shell.
+    pub argv: Vec<String>,
+    /// Elastic core range.
+    #[serde(default)]
+    pub cpus: CpuRange,
+    /// Files written into the working directory `/work` before the command runs, by relative
+    /// path, as UTF-8 text.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Extra environment variables for this command.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Text fed to the command's standard input, which is closed afterwards.
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+/// `sandbox_close`: remove the trajectory's container. No fields.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SandboxClose {}
+
+/// What an action needs from a worker while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Demand {
+    /// Elastic core range; `None` for actions that hold no cores.
+    pub cores: Option<CpuRange>,
+    /// Memory reserved, in MiB.
+    pub mem_mb: u64,
+}
+
+/// Bounds that validation enforces; they come from the scheduler's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest timeout accepted, in milliseconds.
+    pub max_timeout_ms: u64,
+    /// Most files one exec may carry.
+    pub max_files: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_timeout_ms: 3_600_000, max_files: 1024 }
+    }
+}
+
+impl Action {
+    /// The kind of this action.
+    pub fn kind(&self) -> ActionKind {
+        match self.spec {
+            ActionSpec::SandboxOpen(_) => ActionKind::SandboxOpen,
+            ActionSpec::SandboxExec(_) => ActionKind::SandboxExec,
+            ActionSpec::SandboxClose(_) => ActionKind::SandboxClose,
+        }
+    }
+
+    /// The resources this action declares.
+    pub fn demand(&self) -> Demand {
+        match &self.spec {
+            ActionSpec::SandboxOpen(o) => Demand { cores: None, mem_mb: o.memory_mb },
+            ActionSpec::SandboxExec(e) => Demand { cores: Some(e.cpus), mem_mb: 0 },
+            ActionSpec::SandboxClose(_) => Demand::default(),
+        }
+    }
+
+    /// Checks everything that can be checked without knowing the cluster.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Rejection> {
+        let invalid = |reason: String| Rejection::new(RejectCode::InvalidField, reason);
+        for check in [self.id.check(), self.job.check(), self.trajectory.check()] {
+            check.map_err(|e| invalid(e.to_string()))?;
+        }
+        if self.timeout_ms == 0 || self.timeout_ms > limits.max_timeout_ms {
+            return Err(invalid(format!(
+                "timeout_ms is {}; it must be between 1 and {}",
+                self.timeout_ms, limits.max_timeout_ms
+            )));
+        }
+        match &self.spec {
+            ActionSpec::SandboxOpen(o) => {
+                if o.memory_mb < 16 {
+                    return Err(invalid(format!("memory_mb is {}; the least is 16", o.memory_mb)));
+                }
+                if o.workdir_mb == 0 || o.workdir_mb > o.memory_mb {
+                    return Err(invalid(format!(
+                        "workdir_mb is {}; it must be between 1 and memory_mb ({})",
+                        o.workdir_mb, o.memory_mb
+                    )));
+                }
+                if let Some(image) = &o.image {
+                    if image.is_empty() || image.chars().any(char::is_whitespace) {
+                        return Err(invalid(format!("image {image:?} is not an image reference")));
+                    }
+                }
+                check_env(&o.env).map_err(invalid)?;
+            }
+            ActionSpec::SandboxExec(e) => {
+                if e.argv.is_empty() || e.argv[0].is_empty() {
+                    return Err(invalid("argv is empty; it needs at least the program".into()));
+                }
+                if e.argv.iter().any(|a| a.contains('\0')) {
+                    return Err(invalid("argv holds a NUL byte".into()));
+                }
+                if e.cpus.min == 0 || e.cpus.min > e.cpus.max {
+                    return Err(invalid(format!(
+                        "cpus is [{}, {}]; it needs 1 <= min <= max",
+                        e.cpus.min, e.cpus.max
+                    )));
+                }
+                if e.files.len() > limits.max_files {
+                    return Err(invalid(format!(
+                        "{} files; the limit is {}",
+                        e.files.len(),
+                        limits.max_files
+                    )));
+                }
+                for path in e.files.keys() {
+                    check_relative_path(path).map_err(invalid)?;
+                }
+                check_env(&e.env).map_err(invalid)?;
+            }
+            ActionSpec::SandboxClose(_) => {}
+        }
+        Ok(())
+    }
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(format!("environment variable {k:?} is not a valid name=value pair"));
+        }
+    }
+    Ok(())
+}
+
+/// A file path inside the working directory: relative, no `..`, no empty components.
+fn check_relative_path(path: &str) -> Result<(), String> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.contains('\0')
+        || path.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        || path.len() > 1024;
+    if bad {
+        Err(format!("file path {path:?} must be relative to /work, without '..' or empty parts"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(argv: &[&str]) -> Action {
+        Action {
+            id: ActionId::new("a1").unwrap(),
+            job: JobId::new("j1").unwrap(),
+            trajectory: TrajectoryId::new("t1").unwrap(),
+            timeout_ms: 1000,
+            spec: ActionSpec::SandboxExec(SandboxExec {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn validation_explains_bad_fields() {
+        assert!(exec(&["true"]).validate(&Limits::default()).is_ok());
+        let err = exec(&[]).validate(&Limits::default()).unwrap_err();
+        assert_eq!(err.code, RejectCode::InvalidField);
+        assert!(err.reason.contains("argv"));
+
+        let mut a = exec(&["true"]);
+        if let ActionSpec::SandboxExec(e) = &mut a.spec {
+            e.cpus = CpuRange { min: 4, max: 2 };
+        }
+        assert!(a.validate(&Limits::default()).unwrap_err().reason.contains("cpus"));
+
+        for path in ["/etc/passwd", "../x", "a//b", "a/./b", ""] {
+            let mut a = exec(&["true"]);
+            if let ActionSpec::SandboxExec(e) = &mut a.spec {
+                e.files.insert(path.into(), "x".into());
+            }
+            assert!(a.validate(&Limits::default()).is_err(), "{path:?} accepted");
+        }
+        let mut a = exec(&["true"]);
+        a.timeout_ms = 0;
+        assert!(a.validate(&Limits::default()).is_err());
+    }
+
+    #[test]
+    fn demand_follows_kind() {
+        let a = exec(&["true"]);
+        assert_eq!(a.demand().cores, Some(CpuRange { min: 1, max: 1 }));
+        let open = Action { spec: ActionSpec::SandboxOpen(SandboxOpen::default()), ..a };
+        assert_eq!(open.demand(), Demand { cores: None, mem_mb: 512 });
+    }
+}

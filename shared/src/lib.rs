@@ -1,0 +1,27 @@
+//! The Tangram wire contract, protocol v1.
+//!
+//! Everything that crosses NATS is defined here: identifiers, resource quantities, the
+//! action, dispatch, result and heartbeat messages, the subject and stream names, and the
+//! codec. `docs/PROTOCOL.md` describes the same contract for people writing clients in other
+//! languages; the golden-bytes tests in `tests/golden.rs` keep the two honest.
+//!
+//! This crate is the only caller of `rmp-serde`, and it has no async runtime.
+#![forbid(unsafe_code)]
+
+pub mod action;
+pub mod codec;
+pub mod dispatch;
+pub mod heartbeat;
+pub mod ids;
+pub mod result;
+pub mod subject;
+
+pub use action::{
+    Action, ActionKind, ActionSpec, CpuRange, Demand, Limits, SandboxClose, SandboxExec,
+    SandboxOpen,
+};
+pub use codec::{DecodeFailure, Encoding};
+pub use dispatch::{Dispatch, Grant};
+pub use heartbeat::{Heartbeat, SandboxRef};
+pub use ids::{ActionId, IdError, JobId, TrajectoryId, WorkerId};
+pub use result::{ActionResult, InfraCode, Outcome, Placement, RejectCode, Rejection, Timing};

@@ -1,0 +1,221 @@
+//! Results: exactly one per action, on `tangram.v1.result.<job>.<action-id>`.
+
+use crate::action::ActionKind;
+use crate::ids::{ActionId, JobId, TrajectoryId, WorkerId};
+use serde::{Deserialize, Serialize};
+
+/// How an action ended.
+///
+/// A command that exits non-zero is `completed` with that exit code: the action ran, and the
+/// trainer may learn from its result. `infra_error` means the infrastructure failed and the
+/// result says nothing about the model's work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The action ran to the end. For `sandbox_exec`, the command's exit code; 0 otherwise.
+    Completed {
+        /// Exit code of the command (128 + n when killed by signal n).
+        exit_code: i32,
+    },
+    /// The command ran past `timeout_ms` and its whole process tree was killed.
+    TimedOut,
+    /// The action was refused before it ran; `reason` says why.
+    Rejected {
+        /// Machine-readable class of the refusal.
+        code: RejectCode,
+        /// What was wrong, for a person.
+        reason: String,
+    },
+    /// The infrastructure failed (Docker error, worker lost); `reason` says how.
+    InfraError {
+        /// Machine-readable class of the failure.
+        code: InfraCode,
+        /// What failed, for a person.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// A bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Completed { .. } => "completed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Rejected { .. } => "rejected",
+            Outcome::InfraError { .. } => "infra_error",
+        }
+    }
+}
+
+/// Why an action was rejected. A small closed set: it doubles as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    /// The payload is not valid msgpack or JSON, or not an action.
+    Undecodable,
+    /// `spec.kind` names no known action kind.
+    UnknownKind,
+    /// A field is missing or has a bad value.
+    InvalidField,
+    /// The message is larger than the scheduler accepts.
+    Oversized,
+    /// No worker in the fleet could ever satisfy the demand.
+    Unsatisfiable,
+    /// An exec or close names a trajectory that has no open sandbox.
+    NoSandbox,
+    /// An open names a trajectory that already has a sandbox.
+    SandboxExists,
+    /// The subject, header and body disagree (job or action id).
+    Mismatch,
+}
+
+impl RejectCode {
+    /// The code's wire name, also used in dead-letter subjects.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectCode::Undecodable => "undecodable",
+            RejectCode::UnknownKind => "unknown_kind",
+            RejectCode::InvalidField => "invalid_field",
+            RejectCode::Oversized => "oversized",
+            RejectCode::Unsatisfiable => "unsatisfiable",
+            RejectCode::NoSandbox => "no_sandbox",
+            RejectCode::SandboxExists => "sandbox_exists",
+            RejectCode::Mismatch => "mismatch",
+        }
+    }
+}
+
+/// Why the infrastructure failed an action. A small closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InfraCode {
+    /// The container runtime returned an error.
+    Runtime,
+    /// The worker running the action stopped or went silent.
+    WorkerLost,
+    /// The sandbox container disappeared (worker restart, removed by hand).
+    SandboxLost,
+    /// Cores could not be granted or parked.
+    Grant,
+    /// The worker was shutting down and handed the action back.
+    Shutdown,
+}
+
+/// A rejection: a code and a reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {reason}")]
+pub struct Rejection {
+    /// Class.
+    pub code: RejectCode,
+    /// Explanation for a person.
+    pub reason: String,
+}
+
+impl Rejection {
+    /// Builds a rejection.
+    pub fn new(code: RejectCode, reason: impl Into<String>) -> Self {
+        Self { code, reason: reason.into() }
+    }
+}
+
+impl From<Rejection> for Outcome {
+    fn from(r: Rejection) -> Self {
+        Outcome::Rejected { code: r.code, reason: r.reason }
+    }
+}
+
+/// Where an action ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Cores granted (0 for actions that hold none).
+    pub cores: u32,
+    /// The host CPUs granted, in cpuset list syntax (`"2-3"`); empty when none.
+    #[serde(default)]
+    pub cpuset: String,
+}
+
+/// Where the time went, in microseconds. `act_us` = `queued_us + overhead_us + exec_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// From the action's arrival in JetStream to the worker starting it.
+    pub queued_us: u64,
+    /// Worker-side setup and teardown: granting and parking cores, writing files, container
+    /// creation for opens.
+    pub overhead_us: u64,
+    /// The command itself.
+    pub exec_us: u64,
+    /// Action completion time: the sum of the three.
+    pub act_us: u64,
+}
+
+impl Timing {
+    /// Builds a timing whose `act_us` is the sum of its parts.
+    pub fn new(queued_us: u64, overhead_us: u64, exec_us: u64) -> Self {
+        Self { queued_us, overhead_us, exec_us, act_us: queued_us + overhead_us + exec_us }
+    }
+}
+
+/// The result of one action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionResult {
+    /// The action's id.
+    pub id: ActionId,
+    /// The action's job.
+    pub job: JobId,
+    /// The action's trajectory, when it could be read.
+    #[serde(default)]
+    pub trajectory: Option<TrajectoryId>,
+    /// The action's kind, when it could be read.
+    #[serde(default)]
+    pub kind: Option<ActionKind>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Captured standard output (UTF-8, invalid bytes replaced), up to the worker's cap.
+    #[serde(default)]
+    pub stdout: String,
+    /// Captured standard error, up to the worker's cap.
+    #[serde(default)]
+    pub stderr: String,
+    /// True when stdout or stderr was cut at the cap.
+    #[serde(default)]
+    pub truncated: bool,
+    /// Where it ran; absent when it never ran.
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// Timing breakdown.
+    #[serde(default)]
+    pub timing: Timing,
+    /// Dispatch attempt that produced this result (0 when never dispatched).
+    #[serde(default)]
+    pub attempt: u32,
+    /// When the result was produced, in Unix milliseconds.
+    #[serde(default)]
+    pub finished_at_ms: u64,
+}
+
+impl ActionResult {
+    /// A result for an action that never ran.
+    pub fn rejected(
+        id: ActionId,
+        job: JobId,
+        rejection: Rejection,
+        finished_at_ms: u64,
+    ) -> Self {
+        Self {
+            id,
+            job,
+            trajectory: None,
+            kind: None,
+            outcome: rejection.into(),
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: false,
+            placement: None,
+            timing: Timing::default(),
+            attempt: 0,
+            finished_at_ms,
+        }
+    }
+}

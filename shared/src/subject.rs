@@ -1,0 +1,97 @@
+//! Subjects, streams and consumers of protocol v1. The one place that spells them.
+
+use crate::action::ActionKind;
+use crate::ids::{ActionId, JobId, WorkerId};
+use crate::result::RejectCode;
+
+/// Prefix of every subject.
+pub const PREFIX: &str = "tangram.v1";
+
+/// Stream holding submitted actions (`tangram.v1.action.>`).
+pub const ACTIONS_STREAM: &str = "TANGRAM_ACTIONS";
+/// Stream holding results (`tangram.v1.result.>`).
+pub const RESULTS_STREAM: &str = "TANGRAM_RESULTS";
+/// Stream holding dispatches to workers (`tangram.v1.dispatch.>`).
+pub const DISPATCH_STREAM: &str = "TANGRAM_DISPATCH";
+/// Stream holding dead-letter records (`tangram.v1.deadletter.>`).
+pub const DEADLETTER_STREAM: &str = "TANGRAM_DEADLETTER";
+
+/// Durable consumer through which the scheduler reads actions.
+pub const SCHEDULER_ACTIONS_CONSUMER: &str = "scheduler";
+/// Durable consumer through which the scheduler reads results (to release capacity).
+pub const SCHEDULER_RESULTS_CONSUMER: &str = "scheduler-results";
+
+/// Header carrying the idempotency key (the action id).
+pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
+/// Header selecting the encoding: `application/msgpack` (default) or `application/json`.
+pub const HEADER_CONTENT_TYPE: &str = "Content-Type";
+/// Dead-letter header: the reject code.
+pub const HEADER_DLQ_CODE: &str = "Tangram-Reject-Code";
+/// Dead-letter header: the reason.
+pub const HEADER_DLQ_REASON: &str = "Tangram-Reject-Reason";
+/// Dead-letter header: the subject the message arrived on.
+pub const HEADER_DLQ_SUBJECT: &str = "Tangram-Original-Subject";
+
+/// Subject for submitting an action: `tangram.v1.action.<job>.<kind>`.
+pub fn action(job: &JobId, kind: ActionKind) -> String {
+    format!("{PREFIX}.action.{job}.{}", kind.as_str())
+}
+/// Wildcard over every action.
+pub const ACTION_ALL: &str = "tangram.v1.action.>";
+
+/// Splits an action subject into its job and kind tokens (either may be invalid).
+pub fn parse_action(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("tangram.v1.action.")?;
+    let (job, kind) = rest.split_once('.')?;
+    (!kind.contains('.')).then_some((job, kind))
+}
+
+/// Subject of an action's result: `tangram.v1.result.<job>.<action-id>`.
+pub fn result(job: &JobId, id: &ActionId) -> String {
+    format!("{PREFIX}.result.{job}.{id}")
+}
+/// Wildcard over every result.
+pub const RESULT_ALL: &str = "tangram.v1.result.>";
+
+/// Subject of a worker's dispatches: `tangram.v1.dispatch.<worker>`.
+pub fn dispatch(worker: &WorkerId) -> String {
+    format!("{PREFIX}.dispatch.{worker}")
+}
+/// Wildcard over every dispatch.
+pub const DISPATCH_ALL: &str = "tangram.v1.dispatch.>";
+/// Durable consumer name of a worker on the dispatch stream.
+pub fn worker_consumer(worker: &WorkerId) -> String {
+    format!("worker-{worker}")
+}
+
+/// Subject of a worker's heartbeats (core NATS, not persisted).
+pub fn heartbeat(worker: &WorkerId) -> String {
+    format!("{PREFIX}.heartbeat.{worker}")
+}
+/// Wildcard over every heartbeat.
+pub const HEARTBEAT_ALL: &str = "tangram.v1.heartbeat.*";
+
+/// Subject of a dead-letter record: `tangram.v1.deadletter.<code>`.
+pub fn deadletter(code: RejectCode) -> String {
+    format!("{PREFIX}.deadletter.{}", code.as_str())
+}
+/// Wildcard over every dead-letter record.
+pub const DEADLETTER_ALL: &str = "tangram.v1.deadletter.>";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_versioned_and_parse_back() {
+        let job = JobId::new("j1").unwrap();
+        let s = action(&job, ActionKind::SandboxExec);
+        assert_eq!(s, "tangram.v1.action.j1.sandbox_exec");
+        assert_eq!(parse_action(&s), Some(("j1", "sandbox_exec")));
+        assert_eq!(parse_action("tangram.v1.action.j1"), None);
+        assert_eq!(parse_action("tangram.v1.action.j1.a.b"), None);
+        let id = ActionId::new("a-7").unwrap();
+        assert_eq!(result(&job, &id), "tangram.v1.result.j1.a-7");
+        assert_eq!(deadletter(RejectCode::Oversized), "tangram.v1.deadletter.oversized");
+    }
+}
