@@ -1,0 +1,156 @@
+//! Tangram's JetStream layout. The definitions live as JSON beside this crate (`streams/`,
+//! `consumers/`) in the NATS API's own format, so operators can read them or apply them with
+//! the `nats` CLI; this crate embeds them and creates them idempotently at start.
+#![forbid(unsafe_code)]
+
+use async_nats::jetstream::{self, consumer, stream};
+use tangram_shared::{subject, WorkerId};
+
+/// The stream definitions, in creation order.
+pub const STREAMS: [(&str, &str); 4] = [
+    ("actions", include_str!("../streams/actions.json")),
+    ("results", include_str!("../streams/results.json")),
+    ("dispatch", include_str!("../streams/dispatch.json")),
+    ("deadletter", include_str!("../streams/deadletter.json")),
+];
+
+const SCHEDULER_CONSUMER: &str = include_str!("../consumers/scheduler.json");
+const SCHEDULER_RESULTS_CONSUMER: &str = include_str!("../consumers/scheduler-results.json");
+const WORKER_CONSUMER: &str = include_str!("../consumers/worker.json");
+
+/// Setting up JetStream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A bundled definition does not parse (a bug in this crate; tests catch it).
+    #[error("bundled definition {name} is invalid: {source}")]
+    Definition {
+        /// Which definition.
+        name: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The server refused to create or update a stream.
+    #[error("creating stream {name}: {source}")]
+    Stream {
+        /// Which stream.
+        name: String,
+        /// Why.
+        source: async_nats::jetstream::context::CreateStreamError,
+    },
+    /// The server refused to create a consumer.
+    #[error("creating consumer {name}: {source}")]
+    Consumer {
+        /// Which consumer.
+        name: String,
+        /// Why.
+        source: async_nats::jetstream::stream::ConsumerError,
+    },
+    /// A stream could not be looked up.
+    #[error("looking up stream {name}: {source}")]
+    Lookup {
+        /// Which stream.
+        name: String,
+        /// Why.
+        source: async_nats::jetstream::context::GetStreamError,
+    },
+}
+
+/// Parses the bundled stream definitions.
+pub fn stream_configs() -> Result<Vec<stream::Config>, SetupError> {
+    STREAMS
+        .iter()
+        .map(|(name, json)| {
+            serde_json::from_str(json).map_err(|source| SetupError::Definition { name, source })
+        })
+        .collect()
+}
+
+fn consumer_config(name: &'static str, json: &str) -> Result<consumer::pull::Config, SetupError> {
+    serde_json::from_str(json).map_err(|source| SetupError::Definition { name, source })
+}
+
+/// Creates or updates every stream. Safe to call from every process at every start.
+pub async fn ensure_streams(js: &jetstream::Context) -> Result<(), SetupError> {
+    for config in stream_configs()? {
+        let name = config.name.clone();
+        js.create_or_update_stream(config)
+            .await
+            .map_err(|source| SetupError::Stream { name, source })?;
+    }
+    Ok(())
+}
+
+async fn ensure_consumer(
+    js: &jetstream::Context,
+    stream_name: &str,
+    config: consumer::pull::Config,
+) -> Result<consumer::PullConsumer, SetupError> {
+    let stream = js
+        .get_stream(stream_name)
+        .await
+        .map_err(|source| SetupError::Lookup { name: stream_name.to_string(), source })?;
+    let name = config.durable_name.clone().unwrap_or_default();
+    // create_consumer is idempotent for an identical config and updates a changed one.
+    stream
+        .create_consumer(config)
+        .await
+        .map_err(|source| SetupError::Consumer { name, source })
+}
+
+/// The scheduler's durable consumer on the actions stream.
+pub async fn scheduler_actions_consumer(
+    js: &jetstream::Context,
+) -> Result<consumer::PullConsumer, SetupError> {
+    let config = consumer_config("consumers/scheduler.json", SCHEDULER_CONSUMER)?;
+    ensure_consumer(js, subject::ACTIONS_STREAM, config).await
+}
+
+/// The scheduler's durable consumer on the results stream.
+pub async fn scheduler_results_consumer(
+    js: &jetstream::Context,
+) -> Result<consumer::PullConsumer, SetupError> {
+    let config = consumer_config("consumers/scheduler-results.json", SCHEDULER_RESULTS_CONSUMER)?;
+    ensure_consumer(js, subject::RESULTS_STREAM, config).await
+}
+
+/// A worker's durable consumer on its dispatch subject.
+pub async fn worker_consumer(
+    js: &jetstream::Context,
+    worker: &WorkerId,
+) -> Result<consumer::PullConsumer, SetupError> {
+    let mut config = consumer_config("consumers/worker.json", WORKER_CONSUMER)?;
+    config.durable_name = Some(subject::worker_consumer(worker));
+    config.filter_subject = subject::dispatch(worker);
+    ensure_consumer(js, subject::DISPATCH_STREAM, config).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_definitions_parse_and_match_the_subject_module() {
+        let streams = stream_configs().unwrap();
+        let names: Vec<_> = streams.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [subject::ACTIONS_STREAM, subject::RESULTS_STREAM, subject::DISPATCH_STREAM, subject::DEADLETTER_STREAM]
+        );
+        assert_eq!(streams[0].subjects, [subject::ACTION_ALL]);
+        assert_eq!(streams[1].subjects, [subject::RESULT_ALL]);
+        assert_eq!(streams[2].subjects, [subject::DISPATCH_ALL]);
+        assert_eq!(streams[3].subjects, [subject::DEADLETTER_ALL]);
+        for s in &streams {
+            // History is kept for replay: limits retention with a max age, never work-queue.
+            assert_eq!(s.retention, stream::RetentionPolicy::Limits, "{}", s.name);
+            assert!(s.max_age.as_secs() >= 86_400, "{}", s.name);
+            assert_eq!(s.storage, stream::StorageType::File);
+        }
+        let c = consumer_config("scheduler", SCHEDULER_CONSUMER).unwrap();
+        assert_eq!(c.durable_name.as_deref(), Some(subject::SCHEDULER_ACTIONS_CONSUMER));
+        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+        let c = consumer_config("scheduler-results", SCHEDULER_RESULTS_CONSUMER).unwrap();
+        assert_eq!(c.durable_name.as_deref(), Some(subject::SCHEDULER_RESULTS_CONSUMER));
+        consumer_config("worker", WORKER_CONSUMER).unwrap();
+    }
+}

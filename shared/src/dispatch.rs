@@ -27,8 +27,8 @@ pub struct Dispatch {
     pub action: Action,
     /// The allocation.
     pub grant: Grant,
-    /// When the action arrived in JetStream, in Unix milliseconds (for the queued time).
-    pub submitted_at_ms: u64,
+    /// When the action arrived in JetStream, in Unix microseconds (for the queued time).
+    pub submitted_at_us: u64,
     /// Encoding the submitter used; the result is written in the same one.
     #[serde(default)]
     pub result_encoding: Encoding,

@@ -108,7 +108,7 @@ fn dispatch_and_heartbeat() {
             attempt: 1,
             action: exec_action(),
             grant: Grant { cores: 2, mem_mb: 0 },
-            submitted_at_ms: 1_790_000_000_000,
+            submitted_at_us: 1_790_000_000_000_000,
             result_encoding: Encoding::Json,
         },
     );

@@ -1,0 +1,147 @@
+//! Scheduler configuration: TOML file, then `TANGRAM_*` environment variables, then flags,
+//! over defaults. Validated before any connection is opened; `main` exits with 64 on error.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The file as written: every field optional, unknown fields refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// NATS server URL.
+    pub nats_url: Option<String>,
+    /// Prometheus listen address; absent disables the exporter.
+    pub metrics_addr: Option<String>,
+    /// Largest action message accepted, in bytes.
+    pub max_action_bytes: Option<u64>,
+    /// Longest action timeout accepted, in milliseconds.
+    pub max_timeout_ms: Option<u64>,
+    /// Heartbeat periods a worker may miss before it is declared lost.
+    pub worker_missed_heartbeats: Option<u32>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Prometheus listen address, if any.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Largest action message accepted, in bytes.
+    pub max_action_bytes: usize,
+    /// Longest action timeout accepted.
+    pub max_timeout: Duration,
+    /// Heartbeat periods a worker may miss before it is declared lost.
+    pub worker_missed_heartbeats: u32,
+}
+
+/// Default NATS URL: the local cluster's server.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+/// 1 MiB: room for an exec with a few hundred KiB of source files; larger inputs belong in the
+/// image or a volume. NATS' own limit (nats/server.conf) is above it so oversize input reaches
+/// us and gets a clear rejection rather than a publish error.
+pub const DEFAULT_MAX_ACTION_BYTES: u64 = 1 << 20;
+/// One hour: longer actions are almost always a hung test suite.
+pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// Three missed heartbeats (3 s at the default 1 s period) before a worker counts as lost:
+/// long enough to ride out a GC pause or a NATS reconnect.
+pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;
+
+/// A configuration error, for a person.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl RawConfig {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+    }
+
+    /// Lays `over` on top of `self`: fields set in `over` win.
+    pub fn merge(self, over: RawConfig) -> Self {
+        Self {
+            nats_url: over.nats_url.or(self.nats_url),
+            metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            max_action_bytes: over.max_action_bytes.or(self.max_action_bytes),
+            max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
+            worker_missed_heartbeats: over.worker_missed_heartbeats.or(self.worker_missed_heartbeats),
+        }
+    }
+
+    /// Checks every field and fills defaults.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let nats_url = self.nats_url.unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
+        if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
+            return Err(ConfigError(format!("nats_url {nats_url:?} must start with nats:// or tls://")));
+        }
+        let metrics_addr = match self.metrics_addr.as_deref() {
+            None | Some("") => None,
+            Some(a) => Some(a.parse().map_err(|e| {
+                ConfigError(format!("metrics_addr {a:?} is not a socket address: {e}"))
+            })?),
+        };
+        let max_action_bytes = self.max_action_bytes.unwrap_or(DEFAULT_MAX_ACTION_BYTES);
+        if !(1024..=8 << 20).contains(&max_action_bytes) {
+            return Err(ConfigError(format!(
+                "max_action_bytes is {max_action_bytes}; it must be between 1024 and 8 MiB (the NATS payload limit in nats/server.conf)"
+            )));
+        }
+        let max_timeout_ms = self.max_timeout_ms.unwrap_or(DEFAULT_MAX_TIMEOUT_MS);
+        if max_timeout_ms == 0 {
+            return Err(ConfigError("max_timeout_ms must be positive".into()));
+        }
+        let worker_missed_heartbeats = self.worker_missed_heartbeats.unwrap_or(DEFAULT_MISSED_HEARTBEATS);
+        if worker_missed_heartbeats == 0 {
+            return Err(ConfigError("worker_missed_heartbeats must be at least 1".into()));
+        }
+        Ok(Config {
+            nats_url,
+            metrics_addr,
+            max_action_bytes: max_action_bytes as usize,
+            max_timeout: Duration::from_millis(max_timeout_ms),
+            worker_missed_heartbeats,
+        })
+    }
+}
+
+impl Config {
+    /// Defaults with the given NATS URL (for tests and embedding).
+    pub fn with_nats_url(url: impl Into<String>) -> Self {
+        let mut c = RawConfig::default().validate().expect("defaults are valid");
+        c.nats_url = url.into();
+        c
+    }
+}
+
+/// Reads the file if given; a missing default path is not an error.
+pub fn load_file(path: Option<&PathBuf>) -> Result<RawConfig, ConfigError> {
+    match path {
+        Some(p) => RawConfig::from_file(p),
+        None => Ok(RawConfig::default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_layers_win_and_bad_values_are_explained() {
+        let file: RawConfig = toml::from_str("nats_url = \"nats://file:1\"\nmax_action_bytes = 4096").unwrap();
+        let flags = RawConfig { nats_url: Some("nats://flag:2".into()), ..Default::default() };
+        let c = file.merge(flags).validate().unwrap();
+        assert_eq!(c.nats_url, "nats://flag:2");
+        assert_eq!(c.max_action_bytes, 4096);
+
+        assert!(toml::from_str::<RawConfig>("nats_urll = \"x\"").is_err(), "unknown field accepted");
+        let err = RawConfig { max_action_bytes: Some(10), ..Default::default() }.validate().unwrap_err();
+        assert!(err.0.contains("max_action_bytes"));
+        let err = RawConfig { metrics_addr: Some("nope".into()), ..Default::default() }.validate().unwrap_err();
+        assert!(err.0.contains("metrics_addr"));
+    }
+}

@@ -1,0 +1,92 @@
+//! `tangram-scheduler`: the scheduler service binary.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tangram_scheduler::config::{load_file, RawConfig};
+use tokio_util::sync::CancellationToken;
+
+/// Tangram's scheduler: consumes actions from NATS JetStream and dispatches them to workers.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// TOML config file.
+    #[arg(long, short, env = "TANGRAM_SCHEDULER_CONFIG")]
+    config: Option<PathBuf>,
+    /// NATS server URL [default: nats://127.0.0.1:4222].
+    #[arg(long, env = "TANGRAM_NATS_URL")]
+    nats_url: Option<String>,
+    /// Prometheus listen address, e.g. 127.0.0.1:9464 [default: disabled].
+    #[arg(long, env = "TANGRAM_SCHEDULER_METRICS_ADDR")]
+    metrics_addr: Option<String>,
+    /// Largest action message accepted, in bytes [default: 1048576].
+    #[arg(long, env = "TANGRAM_MAX_ACTION_BYTES")]
+    max_action_bytes: Option<u64>,
+    /// Log as JSON lines.
+    #[arg(long, env = "TANGRAM_LOG_JSON")]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let flags = RawConfig {
+        nats_url: args.nats_url,
+        metrics_addr: args.metrics_addr,
+        max_action_bytes: args.max_action_bytes,
+        ..Default::default()
+    };
+    // flags and env (clap merges those two) > file > defaults.
+    let config = match load_file(args.config.as_ref()).and_then(|file| file.merge(flags).validate()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tangram-scheduler: invalid configuration: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    init_tracing(args.log_json);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tangram-scheduler: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        if let Some(addr) = config.metrics_addr {
+            tangram_scheduler::metrics::install(addr)?;
+        }
+        let shutdown = CancellationToken::new();
+        let signal = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            signal.cancel();
+        });
+        tangram_scheduler::run(config, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tangram-scheduler: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if json {
+        tracing_subscriber::fmt().with_env_filter(filter).json().init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

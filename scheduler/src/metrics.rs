@@ -1,0 +1,68 @@
+//! The scheduler's metrics: every name in one place, base units, explicit buckets, bounded
+//! labels (kind, code, outcome: never an id).
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use std::net::SocketAddr;
+
+/// Actions received, by kind (`unknown` when undecodable).
+pub const ACTIONS_RECEIVED: &str = "tangram_scheduler_actions_received_total";
+/// Actions rejected, by code.
+pub const ACTIONS_REJECTED: &str = "tangram_scheduler_actions_rejected_total";
+/// Duplicate submissions dropped.
+pub const ACTIONS_DUPLICATE: &str = "tangram_scheduler_actions_duplicate_total";
+/// Dispatches published, by kind.
+pub const DISPATCHED: &str = "tangram_scheduler_dispatched_total";
+/// Results seen, by outcome.
+pub const RESULTS: &str = "tangram_scheduler_results_total";
+/// Actions queued now.
+pub const QUEUE_DEPTH: &str = "tangram_scheduler_queue_depth";
+/// Actions dispatched and not yet finished.
+pub const RUNNING: &str = "tangram_scheduler_running";
+/// Workers alive.
+pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
+/// Workers declared lost.
+pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
+/// Time spent in one call of the scheduling core.
+pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
+/// Time from arrival to dispatch publish acknowledged.
+pub const QUEUE_SECONDS: &str = "tangram_scheduler_queue_wait_seconds";
+
+const CYCLE_BUCKETS: &[f64] = &[1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2];
+const QUEUE_BUCKETS: &[f64] = &[1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 30.0];
+
+/// Starts the Prometheus exporter on `addr`.
+pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Full(CYCLE_SECONDS.into()), CYCLE_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(QUEUE_SECONDS.into()), QUEUE_BUCKETS)?
+        .install()?;
+    Ok(())
+}
+
+pub(crate) fn received(kind: &'static str) {
+    counter!(ACTIONS_RECEIVED, "kind" => kind).increment(1);
+}
+pub(crate) fn rejected(code: &'static str) {
+    counter!(ACTIONS_REJECTED, "code" => code).increment(1);
+}
+pub(crate) fn duplicate() {
+    counter!(ACTIONS_DUPLICATE).increment(1);
+}
+pub(crate) fn dispatched(kind: &'static str, queued_s: f64) {
+    counter!(DISPATCHED, "kind" => kind).increment(1);
+    histogram!(QUEUE_SECONDS).record(queued_s);
+}
+pub(crate) fn result(outcome: &'static str) {
+    counter!(RESULTS, "outcome" => outcome).increment(1);
+}
+pub(crate) fn worker_lost() {
+    counter!(WORKERS_LOST).increment(1);
+}
+pub(crate) fn cycle(seconds: f64, queued: usize, running: usize, alive: usize) {
+    histogram!(CYCLE_SECONDS).record(seconds);
+    gauge!(QUEUE_DEPTH).set(queued as f64);
+    gauge!(RUNNING).set(running as f64);
+    gauge!(WORKERS_ALIVE).set(alive as f64);
+}

@@ -1,0 +1,205 @@
+//! Connections, tasks and shutdown around the state task.
+
+use crate::config::Config;
+use crate::state::{Event, Scheduler};
+use anyhow::Context as _;
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+use std::time::Duration;
+use tangram_shared::codec::{decode, Encoding};
+use tangram_shared::{subject, ActionResult, Heartbeat};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn, Instrument};
+
+const EPOCH_BUCKET: &str = "tangram_scheduler";
+const EPOCH_KEY: &str = "epoch";
+/// Events waiting for the state task; intake pauses when it is full.
+const EVENT_CHANNEL: usize = 4096;
+
+/// Runs the scheduler until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let client = async_nats::ConnectOptions::new()
+        .name("tangram-scheduler")
+        .connect(&config.nats_url)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+    let js = jetstream::new(client.clone());
+    tangram_nats::ensure_streams(&js).await?;
+    let epoch = next_epoch(&js).await?;
+    info!(epoch, "scheduler starting");
+
+    let actions = tangram_nats::scheduler_actions_consumer(&js).await?;
+    let results = tangram_nats::scheduler_results_consumer(&js).await?;
+    let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
+    let results_stream = js.get_stream(subject::RESULTS_STREAM).await?;
+
+    let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
+    let tasks = TaskTracker::new();
+    let intake_stop = shutdown.child_token();
+
+    // Intake: actions, in stream order.
+    {
+        let tx = tx.clone();
+        let stop = intake_stop.clone();
+        let mut messages = actions.messages().await?;
+        tasks.spawn(
+            async move {
+                loop {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => break,
+                        m = messages.next() => m,
+                    };
+                    match msg {
+                        Some(Ok(m)) => {
+                            if tx.send(Event::Action(Box::new(m))).await.is_err() {
+                                break;
+                            }
+                        }
+                        Some(Err(e)) => warn!(error = %e, "action consumer error"),
+                        None => break,
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("intake")),
+        );
+    }
+    // Results: release capacity. Acked once handed to the state task (release is idempotent).
+    {
+        let tx = tx.clone();
+        let stop = shutdown.clone();
+        let mut messages = results.messages().await?;
+        tasks.spawn(
+            async move {
+                loop {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => break,
+                        m = messages.next() => m,
+                    };
+                    let Some(msg) = msg else { break };
+                    let msg = match msg {
+                        Ok(m) => m,
+                        Err(e) => {
+                            warn!(error = %e, "result consumer error");
+                            continue;
+                        }
+                    };
+                    let enc = content_type(&msg.headers).unwrap_or_default();
+                    match decode::<ActionResult>(&msg.payload, enc) {
+                        Ok(r) => {
+                            if tx.send(Event::Result(Box::new(r))).await.is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) => warn!(subject = %msg.subject, error = %e, "undecodable result ignored"),
+                    }
+                    if let Err(e) = msg.ack().await {
+                        warn!(error = %e, "acking a result");
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("results")),
+        );
+    }
+    // Heartbeats (core NATS).
+    {
+        let tx = tx.clone();
+        let stop = shutdown.clone();
+        let mut heartbeats = heartbeats;
+        tasks.spawn(
+            async move {
+                loop {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => break,
+                        m = heartbeats.next() => m,
+                    };
+                    let Some(msg) = msg else { break };
+                    match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
+                        Ok(hb) => {
+                            if tx.send(Event::Heartbeat(Box::new(hb))).await.is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) => warn!(subject = %msg.subject, error = %e, "undecodable heartbeat"),
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("heartbeats")),
+        );
+    }
+    // Ticks: liveness checks and keeping queued actions' acks alive.
+    {
+        let tx = tx.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        if tx.send(Event::Tick).await.is_err() { break; }
+                    }
+                }
+            }
+        });
+    }
+    drop(tx);
+    tasks.close();
+
+    let mut state = Scheduler::new(config, epoch, js, results_stream);
+    state.run(rx, shutdown.clone()).instrument(tracing::info_span!("state", epoch)).await;
+
+    // Phase two: intake has stopped (shutdown cancelled it); let the tasks finish.
+    intake_stop.cancel();
+    if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
+        warn!("scheduler tasks did not stop within 5 s");
+    }
+    client.flush().await.ok();
+    info!("scheduler stopped");
+    Ok(())
+}
+
+pub(crate) fn content_type(headers: &Option<async_nats::HeaderMap>) -> Result<Encoding, tangram_shared::codec::CodecError> {
+    Encoding::from_content_type(
+        headers.as_ref().and_then(|h| h.get(subject::HEADER_CONTENT_TYPE)).map(|v| v.as_str()),
+    )
+}
+
+/// Bumps the scheduler epoch in KV; every dispatch carries it so workers can refuse a stale
+/// scheduler's decisions.
+async fn next_epoch(js: &jetstream::Context) -> anyhow::Result<u64> {
+    let store = match js.get_key_value(EPOCH_BUCKET).await {
+        Ok(s) => s,
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: EPOCH_BUCKET.into(),
+                description: "scheduler epoch".into(),
+                history: 1,
+                storage: jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .context("creating the scheduler KV bucket")?,
+    };
+    for _ in 0..16 {
+        let entry = store.entry(EPOCH_KEY).await?;
+        let (current, revision) = match entry {
+            Some(e) => {
+                let text = String::from_utf8_lossy(&e.value).to_string();
+                (text.trim().parse::<u64>().unwrap_or(0), Some(e.revision))
+            }
+            None => (0, None),
+        };
+        let next = current + 1;
+        let written = match revision {
+            Some(rev) => store.update(EPOCH_KEY, next.to_string().into(), rev).await.is_ok(),
+            None => store.create(EPOCH_KEY, next.to_string().into()).await.is_ok(),
+        };
+        if written {
+            return Ok(next);
+        }
+    }
+    anyhow::bail!("could not bump the scheduler epoch: another scheduler keeps racing for it")
+}

@@ -1,0 +1,612 @@
+//! The state task: the only owner of the cluster view, the queue and the bookings.
+
+use crate::config::Config;
+use crate::metrics as m;
+use crate::service::content_type;
+use async_nats::jetstream::{self, AckKind};
+use async_nats::HeaderMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tangram_core::{Constraint, Pending, Snapshot, Unplaced, WorkerView};
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{
+    subject, Action, ActionId, ActionKind, ActionResult, Dispatch, Grant, Heartbeat, InfraCode,
+    JobId, Limits, Outcome, RejectCode, Rejection, TrajectoryId, WorkerId,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// What the other tasks send the state task.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Action(Box<jetstream::Message>),
+    Result(Box<ActionResult>),
+    Heartbeat(Box<Heartbeat>),
+    Tick,
+}
+
+/// How often queued actions get an in-progress ack, well inside the consumer's 60 s ack wait.
+const PROGRESS_EVERY: Duration = Duration::from_secs(20);
+/// Dead-letter records keep at most this much of the original payload.
+const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
+
+struct WorkerState {
+    hb: Heartbeat,
+    last_seen: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SandboxPhase {
+    /// Open dispatched, container not yet confirmed.
+    Opening,
+    Open,
+    /// Close dispatched.
+    Closing,
+}
+
+struct Sandbox {
+    worker: WorkerId,
+    mem_mb: u64,
+    phase: SandboxPhase,
+}
+
+struct Queued {
+    action: Action,
+    msg: Box<jetstream::Message>,
+    encoding: Encoding,
+    submitted_at_us: u64,
+    arrived: Instant,
+    last_progress: Instant,
+}
+
+struct Running {
+    worker: WorkerId,
+    grant: Grant,
+    job: JobId,
+    trajectory: TrajectoryId,
+    kind: ActionKind,
+    encoding: Encoding,
+    attempt: u32,
+}
+
+type SandboxKey = (JobId, TrajectoryId);
+
+pub(crate) struct Scheduler {
+    config: Config,
+    limits: Limits,
+    epoch: u64,
+    js: jetstream::Context,
+    results_stream: jetstream::stream::Stream,
+    started: Instant,
+    workers: BTreeMap<WorkerId, WorkerState>,
+    queue: Vec<Queued>,
+    running: HashMap<ActionId, Running>,
+    sandboxes: HashMap<SandboxKey, Sandbox>,
+    dirty: bool,
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        config: Config,
+        epoch: u64,
+        js: jetstream::Context,
+        results_stream: jetstream::stream::Stream,
+    ) -> Self {
+        let limits = Limits { max_timeout_ms: config.max_timeout.as_millis() as u64, ..Limits::default() };
+        Self {
+            config,
+            limits,
+            epoch,
+            js,
+            results_stream,
+            started: Instant::now(),
+            workers: BTreeMap::new(),
+            queue: Vec::new(),
+            running: HashMap::new(),
+            sandboxes: HashMap::new(),
+            dirty: false,
+        }
+    }
+
+    pub(crate) async fn run(&mut self, mut rx: mpsc::Receiver<Event>, shutdown: CancellationToken) {
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                e = rx.recv() => match e { Some(e) => e, None => break },
+            };
+            self.handle(event).await;
+            // Coalesce a burst: drain what is already waiting before planning once.
+            while let Ok(event) = rx.try_recv() {
+                self.handle(event).await;
+            }
+            if self.dirty {
+                self.dirty = false;
+                self.cycle().await;
+            }
+        }
+    }
+
+    async fn handle(&mut self, event: Event) {
+        match event {
+            Event::Action(msg) => self.intake(msg).await,
+            Event::Result(r) => self.on_result(*r),
+            Event::Heartbeat(hb) => self.on_heartbeat(*hb),
+            Event::Tick => self.on_tick().await,
+        }
+    }
+
+    // ---- intake -------------------------------------------------------------------------
+
+    async fn intake(&mut self, msg: Box<jetstream::Message>) {
+        let submitted_at_us = msg
+            .info()
+            .map(|i| (i.published.unix_timestamp_nanos() / 1000) as u64)
+            .unwrap_or_else(|_| unix_us());
+        match self.check(&msg) {
+            Ok((action, encoding)) => {
+                m::received(action.kind().as_str());
+                if self.is_duplicate(&action).await {
+                    m::duplicate();
+                    debug!(action = %action.id, "duplicate submission dropped");
+                    ack(&msg).await;
+                    return;
+                }
+                let now = Instant::now();
+                self.queue.push(Queued {
+                    action,
+                    msg,
+                    encoding,
+                    submitted_at_us,
+                    arrived: now,
+                    last_progress: now,
+                });
+                self.dirty = true;
+            }
+            Err(bad) => {
+                m::received("unknown");
+                self.reject_message(&msg, bad).await;
+            }
+        }
+    }
+
+    /// Decodes and validates one message.
+    fn check(&self, msg: &jetstream::Message) -> Result<(Action, Encoding), Bad> {
+        let (subject_job, subject_kind) =
+            subject::parse_action(&msg.subject).unwrap_or(("", ""));
+        let header_id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(subject::HEADER_MSG_ID))
+            .map(|v| v.as_str().to_string());
+        let mut bad = Bad {
+            id: header_id.clone(),
+            job: Some(subject_job.to_string()),
+            encoding: Encoding::Msgpack,
+            rejection: Rejection::new(RejectCode::Undecodable, ""),
+        };
+        let encoding = match content_type(&msg.headers) {
+            Ok(e) => e,
+            Err(e) => {
+                bad.rejection = Rejection::new(RejectCode::Undecodable, e.to_string());
+                return Err(bad);
+            }
+        };
+        bad.encoding = encoding;
+        if msg.payload.len() > self.config.max_action_bytes {
+            bad.rejection = Rejection::new(
+                RejectCode::Oversized,
+                format!(
+                    "action is {} bytes; the limit is {} (put large inputs in the image)",
+                    msg.payload.len(),
+                    self.config.max_action_bytes
+                ),
+            );
+            if bad.id.is_none() {
+                bad.id = codec::read_envelope(&msg.payload, encoding).id;
+            }
+            return Err(bad);
+        }
+        let action = match codec::decode_action(&msg.payload, encoding) {
+            Ok(a) => a,
+            Err(f) => {
+                bad.id = bad.id.or(f.envelope.id);
+                bad.rejection = f.rejection;
+                return Err(bad);
+            }
+        };
+        bad.id = Some(action.id.0.clone());
+        if let Err(r) = action.validate(&self.limits) {
+            bad.rejection = r;
+            return Err(bad);
+        }
+        let mismatch = if action.job.as_str() != subject_job {
+            Some(format!("body job {:?} does not match the subject's job {subject_job:?}", action.job.0))
+        } else if action.kind().as_str() != subject_kind {
+            Some(format!(
+                "body kind {:?} does not match the subject's kind {subject_kind:?}",
+                action.kind().as_str()
+            ))
+        } else if header_id.as_deref().is_some_and(|h| h != action.id.as_str()) {
+            Some(format!("Nats-Msg-Id {:?} does not match the body id {:?}", header_id.unwrap_or_default(), action.id.0))
+        } else {
+            None
+        };
+        if let Some(reason) = mismatch {
+            bad.rejection = Rejection::new(RejectCode::Mismatch, reason);
+            return Err(bad);
+        }
+        Ok((action, encoding))
+    }
+
+    /// True when this id is queued, running, or already has a result.
+    async fn is_duplicate(&mut self, action: &Action) -> bool {
+        if let Some(q) = self.queue.iter_mut().find(|q| q.action.id == action.id) {
+            // A redelivery of a queued action is not a new submission; nothing to do.
+            q.last_progress = Instant::now();
+            return true;
+        }
+        if self.running.contains_key(&action.id) {
+            return true;
+        }
+        let result_subject = subject::result(&action.job, &action.id);
+        self.results_stream.get_last_raw_message_by_subject(&result_subject).await.is_ok()
+    }
+
+    // ---- planning -----------------------------------------------------------------------
+
+    fn snapshot(&self) -> Snapshot {
+        let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
+        for r in self.running.values() {
+            used.entry(&r.worker).or_default().0 += r.grant.cores;
+        }
+        for s in self.sandboxes.values() {
+            used.entry(&s.worker).or_default().1 += s.mem_mb;
+        }
+        Snapshot::new(
+            self.workers
+                .iter()
+                .map(|(id, w)| {
+                    let (cores, mem) = used.get(id).copied().unwrap_or_default();
+                    WorkerView {
+                        id: id.clone(),
+                        total_cores: w.hb.cores,
+                        free_cores: w.hb.cores.saturating_sub(cores),
+                        total_mem_mb: w.hb.mem_mb,
+                        free_mem_mb: w.hb.mem_mb.saturating_sub(mem),
+                        accepting: !w.hb.draining,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    async fn cycle(&mut self) {
+        let t0 = Instant::now();
+        // Resolve sandbox constraints; some actions are decided before the core sees them.
+        let mut pending = Vec::with_capacity(self.queue.len());
+        let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
+        let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
+        for q in &self.queue {
+            let a = &q.action;
+            let key = (a.job.clone(), a.trajectory.clone());
+            let constraint = match a.kind() {
+                ActionKind::SandboxOpen => {
+                    if self.sandboxes.contains_key(&key) || !queued_opens.insert(key) {
+                        rejections.push((
+                            a.id.clone(),
+                            Rejection::new(
+                                RejectCode::SandboxExists,
+                                format!("trajectory {} of job {} already has a sandbox; close it first", a.trajectory, a.job),
+                            ),
+                        ));
+                        continue;
+                    }
+                    Constraint::Any
+                }
+                ActionKind::SandboxExec | ActionKind::SandboxClose => match self.sandboxes.get(&key) {
+                    Some(s) if s.phase == SandboxPhase::Open => Constraint::OnWorker(s.worker.clone()),
+                    // Wait for the open to finish or for the close ahead to take effect.
+                    Some(_) => continue,
+                    None if queued_opens.contains(&key) => continue,
+                    None => {
+                        rejections.push((
+                            a.id.clone(),
+                            Rejection::new(
+                                RejectCode::NoSandbox,
+                                format!(
+                                    "trajectory {} of job {} has no open sandbox; send sandbox_open first",
+                                    a.trajectory, a.job
+                                ),
+                            ),
+                        ));
+                        continue;
+                    }
+                },
+            };
+            pending.push(Pending { id: a.id.clone(), demand: a.demand(), constraint });
+        }
+        let snapshot = self.snapshot();
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let plan = tangram_core::schedule(&snapshot, &pending, now_ms);
+        let core_s = t0.elapsed().as_secs_f64();
+
+        for (id, rejection) in rejections {
+            self.reject_queued(&id, rejection).await;
+        }
+        for (id, why) in plan.unplaced {
+            match why {
+                Unplaced::NeverFits(_) => {
+                    self.reject_queued(&id, Rejection::new(RejectCode::Unsatisfiable, why.to_string())).await
+                }
+                Unplaced::MayFitLater(_) => debug!(action = %id, reason = %why, "waiting"),
+            }
+        }
+        for launch in plan.launches {
+            self.launch(launch).await;
+        }
+        m::cycle(core_s, self.queue.len(), self.running.len(), self.workers.len());
+    }
+
+    async fn launch(&mut self, launch: tangram_core::Launch) {
+        let Some(pos) = self.queue.iter().position(|q| q.action.id == launch.id) else { return };
+        let q = self.queue.remove(pos);
+        let dispatch = Dispatch {
+            epoch: self.epoch,
+            attempt: 1,
+            action: q.action.clone(),
+            grant: launch.grant,
+            submitted_at_us: q.submitted_at_us,
+            result_encoding: q.encoding,
+        };
+        let payload = match codec::encode(&dispatch, Encoding::Msgpack) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(action = %launch.id, error = %e, "encoding a dispatch");
+                self.queue.insert(pos, q);
+                return;
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(subject::HEADER_MSG_ID, format!("{}:{}:{}", q.action.id, self.epoch, dispatch.attempt).as_str());
+        headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Msgpack.content_type());
+        let published = match self
+            .js
+            .publish_with_headers(subject::dispatch(&launch.worker), headers, payload.into())
+            .await
+        {
+            Ok(ack_future) => ack_future.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = published {
+            // Not durably dispatched: keep it queued in its place and try again next cycle.
+            warn!(action = %launch.id, error = %e, "dispatch publish failed; will retry");
+            self.queue.insert(pos, q);
+            self.dirty = true;
+            return;
+        }
+        let kind = q.action.kind();
+        let key = (q.action.job.clone(), q.action.trajectory.clone());
+        match kind {
+            ActionKind::SandboxOpen => {
+                self.sandboxes.insert(
+                    key,
+                    Sandbox { worker: launch.worker.clone(), mem_mb: launch.grant.mem_mb, phase: SandboxPhase::Opening },
+                );
+            }
+            ActionKind::SandboxClose => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.phase = SandboxPhase::Closing;
+                }
+            }
+            ActionKind::SandboxExec => {}
+        }
+        self.running.insert(
+            q.action.id.clone(),
+            Running {
+                worker: launch.worker.clone(),
+                grant: launch.grant,
+                job: q.action.job.clone(),
+                trajectory: q.action.trajectory.clone(),
+                kind,
+                encoding: q.encoding,
+                attempt: dispatch.attempt,
+            },
+        );
+        m::dispatched(kind.as_str(), q.arrived.elapsed().as_secs_f64());
+        debug!(action = %q.action.id, worker = %launch.worker, cores = launch.grant.cores, "dispatched");
+        // Only now, with the dispatch durable, is the action acknowledged.
+        ack(&q.msg).await;
+    }
+
+    // ---- results and workers ------------------------------------------------------------
+
+    fn on_result(&mut self, r: ActionResult) {
+        m::result(r.outcome.label());
+        let Some(run) = self.running.remove(&r.id) else { return };
+        let key = (run.job.clone(), run.trajectory.clone());
+        match (run.kind, &r.outcome) {
+            (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.phase = SandboxPhase::Open;
+                }
+            }
+            (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
+                self.sandboxes.remove(&key);
+            }
+            (ActionKind::SandboxExec, Outcome::InfraError { code: InfraCode::SandboxLost, .. }) => {
+                self.sandboxes.remove(&key);
+            }
+            (ActionKind::SandboxExec, _) => {}
+        }
+        self.dirty = true;
+    }
+
+    fn on_heartbeat(&mut self, hb: Heartbeat) {
+        if hb.worker.check().is_err() {
+            return;
+        }
+        let restarted = self.workers.get(&hb.worker).is_some_and(|w| w.hb.instance != hb.instance);
+        if restarted {
+            // The new instance removed its predecessor's containers: forget the sandboxes it
+            // does not list, except those still being opened by a dispatch it will run.
+            let listed: HashSet<SandboxKey> =
+                hb.sandboxes.iter().map(|s| (s.job.clone(), s.trajectory.clone())).collect();
+            self.sandboxes.retain(|k, s| {
+                s.worker != hb.worker || s.phase == SandboxPhase::Opening || listed.contains(k)
+            });
+            info!(worker = %hb.worker, "worker restarted");
+        }
+        if !self.workers.contains_key(&hb.worker) {
+            info!(worker = %hb.worker, cores = hb.cores, mem_mb = hb.mem_mb, "worker joined");
+            // Sandboxes a worker reports (after a scheduler restart) are adopted.
+            for s in &hb.sandboxes {
+                self.sandboxes.entry((s.job.clone(), s.trajectory.clone())).or_insert(Sandbox {
+                    worker: hb.worker.clone(),
+                    mem_mb: s.mem_mb,
+                    phase: SandboxPhase::Open,
+                });
+            }
+        }
+        self.workers.insert(hb.worker.clone(), WorkerState { hb, last_seen: Instant::now() });
+        self.dirty = true;
+    }
+
+    async fn on_tick(&mut self) {
+        let now = Instant::now();
+        let lost: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                let grace = Duration::from_millis(w.hb.interval_ms.max(100))
+                    * self.config.worker_missed_heartbeats;
+                now.duration_since(w.last_seen) > grace
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for worker in lost {
+            self.worker_lost(&worker).await;
+        }
+        for q in &mut self.queue {
+            if now.duration_since(q.last_progress) > PROGRESS_EVERY {
+                q.last_progress = now;
+                if let Err(e) = q.msg.ack_with(AckKind::Progress).await {
+                    warn!(action = %q.action.id, error = %e, "in-progress ack");
+                }
+            }
+        }
+    }
+
+    async fn worker_lost(&mut self, worker: &WorkerId) {
+        warn!(%worker, "worker lost: no heartbeat within the grace period");
+        m::worker_lost();
+        self.workers.remove(worker);
+        self.sandboxes.retain(|_, s| &s.worker != worker);
+        let ids: Vec<ActionId> =
+            self.running.iter().filter(|(_, r)| &r.worker == worker).map(|(id, _)| id.clone()).collect();
+        for id in ids {
+            let Some(run) = self.running.remove(&id) else { continue };
+            let result = ActionResult {
+                trajectory: Some(run.trajectory.clone()),
+                kind: Some(run.kind),
+                outcome: Outcome::InfraError {
+                    code: InfraCode::WorkerLost,
+                    reason: format!("worker {worker} stopped sending heartbeats while running this action"),
+                },
+                attempt: run.attempt,
+                ..ActionResult::rejected(id, run.job.clone(), Rejection::new(RejectCode::Undecodable, ""), unix_us() / 1000)
+            };
+            self.publish_result(&result, run.encoding).await;
+        }
+        self.dirty = true;
+    }
+
+    // ---- rejections ---------------------------------------------------------------------
+
+    async fn reject_queued(&mut self, id: &ActionId, rejection: Rejection) {
+        let Some(pos) = self.queue.iter().position(|q| &q.action.id == id) else { return };
+        let q = self.queue.remove(pos);
+        let bad = Bad {
+            id: Some(q.action.id.0.clone()),
+            job: Some(q.action.job.0.clone()),
+            encoding: q.encoding,
+            rejection,
+        };
+        self.reject_message(&q.msg, bad).await;
+    }
+
+    /// Publishes the rejection result (when the submitter can be addressed) and the
+    /// dead-letter record, then acks the message.
+    async fn reject_message(&mut self, msg: &jetstream::Message, bad: Bad) {
+        m::rejected(bad.rejection.code.as_str());
+        info!(subject = %msg.subject, code = bad.rejection.code.as_str(), reason = %bad.rejection.reason, "action rejected");
+        let addressable = match (&bad.id, &bad.job) {
+            (Some(id), Some(job)) => ActionId::new(id.clone()).ok().zip(JobId::new(job.clone()).ok()),
+            _ => None,
+        };
+        if let Some((id, job)) = addressable {
+            let result = ActionResult::rejected(id, job, bad.rejection.clone(), unix_us() / 1000);
+            self.publish_result(&result, bad.encoding).await;
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(subject::HEADER_DLQ_CODE, bad.rejection.code.as_str());
+        // Header values cannot hold line breaks.
+        let reason: String = bad.rejection.reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
+        headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
+        if let Some(id) = &bad.id {
+            let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
+            headers.insert("Tangram-Action-Id", id.as_str());
+        }
+        headers.insert(subject::HEADER_CONTENT_TYPE, bad.encoding.content_type());
+        let payload = msg.payload.slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
+        match self.js.publish_with_headers(subject::deadletter(bad.rejection.code), headers, payload).await {
+            Ok(f) => {
+                if let Err(e) = f.await {
+                    warn!(error = %e, "dead-letter publish not acknowledged");
+                }
+            }
+            Err(e) => warn!(error = %e, "dead-letter publish failed"),
+        }
+        ack(msg).await;
+    }
+
+    async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
+        let payload = match codec::encode(result, encoding) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "encoding a result");
+                return;
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
+        headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
+        match self.js.publish_with_headers(subject::result(&result.job, &result.id), headers, payload.into()).await {
+            Ok(f) => {
+                if let Err(e) = f.await {
+                    warn!(action = %result.id, error = %e, "result publish not acknowledged");
+                }
+            }
+            Err(e) => warn!(action = %result.id, error = %e, "result publish failed"),
+        }
+    }
+}
+
+/// A message that will not be scheduled, and whom to tell.
+struct Bad {
+    id: Option<String>,
+    job: Option<String>,
+    encoding: Encoding,
+    rejection: Rejection,
+}
+
+async fn ack(msg: &jetstream::Message) {
+    if let Err(e) = msg.ack().await {
+        warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");
+    }
+}
