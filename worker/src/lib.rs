@@ -1,0 +1,18 @@
+//! Tangram's CPU worker: runs dispatched sandbox actions in hardened Docker containers with
+//! Allocate-on-Execution core grants, and reports results.
+//!
+//! A sandbox holds memory, not cores: it sits parked on a parking cpuset at 1% of a core.
+//! Each `sandbox_exec` is granted its cores (cpuset and CFS quota) just before the command
+//! starts and parked again right after; the grant goes through the cgroup files directly or
+//! Docker's update API (`grant_mode`).
+#![forbid(unsafe_code)]
+
+pub mod cgroup;
+pub mod config;
+pub mod cpuset;
+pub mod docker;
+pub mod metrics;
+mod runtime;
+
+pub use config::Config;
+pub use runtime::run;

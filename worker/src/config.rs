@@ -1,0 +1,276 @@
+//! Worker configuration: TOML file, then `TANGRAM_*` environment variables, then flags, over
+//! defaults. Validated before any connection; `main` exits with 64 on error. Settings that
+//! would weaken sandbox isolation are refused here, with the reason.
+
+use crate::cpuset;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tangram_shared::WorkerId;
+
+/// How cores are granted to and taken from a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantMode {
+    /// Write the container's cgroup files directly (the default: measured faster).
+    Cgroup,
+    /// Call Docker's container update API.
+    Docker,
+}
+
+/// The `[sandbox]` table: container settings. The secure values are the defaults; the
+/// dangerous ones exist only so that asking for them gets a clear refusal.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    /// Default image for `sandbox_open` without one.
+    pub image: Option<String>,
+    /// User the sandbox runs as (`uid:gid`). Root (`0`) is refused.
+    pub user: Option<String>,
+    /// Process limit per sandbox.
+    pub pids_limit: Option<i64>,
+    /// Open-file limit per process.
+    pub nofile: Option<u64>,
+    /// Stdout and stderr are each cut at this many bytes.
+    pub output_limit_bytes: Option<usize>,
+    /// Refused when true.
+    pub privileged: Option<bool>,
+    /// Only `"none"` is allowed.
+    pub network: Option<String>,
+    /// Extra bind mounts (`host:container[:ro]`); a Docker socket is refused.
+    pub mounts: Option<Vec<String>>,
+    /// Extra capabilities; refused (all are dropped).
+    pub cap_add: Option<Vec<String>>,
+}
+
+/// The file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Worker id, unique in the fleet.
+    pub id: Option<String>,
+    /// NATS server URL.
+    pub nats_url: Option<String>,
+    /// Cores this worker grants, as a cpuset list (`"2-15"`).
+    pub cores: Option<String>,
+    /// Where idle sandboxes are parked, as a cpuset list.
+    pub parking_cores: Option<String>,
+    /// Memory this worker reserves for sandboxes, in MiB.
+    pub mem_mb: Option<u64>,
+    /// `cgroup` or `docker`.
+    pub grant_mode: Option<GrantMode>,
+    /// Heartbeat period, in milliseconds.
+    pub heartbeat_ms: Option<u64>,
+    /// How long a stopping worker lets running actions finish, in milliseconds.
+    pub shutdown_grace_ms: Option<u64>,
+    /// Prometheus listen address; absent disables the exporter.
+    pub metrics_addr: Option<String>,
+    /// Container settings.
+    pub sandbox: Option<RawSandbox>,
+}
+
+/// Validated sandbox settings.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Default image.
+    pub image: String,
+    /// `uid:gid`.
+    pub user: String,
+    /// Process limit.
+    pub pids_limit: i64,
+    /// Open-file limit.
+    pub nofile: u64,
+    /// Output cap per stream, in bytes.
+    pub output_limit_bytes: usize,
+    /// Extra read-only or read-write bind mounts.
+    pub mounts: Vec<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Worker id.
+    pub id: WorkerId,
+    /// NATS server URL.
+    pub nats_url: String,
+    /// Cores granted to actions.
+    pub cores: Vec<u32>,
+    /// Parking cpuset list.
+    pub parking_cores: String,
+    /// Memory for sandboxes, in MiB.
+    pub mem_mb: u64,
+    /// How grants are applied.
+    pub grant_mode: GrantMode,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// Drain deadline on shutdown.
+    pub shutdown_grace: Duration,
+    /// Prometheus listen address.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Container settings.
+    pub sandbox: SandboxConfig,
+}
+
+/// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
+pub const DEFAULT_IMAGE: &str = "tangram/sandbox:py3-v1";
+/// `nobody`: sandboxes never run as root.
+pub const DEFAULT_USER: &str = "65534:65534";
+/// Enough for a parallel test runner, low enough to stop a fork bomb.
+pub const DEFAULT_PIDS_LIMIT: i64 = 512;
+/// 1 MiB per stream: a failing test suite's log fits; a runaway print loop does not.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
+
+/// A configuration error, for a person.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl RawConfig {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+    }
+
+    /// Lays `over` on top of `self`: fields set in `over` win.
+    pub fn merge(self, over: RawConfig) -> Self {
+        Self {
+            id: over.id.or(self.id),
+            nats_url: over.nats_url.or(self.nats_url),
+            cores: over.cores.or(self.cores),
+            parking_cores: over.parking_cores.or(self.parking_cores),
+            mem_mb: over.mem_mb.or(self.mem_mb),
+            grant_mode: over.grant_mode.or(self.grant_mode),
+            heartbeat_ms: over.heartbeat_ms.or(self.heartbeat_ms),
+            shutdown_grace_ms: over.shutdown_grace_ms.or(self.shutdown_grace_ms),
+            metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            sandbox: over.sandbox.or(self.sandbox),
+        }
+    }
+
+    /// Checks every field and fills defaults.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let id = self.id.unwrap_or_else(|| "cpu-0".into());
+        let id = WorkerId::new(id).map_err(|e| ConfigError(e.to_string()))?;
+        let nats_url = self.nats_url.unwrap_or_else(|| "nats://127.0.0.1:4222".into());
+        if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
+            return err(format!("nats_url {nats_url:?} must start with nats:// or tls://"));
+        }
+        let online = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let cores = match &self.cores {
+            Some(list) => cpuset::parse(list).map_err(|e| ConfigError(format!("cores: {e}")))?,
+            None => (0..online).collect(),
+        };
+        let parking_cores = self.parking_cores.unwrap_or_else(|| cores[0].to_string());
+        cpuset::parse(&parking_cores).map_err(|e| ConfigError(format!("parking_cores: {e}")))?;
+        let mem_mb = self.mem_mb.unwrap_or(8192);
+        if mem_mb < 64 {
+            return err(format!("mem_mb is {mem_mb}; a worker needs at least 64 MiB for sandboxes"));
+        }
+        let heartbeat = Duration::from_millis(self.heartbeat_ms.unwrap_or(1000));
+        if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&heartbeat) {
+            return err("heartbeat_ms must be between 50 and 60000");
+        }
+        let metrics_addr = match self.metrics_addr.as_deref() {
+            None | Some("") => None,
+            Some(a) => Some(a.parse().map_err(|e| {
+                ConfigError(format!("metrics_addr {a:?} is not a socket address: {e}"))
+            })?),
+        };
+        let sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
+        Ok(Config {
+            id,
+            nats_url,
+            cores,
+            parking_cores,
+            mem_mb,
+            grant_mode: self.grant_mode.unwrap_or(GrantMode::Cgroup),
+            heartbeat,
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms.unwrap_or(10_000)),
+            metrics_addr,
+            sandbox,
+        })
+    }
+}
+
+fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
+    if raw.privileged == Some(true) {
+        return err("sandbox.privileged = true is refused: a privileged container can take over the host. \
+                    Sandboxes run model-generated code; keep the default (false)");
+    }
+    if let Some(net) = raw.network.as_deref() {
+        if net != "none" {
+            return err(format!(
+                "sandbox.network = {net:?} is refused: sandboxes have no network (\"none\"); \
+                 host or bridge networking would let model-generated code reach the fleet"
+            ));
+        }
+    }
+    if let Some(caps) = raw.cap_add.as_ref().filter(|c| !c.is_empty()) {
+        return err(format!("sandbox.cap_add = {caps:?} is refused: sandboxes drop all capabilities"));
+    }
+    let mounts = raw.mounts.unwrap_or_default();
+    for m in &mounts {
+        if m.contains("docker.sock") || m.contains("containerd.sock") || m.split(':').next() == Some("/") {
+            return err(format!(
+                "sandbox mount {m:?} is refused: it would give model-generated code control of the host's container runtime"
+            ));
+        }
+    }
+    let user = raw.user.unwrap_or_else(|| DEFAULT_USER.into());
+    let uid = user.split(':').next().unwrap_or("");
+    if uid == "0" || uid == "root" || uid.is_empty() {
+        return err(format!("sandbox.user = {user:?} is refused: sandboxes never run as root"));
+    }
+    let pids_limit = raw.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT);
+    if !(16..=65_536).contains(&pids_limit) {
+        return err("sandbox.pids_limit must be between 16 and 65536");
+    }
+    Ok(SandboxConfig {
+        image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        user,
+        pids_limit,
+        nofile: raw.nofile.unwrap_or(4096),
+        output_limit_bytes: raw.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT),
+        mounts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str::<RawConfig>(text).map_err(|e| ConfigError(e.to_string()))?.validate()
+    }
+
+    #[test]
+    fn weakening_isolation_is_refused_with_a_reason() {
+        for (text, word) in [
+            ("[sandbox]\nprivileged = true", "privileged"),
+            ("[sandbox]\nnetwork = \"host\"", "network"),
+            ("[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]", "docker"),
+            ("[sandbox]\nuser = \"0:0\"", "root"),
+            ("[sandbox]\ncap_add = [\"SYS_ADMIN\"]", "capabilities"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.0.contains(word), "{text}: {e}");
+        }
+        assert!(parse("[sandbox]\nnetwork = \"none\"").is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_refused() {
+        assert!(parse("cors = \"0-1\"").is_err());
+        assert!(parse("cores = \"1-0\"").unwrap_err().0.contains("cores"));
+        assert!(parse("id = \"a.b\"").is_err());
+        let c = parse("id = \"w7\"\ncores = \"0-1\"\ngrant_mode = \"docker\"").unwrap();
+        assert_eq!((c.cores, c.grant_mode, c.parking_cores.as_str()), (vec![0, 1], GrantMode::Docker, "0"));
+    }
+}

@@ -1,0 +1,387 @@
+//! The Docker executor: the only module that calls bollard.
+//!
+//! A sandbox is a long-lived container (`docker-init` as PID 1 reaping `sleep infinity`)
+//! hardened by default: no network, read-only root, tmpfs `/work` and `/tmp`, all
+//! capabilities dropped, no-new-privileges, non-root user, pids, memory and file limits.
+//! Commands run through `docker exec`; files are written by piping a tar archive into
+//! `tar -x` inside the container (the root is read-only and `/work` is a tmpfs, which the
+//! archive API cannot reach).
+
+use crate::config::SandboxConfig;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, ContainerUpdateBody, HostConfig, ResourcesUlimits};
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StartContainerOptions,
+};
+use bollard::Docker;
+use futures::StreamExt;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// Labels every sandbox carries.
+pub const LABEL_WORKER: &str = "tangram.worker";
+/// Owning job.
+pub const LABEL_JOB: &str = "tangram.job";
+/// Owning trajectory.
+pub const LABEL_TRAJECTORY: &str = "tangram.trajectory";
+
+/// CFS quota of a parked sandbox: 1% of one core (Docker's minimum is 1 ms per period).
+pub const PARKED_QUOTA_US: i64 = 1_000;
+
+/// A Docker failure.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The image is not present (no registry is reachable, so it cannot be pulled).
+    #[error("image {0:?} is not present on this worker; build or load it first (deploy/build-sandbox-image.sh builds the default)")]
+    NoImage(String),
+    /// The container is gone.
+    #[error("container {0} no longer exists")]
+    Gone(String),
+    /// Any other Docker API error.
+    #[error("docker: {0}")]
+    Api(#[from] bollard::errors::Error),
+    /// Writing to the exec's stdin failed.
+    #[error("exec stdin: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl DockerError {
+    fn from_api(e: bollard::errors::Error, container: &str) -> Self {
+        match &e {
+            bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                DockerError::Gone(container.to_string())
+            }
+            _ => DockerError::Api(e),
+        }
+    }
+}
+
+/// A created sandbox.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// Container id.
+    pub id: String,
+    /// Host PID of its init process (for the cgroup paths).
+    pub pid: i64,
+}
+
+/// What one command did.
+#[derive(Debug, Default)]
+pub struct ExecOutput {
+    /// Exit code, when the command ended by itself.
+    pub exit_code: Option<i64>,
+    /// True when the timeout fired and the process tree was killed.
+    pub timed_out: bool,
+    /// Captured stdout, up to the cap.
+    pub stdout: Vec<u8>,
+    /// Captured stderr, up to the cap.
+    pub stderr: Vec<u8>,
+    /// True when either stream was cut.
+    pub truncated: bool,
+}
+
+/// A container left behind by an earlier run of this worker.
+#[derive(Debug, Clone)]
+pub struct Leftover {
+    /// Container id.
+    pub id: String,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
+}
+
+/// The Docker side of the worker.
+#[derive(Debug, Clone)]
+pub struct DockerSandboxes {
+    docker: Docker,
+    worker: String,
+    config: SandboxConfig,
+}
+
+impl DockerSandboxes {
+    /// Connects to the local daemon and checks it answers.
+    pub async fn connect(worker: &str, config: SandboxConfig) -> Result<Self, DockerError> {
+        let docker = Docker::connect_with_local_defaults()?;
+        docker.ping().await?;
+        Ok(Self { docker, worker: worker.to_string(), config })
+    }
+
+    /// The default image of this worker.
+    pub fn default_image(&self) -> &str {
+        &self.config.image
+    }
+
+    /// True when the image is present locally.
+    pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates and starts a parked sandbox.
+    pub async fn create(
+        &self,
+        job: &str,
+        trajectory: &str,
+        image: &str,
+        memory_mb: u64,
+        workdir_mb: u64,
+        env: &BTreeMap<String, String>,
+        parking_cores: &str,
+    ) -> Result<Created, DockerError> {
+        if !self.has_image(image).await? {
+            return Err(DockerError::NoImage(image.to_string()));
+        }
+        let name = format!("tangram-{}-{job}-{trajectory}", self.worker);
+        // A container of that name can only be a leftover of an earlier attempt.
+        let _ = self
+            .docker
+            .remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() }))
+            .await;
+        let labels = HashMap::from([
+            (LABEL_WORKER.to_string(), self.worker.clone()),
+            (LABEL_JOB.to_string(), job.to_string()),
+            (LABEL_TRAJECTORY.to_string(), trajectory.to_string()),
+        ]);
+        let memory = (memory_mb as i64) << 20;
+        let host_config = HostConfig {
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            cpuset_cpus: Some(parking_cores.to_string()),
+            cpu_period: Some(crate::cgroup::PERIOD_US),
+            cpu_quota: Some(PARKED_QUOTA_US),
+            pids_limit: Some(self.config.pids_limit),
+            network_mode: Some("none".into()),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([
+                ("/work".to_string(), format!("rw,exec,nosuid,nodev,size={workdir_mb}m,mode=1777")),
+                ("/tmp".to_string(), "rw,nosuid,nodev,size=16m,mode=1777".to_string()),
+            ])),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            init: Some(true),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(self.config.nofile as i64),
+                hard: Some(self.config.nofile as i64),
+            }]),
+            binds: (!self.config.mounts.is_empty()).then(|| self.config.mounts.clone()),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            user: Some(self.config.user.clone()),
+            working_dir: Some("/work".into()),
+            env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(labels),
+            network_disabled: Some(true),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(CreateContainerOptions { name: Some(name), ..Default::default() }), body)
+            .await?;
+        let id = created.id;
+        if let Err(e) = self.docker.start_container(&id, None::<StartContainerOptions>).await {
+            let _ = self.remove(&id).await;
+            return Err(e.into());
+        }
+        let info = self.docker.inspect_container(&id, None::<InspectContainerOptions>).await?;
+        let pid = info.state.and_then(|s| s.pid).unwrap_or(0);
+        Ok(Created { id, pid })
+    }
+
+    /// Grants or parks cores through Docker's update API.
+    pub async fn update_cpus(&self, id: &str, cpus: &str, quota_us: i64) -> Result<(), DockerError> {
+        let body = ContainerUpdateBody {
+            cpuset_cpus: Some(cpus.to_string()),
+            cpu_period: Some(crate::cgroup::PERIOD_US),
+            cpu_quota: Some(quota_us),
+            ..Default::default()
+        };
+        self.docker.update_container(id, body).await.map_err(|e| DockerError::from_api(e, id))
+    }
+
+    /// Writes text files under `/work` by piping a tar archive into `tar -x`.
+    pub async fn write_files(&self, id: &str, files: &BTreeMap<String, String>) -> Result<(), DockerError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let mut archive = tar::Builder::new(Vec::new());
+        for (path, text) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(text.len() as u64);
+            header.set_mode(0o644);
+            header.set_mtime(0);
+            header.set_cksum();
+            archive.append_data(&mut header, path, text.as_bytes())?;
+        }
+        let bytes = archive.into_inner()?;
+        let argv = ["tar", "-x", "-m", "--no-same-owner", "-C", "/work", "-f", "-"].map(String::from);
+        let out = self
+            .run(id, &argv, &[], Some(&bytes), Duration::from_secs(30), 64 * 1024)
+            .await?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            code => Err(DockerError::Io(std::io::Error::other(format!(
+                "writing files failed (exit {code:?}): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))),
+        }
+    }
+
+    /// Runs a command, feeding `stdin`, capturing output up to `cap` bytes per stream, and
+    /// killing every process in the sandbox if `timeout` passes.
+    pub async fn run(
+        &self,
+        id: &str,
+        argv: &[String],
+        env: &[String],
+        stdin: Option<&[u8]>,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<ExecOutput, DockerError> {
+        let exec = self
+            .docker
+            .create_exec(
+                id,
+                CreateExecOptions {
+                    attach_stdin: Some(stdin.is_some()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(argv.to_vec()),
+                    env: Some(env.to_vec()),
+                    working_dir: Some("/work".to_string()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| DockerError::from_api(e, id))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let started = self.docker.start_exec(&exec.id, None::<StartExecOptions>).await?;
+        let StartExecResults::Attached { mut output, mut input } = started else {
+            return Err(DockerError::Io(std::io::Error::other("exec started detached")));
+        };
+        let mut out = ExecOutput::default();
+        if let Some(data) = stdin {
+            let data = data.to_vec();
+            // Feed stdin alongside reading output so a command that prints before reading
+            // cannot deadlock us.
+            tokio::spawn(async move {
+                let _ = input.write_all(&data).await;
+                let _ = input.shutdown().await;
+            });
+        } else {
+            drop(input);
+        }
+        loop {
+            let next = tokio::time::timeout_at(deadline, output.next()).await;
+            match next {
+                Ok(Some(Ok(chunk))) => {
+                    let (buf, bytes) = match chunk {
+                        LogOutput::StdOut { message } | LogOutput::Console { message } => (&mut out.stdout, message),
+                        LogOutput::StdErr { message } => (&mut out.stderr, message),
+                        LogOutput::StdIn { .. } => continue,
+                    };
+                    let room = cap.saturating_sub(buf.len());
+                    if bytes.len() > room {
+                        out.truncated = true;
+                    }
+                    buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(None) => break,
+                Err(_) => {
+                    out.timed_out = true;
+                    self.kill_all(id).await;
+                    // Drain what is left, briefly: the streams close once the tree is dead.
+                    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                        while output.next().await.is_some() {}
+                    })
+                    .await;
+                    break;
+                }
+            }
+        }
+        if !out.timed_out {
+            // The stream can close a moment before Docker records the exit code.
+            for _ in 0..50 {
+                let info = self.docker.inspect_exec(&exec.id).await?;
+                if info.running != Some(true) {
+                    out.exit_code = info.exit_code;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Kills every process in the sandbox except its init: `kill -9 -1` run as the sandbox
+    /// user reaches all of the user's processes in the container's PID namespace, so children
+    /// that forked or moved to their own process group die too.
+    pub async fn kill_all(&self, id: &str) {
+        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), "kill -9 -1".to_string()];
+        let exec = self
+            .docker
+            .create_exec(
+                id,
+                CreateExecOptions { cmd: Some(argv), attach_stdout: Some(false), ..Default::default() },
+            )
+            .await;
+        if let Ok(exec) = exec {
+            let _ = self.docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await;
+            for _ in 0..100 {
+                match self.docker.inspect_exec(&exec.id).await {
+                    Ok(i) if i.running == Some(true) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    /// Removes a sandbox (and its tmpfs contents).
+    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
+        match self
+            .docker
+            .remove_container(id, Some(RemoveContainerOptions { force: true, v: true, ..Default::default() }))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// True when the container exists and runs.
+    pub async fn is_running(&self, id: &str) -> bool {
+        match self.docker.inspect_container(id, None::<InspectContainerOptions>).await {
+            Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
+    /// Containers labelled with this worker's id.
+    pub async fn leftovers(&self) -> Result<Vec<Leftover>, DockerError> {
+        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_WORKER}={}", self.worker)])]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters), ..Default::default() }))
+            .await?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| Some(Leftover { id: c.id?, labels: c.labels.unwrap_or_default() }))
+            .collect())
+    }
+}
+
+/// Monotonic microseconds since `t`.
+pub fn us_since(t: Instant) -> u64 {
+    t.elapsed().as_micros() as u64
+}

@@ -1,0 +1,112 @@
+//! `tangram-worker`: the CPU worker binary.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tangram_worker::config::{GrantMode, RawConfig};
+use tokio_util::sync::CancellationToken;
+
+/// Tangram's CPU worker: runs sandbox actions in hardened Docker containers.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// TOML config file.
+    #[arg(long, short, env = "TANGRAM_WORKER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Worker id, unique in the fleet [default: cpu-0].
+    #[arg(long, env = "TANGRAM_WORKER_ID")]
+    id: Option<String>,
+    /// NATS server URL [default: nats://127.0.0.1:4222].
+    #[arg(long, env = "TANGRAM_NATS_URL")]
+    nats_url: Option<String>,
+    /// Cores to grant, as a cpuset list [default: all online CPUs].
+    #[arg(long, env = "TANGRAM_WORKER_CORES")]
+    cores: Option<String>,
+    /// Parking cpuset for idle sandboxes [default: the first granted core].
+    #[arg(long, env = "TANGRAM_WORKER_PARKING_CORES")]
+    parking_cores: Option<String>,
+    /// Memory for sandboxes, in MiB [default: 8192].
+    #[arg(long, env = "TANGRAM_WORKER_MEM_MB")]
+    mem_mb: Option<u64>,
+    /// How cores are granted: cgroup or docker [default: cgroup].
+    #[arg(long, env = "TANGRAM_WORKER_GRANT_MODE", value_parser = parse_mode)]
+    grant_mode: Option<GrantMode>,
+    /// Prometheus listen address [default: disabled].
+    #[arg(long, env = "TANGRAM_WORKER_METRICS_ADDR")]
+    metrics_addr: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long, env = "TANGRAM_LOG_JSON")]
+    log_json: bool,
+}
+
+fn parse_mode(s: &str) -> Result<GrantMode, String> {
+    match s {
+        "cgroup" => Ok(GrantMode::Cgroup),
+        "docker" => Ok(GrantMode::Docker),
+        _ => Err(format!("{s:?} is not a grant mode; use cgroup or docker")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let flags = RawConfig {
+        id: args.id,
+        nats_url: args.nats_url,
+        cores: args.cores,
+        parking_cores: args.parking_cores,
+        mem_mb: args.mem_mb,
+        grant_mode: args.grant_mode,
+        metrics_addr: args.metrics_addr,
+        ..Default::default()
+    };
+    let file = match &args.config {
+        Some(p) => RawConfig::from_file(p),
+        None => Ok(RawConfig::default()),
+    };
+    // flags and env (clap merges those two) > file > defaults.
+    let config = match file.and_then(|f| f.merge(flags).validate()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tangram-worker: invalid configuration: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_json {
+        tracing_subscriber::fmt().with_env_filter(filter).json().init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tangram-worker: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        if let Some(addr) = config.metrics_addr {
+            tangram_worker::metrics::install(addr)?;
+        }
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            token.cancel();
+        });
+        tangram_worker::run(config, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tangram-worker: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The worker's metrics: names in one place, base units, explicit buckets, bounded labels.
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use std::net::SocketAddr;
+
+/// Actions finished, by kind and outcome.
+pub const ACTIONS: &str = "tangram_worker_actions_total";
+/// Time to grant or park cores, by mode (`cgroup`, `docker`) and direction (`grant`, `park`).
+pub const GRANT_SECONDS: &str = "tangram_worker_grant_duration_seconds";
+/// Command execution time.
+pub const EXEC_SECONDS: &str = "tangram_worker_exec_duration_seconds";
+/// Worker-side overhead per action.
+pub const OVERHEAD_SECONDS: &str = "tangram_worker_overhead_seconds";
+/// Sandboxes held now.
+pub const SANDBOXES: &str = "tangram_worker_sandboxes";
+/// Leftover containers removed at start.
+pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
+/// Dispatches refused because their scheduler epoch is stale.
+pub const STALE: &str = "tangram_worker_stale_dispatches_total";
+
+const FAST: &[f64] = &[5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1];
+const SLOW: &[f64] = &[1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// Starts the Prometheus exporter on `addr`.
+pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Full(GRANT_SECONDS.into()), FAST)?
+        .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FAST)?
+        .set_buckets_for_metric(Matcher::Full(EXEC_SECONDS.into()), SLOW)?
+        .install()?;
+    Ok(())
+}
+
+pub(crate) fn action(kind: &'static str, outcome: &'static str, overhead_s: f64, exec_s: f64) {
+    counter!(ACTIONS, "kind" => kind, "outcome" => outcome).increment(1);
+    histogram!(OVERHEAD_SECONDS).record(overhead_s);
+    if kind == "sandbox_exec" {
+        histogram!(EXEC_SECONDS).record(exec_s);
+    }
+}
+pub(crate) fn grant(mode: &'static str, direction: &'static str, seconds: f64) {
+    histogram!(GRANT_SECONDS, "mode" => mode, "direction" => direction).record(seconds);
+}
+pub(crate) fn sandboxes(n: usize) {
+    gauge!(SANDBOXES).set(n as f64);
+}
+pub(crate) fn leftovers(n: usize) {
+    counter!(LEFTOVERS).increment(n as u64);
+}
+pub(crate) fn stale() {
+    counter!(STALE).increment(1);
+}

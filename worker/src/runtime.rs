@@ -1,0 +1,482 @@
+//! The worker runtime: intake of dispatches, execution, results, heartbeats, shutdown.
+
+use crate::cgroup::{CgroupCpu, PERIOD_US};
+use crate::config::{Config, GrantMode};
+use crate::cpuset::{self, CoreAllocator};
+use crate::docker::{us_since, DockerError, DockerSandboxes, PARKED_QUOTA_US};
+use crate::metrics as m;
+use anyhow::Context as _;
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{
+    subject, ActionId, ActionResult, ActionSpec, Dispatch, Heartbeat, InfraCode, Outcome,
+    Placement, RejectCode, SandboxRef, Timing,
+};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn, Instrument};
+
+/// How many finished action ids are remembered to recognise a redelivered dispatch.
+const RECENT: usize = 10_000;
+
+type Key = (String, String);
+
+struct Sandbox {
+    container: String,
+    cgroup: Option<CgroupCpu>,
+    mem_mb: u64,
+    /// Commands in one sandbox run one at a time, as a trajectory's actions do.
+    lock: tokio::sync::Mutex<()>,
+}
+
+struct State {
+    cores: CoreAllocator,
+    sandboxes: HashMap<Key, Arc<Sandbox>>,
+    running: HashSet<ActionId>,
+    recent: VecDeque<ActionId>,
+    recent_set: HashSet<ActionId>,
+    max_epoch: u64,
+}
+
+struct Worker {
+    config: Config,
+    docker: DockerSandboxes,
+    js: jetstream::Context,
+    state: Mutex<State>,
+    /// Cancelled when the drain deadline passes: running commands are killed.
+    hard_stop: CancellationToken,
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+/// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let docker = DockerSandboxes::connect(config.id.as_str(), config.sandbox.clone())
+        .await
+        .context("connecting to the Docker daemon")?;
+    if !docker.has_image(docker.default_image()).await? {
+        anyhow::bail!(
+            "default sandbox image {:?} is not present; build it with deploy/build-sandbox-image.sh",
+            docker.default_image()
+        );
+    }
+    // Reconcile: whatever an earlier run of this worker left is unusable now (its cores and
+    // grants are unknown); remove it. Actions that were running in it come back as redelivered
+    // dispatches and are reported lost (their sandbox is gone).
+    let leftovers = docker.leftovers().await?;
+    for l in &leftovers {
+        docker.remove(&l.id).await?;
+    }
+    if !leftovers.is_empty() {
+        m::leftovers(leftovers.len());
+        info!(count = leftovers.len(), "removed leftover sandboxes of an earlier run");
+    }
+
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("tangram-worker-{}", config.id))
+        .connect(&config.nats_url)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+    let js = jetstream::new(client.clone());
+    tangram_nats::ensure_streams(&js).await?;
+    let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
+
+    let worker = Arc::new(Worker {
+        state: Mutex::new(State {
+            cores: CoreAllocator::new(&config.cores),
+            sandboxes: HashMap::new(),
+            running: HashSet::new(),
+            recent: VecDeque::new(),
+            recent_set: HashSet::new(),
+            max_epoch: 0,
+        }),
+        config,
+        docker,
+        js,
+        hard_stop: CancellationToken::new(),
+    });
+    let instance = format!("{:x}-{:x}", std::process::id(), unix_us());
+    info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
+
+    let tasks = TaskTracker::new();
+    let heartbeat_stop = CancellationToken::new();
+    tasks.spawn(heartbeats(worker.clone(), client.clone(), instance.clone(), heartbeat_stop.clone()));
+
+    // Intake until shutdown.
+    let actions = TaskTracker::new();
+    let mut messages = consumer.messages().await?;
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = messages.next() => m,
+        };
+        let msg = match msg {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                warn!(error = %e, "dispatch consumer error");
+                continue;
+            }
+            None => break,
+        };
+        if let Some(dispatch) = worker.admit(&msg).await {
+            let w = worker.clone();
+            let span = tracing::info_span!("action", id = %dispatch.action.id, kind = dispatch.action.kind().as_str());
+            actions.spawn(async move { w.handle(dispatch, msg).await }.instrument(span));
+        }
+    }
+    drop(messages);
+
+    // Phase one: no new work; let running actions finish within the grace period.
+    info!(grace_ms = worker.config.shutdown_grace.as_millis() as u64, "draining");
+    actions.close();
+    if tokio::time::timeout(worker.config.shutdown_grace, actions.wait()).await.is_err() {
+        // Phase two: kill what is left; each reports `infra_error: shutdown`.
+        warn!("grace period over; stopping running actions");
+        worker.hard_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), actions.wait()).await;
+    }
+    let sandboxes: Vec<Arc<Sandbox>> = worker.state.lock().expect("state lock").sandboxes.drain().map(|(_, s)| s).collect();
+    for s in sandboxes {
+        let _ = worker.docker.remove(&s.container).await;
+    }
+    heartbeat_stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    send_heartbeat(&worker, &client, &instance, u64::MAX, true).await;
+    client.flush().await.ok();
+    info!("worker stopped");
+    Ok(())
+}
+
+async fn heartbeats(worker: Arc<Worker>, client: async_nats::Client, instance: String, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(worker.config.heartbeat);
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        seq += 1;
+        send_heartbeat(&worker, &client, &instance, seq, false).await;
+    }
+}
+
+async fn send_heartbeat(worker: &Worker, client: &async_nats::Client, instance: &str, seq: u64, draining: bool) {
+    let hb = {
+        let st = worker.state.lock().expect("state lock");
+        let mut sandboxes: Vec<SandboxRef> = st
+            .sandboxes
+            .iter()
+            .filter_map(|((job, traj), s)| {
+                Some(SandboxRef {
+                    job: tangram_shared::JobId::new(job.clone()).ok()?,
+                    trajectory: tangram_shared::TrajectoryId::new(traj.clone()).ok()?,
+                    mem_mb: s.mem_mb,
+                })
+            })
+            .collect();
+        sandboxes.sort();
+        let mut running: Vec<ActionId> = st.running.iter().cloned().collect();
+        running.sort();
+        m::sandboxes(sandboxes.len());
+        Heartbeat {
+            worker: worker.config.id.clone(),
+            instance: instance.to_string(),
+            seq,
+            interval_ms: worker.config.heartbeat.as_millis() as u64,
+            cores: worker.config.cores.len() as u32,
+            mem_mb: worker.config.mem_mb,
+            running,
+            sandboxes,
+            draining,
+        }
+    };
+    match codec::encode(&hb, Encoding::Msgpack) {
+        Ok(bytes) => {
+            if let Err(e) = client.publish(subject::heartbeat(&worker.config.id), bytes.into()).await {
+                warn!(error = %e, "heartbeat publish failed");
+            }
+        }
+        Err(e) => warn!(error = %e, "encoding a heartbeat"),
+    }
+}
+
+impl Worker {
+    /// Decodes a dispatch and decides whether to run it. Acks and drops stale, duplicate
+    /// and undecodable ones.
+    async fn admit(&self, msg: &jetstream::Message) -> Option<Dispatch> {
+        let dispatch = match codec::decode::<Dispatch>(&msg.payload, Encoding::Msgpack) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "undecodable dispatch dropped");
+                let _ = msg.ack().await;
+                return None;
+            }
+        };
+        let verdict = {
+            let mut st = self.state.lock().expect("state lock");
+            if dispatch.epoch < st.max_epoch {
+                Some("stale epoch")
+            } else if st.running.contains(&dispatch.action.id) {
+                // Redelivered while still running: the running copy will ack.
+                return None;
+            } else if st.recent_set.contains(&dispatch.action.id) {
+                Some("already finished")
+            } else {
+                st.max_epoch = dispatch.epoch;
+                st.running.insert(dispatch.action.id.clone());
+                None
+            }
+        };
+        if let Some(why) = verdict {
+            if why == "stale epoch" {
+                m::stale();
+            }
+            debug!(action = %dispatch.action.id, why, "dispatch dropped");
+            let _ = msg.ack().await;
+            return None;
+        }
+        Some(dispatch)
+    }
+
+    async fn handle(self: Arc<Self>, dispatch: Dispatch, msg: jetstream::Message) {
+        let result = self.execute(&dispatch).await;
+        m::action(
+            dispatch.action.kind().as_str(),
+            result.outcome.label(),
+            result.timing.overhead_us as f64 / 1e6,
+            result.timing.exec_us as f64 / 1e6,
+        );
+        // The result is durable before the dispatch is acked: a crash in between means a
+        // redelivery, which the result's Nats-Msg-Id deduplicates.
+        self.publish_result(&result, dispatch.result_encoding).await;
+        if let Err(e) = msg.ack().await {
+            warn!(error = %e, "acking a dispatch");
+        }
+        let mut st = self.state.lock().expect("state lock");
+        st.running.remove(&dispatch.action.id);
+        st.recent.push_back(dispatch.action.id.clone());
+        st.recent_set.insert(dispatch.action.id.clone());
+        while st.recent.len() > RECENT {
+            if let Some(old) = st.recent.pop_front() {
+                st.recent_set.remove(&old);
+            }
+        }
+    }
+
+    async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
+        let payload = match codec::encode(result, encoding) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "encoding a result");
+                return;
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
+        headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
+        let subject = subject::result(&result.job, &result.id);
+        // Results must not be lost: retry a few times with backoff (bounded).
+        for attempt in 0..5u32 {
+            match self.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone().into()).await {
+                Ok(f) => match f.await {
+                    Ok(_) => return,
+                    Err(e) => warn!(attempt, error = %e, "result publish not acknowledged"),
+                },
+                Err(e) => warn!(attempt, error = %e, "result publish failed"),
+            }
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        }
+    }
+
+    async fn execute(&self, d: &Dispatch) -> ActionResult {
+        let queued_us = unix_us().saturating_sub(d.submitted_at_us);
+        let a = &d.action;
+        let key: Key = (a.job.0.clone(), a.trajectory.0.clone());
+        let mut result = ActionResult {
+            id: a.id.clone(),
+            job: a.job.clone(),
+            trajectory: Some(a.trajectory.clone()),
+            kind: Some(a.kind()),
+            outcome: Outcome::Completed { exit_code: 0 },
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: false,
+            placement: Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() }),
+            timing: Timing::new(queued_us, 0, 0),
+            attempt: d.attempt,
+            finished_at_ms: 0,
+        };
+        let t0 = Instant::now();
+        match &a.spec {
+            ActionSpec::SandboxOpen(open) => {
+                result.outcome = self.open(&key, open, d.grant.mem_mb).await;
+                result.timing = Timing::new(queued_us, us_since(t0), 0);
+            }
+            ActionSpec::SandboxClose(_) => {
+                let sandbox = self.state.lock().expect("state lock").sandboxes.remove(&key);
+                if let Some(s) = sandbox {
+                    let _guard = s.lock.lock().await;
+                    if let Err(e) = self.docker.remove(&s.container).await {
+                        result.outcome = infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
+                    }
+                }
+                result.timing = Timing::new(queued_us, us_since(t0), 0);
+            }
+            ActionSpec::SandboxExec(exec) => {
+                self.exec(&key, d, exec, queued_us, &mut result).await;
+            }
+        }
+        result.finished_at_ms = unix_us() / 1000;
+        result
+    }
+
+    async fn open(&self, key: &Key, open: &tangram_shared::SandboxOpen, mem_mb: u64) -> Outcome {
+        if self.state.lock().expect("state lock").sandboxes.contains_key(key) {
+            return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
+        }
+        let image = open.image.as_deref().unwrap_or(self.docker.default_image());
+        let created = self
+            .docker
+            .create(&key.0, &key.1, image, open.memory_mb, open.workdir_mb, &open.env, &self.config.parking_cores)
+            .await;
+        let created = match created {
+            Ok(c) => c,
+            Err(DockerError::NoImage(image)) => {
+                return Outcome::Rejected {
+                    code: RejectCode::InvalidField,
+                    reason: format!("image {image:?} is not present on worker {}", self.config.id),
+                }
+            }
+            Err(e) => return infra(InfraCode::Runtime, format!("creating the sandbox: {e}")),
+        };
+        let cgroup = match self.config.grant_mode {
+            GrantMode::Docker => None,
+            GrantMode::Cgroup => match CgroupCpu::for_pid(created.pid) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let _ = self.docker.remove(&created.id).await;
+                    return infra(
+                        InfraCode::Grant,
+                        format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
+                    );
+                }
+            },
+        };
+        let sandbox = Arc::new(Sandbox {
+            container: created.id,
+            cgroup,
+            mem_mb: mem_mb.max(open.memory_mb),
+            lock: tokio::sync::Mutex::new(()),
+        });
+        self.state.lock().expect("state lock").sandboxes.insert(key.clone(), sandbox);
+        Outcome::Completed { exit_code: 0 }
+    }
+
+    /// Grants or parks `cpus` on a sandbox by the configured mode.
+    async fn set_cpus(&self, s: &Sandbox, cpus: &str, quota_us: i64, widening: bool) -> Result<(), String> {
+        let t = Instant::now();
+        let (mode, r) = match &s.cgroup {
+            Some(cg) => ("cgroup", cg.apply(cpus, quota_us, widening).map_err(|e| e.to_string())),
+            None => ("docker", self.docker.update_cpus(&s.container, cpus, quota_us).await.map_err(|e| e.to_string())),
+        };
+        m::grant(mode, if widening { "grant" } else { "park" }, t.elapsed().as_secs_f64());
+        r
+    }
+
+    async fn exec(
+        &self,
+        key: &Key,
+        d: &Dispatch,
+        exec: &tangram_shared::SandboxExec,
+        queued_us: u64,
+        result: &mut ActionResult,
+    ) {
+        let sandbox = self.state.lock().expect("state lock").sandboxes.get(key).cloned();
+        let Some(s) = sandbox else {
+            result.outcome = infra(
+                InfraCode::SandboxLost,
+                format!("worker {} holds no sandbox for trajectory {} (it restarted or the sandbox was removed)", self.config.id, key.1),
+            );
+            return;
+        };
+        let _guard = s.lock.lock().await;
+        let t0 = Instant::now();
+        let n = d.grant.cores.max(1) as usize;
+        let Some(cores) = self.state.lock().expect("state lock").cores.take(n) else {
+            result.outcome = infra(InfraCode::Grant, format!("{n} cores are not free on worker {}", self.config.id));
+            return;
+        };
+        let list = cpuset::format(&cores);
+        if let Some(p) = result.placement.as_mut() {
+            p.cores = n as u32;
+            p.cpuset = list.clone();
+        }
+        let mut exec_us = 0;
+        let outcome = async {
+            self.set_cpus(&s, &list, n as i64 * PERIOD_US, true)
+                .await
+                .map_err(|e| infra(InfraCode::Grant, format!("granting cores {list}: {e}")))?;
+            self.docker.write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
+            let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
+            let mut env = vec![format!("TANGRAM_CPUS={n}")];
+            env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
+            let timeout = Duration::from_millis(d.action.timeout_ms);
+            let t_exec = Instant::now();
+            let run = self.docker.run(
+                &s.container,
+                &argv,
+                &env,
+                exec.stdin.as_deref().map(str::as_bytes),
+                timeout,
+                self.config.sandbox.output_limit_bytes,
+            );
+            let out = tokio::select! {
+                r = run => r.map_err(|e| docker_outcome(e, "running the command"))?,
+                _ = self.hard_stop.cancelled() => {
+                    self.docker.kill_all(&s.container).await;
+                    return Err(infra(InfraCode::Shutdown, "the worker stopped before the command finished".to_string()));
+                }
+            };
+            exec_us = us_since(t_exec);
+            result.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            result.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            result.truncated = out.truncated;
+            Ok(match (out.timed_out, out.exit_code) {
+                (true, _) => Outcome::TimedOut,
+                (false, Some(code)) => Outcome::Completed { exit_code: code as i32 },
+                (false, None) => infra(InfraCode::Runtime, "the command's exit code is unavailable".into()),
+            })
+        }
+        .await;
+        // Park again whatever happened, then give the cores back.
+        if let Err(e) = self.set_cpus(&s, &self.config.parking_cores, PARKED_QUOTA_US, false).await {
+            warn!(error = %e, "parking the sandbox failed");
+        }
+        self.state.lock().expect("state lock").cores.give_back(&cores);
+        result.outcome = outcome.unwrap_or_else(|o| o);
+        if matches!(result.outcome, Outcome::InfraError { code: InfraCode::SandboxLost, .. }) {
+            self.state.lock().expect("state lock").sandboxes.remove(key);
+        }
+        let overhead = us_since(t0).saturating_sub(exec_us);
+        result.timing = Timing::new(queued_us, overhead, exec_us);
+    }
+}
+
+fn infra(code: InfraCode, reason: String) -> Outcome {
+    Outcome::InfraError { code, reason }
+}
+
+fn docker_outcome(e: DockerError, doing: &str) -> Outcome {
+    match e {
+        DockerError::Gone(_) => infra(InfraCode::SandboxLost, format!("{doing}: the sandbox container is gone")),
+        e => infra(InfraCode::Runtime, format!("{doing}: {e}")),
+    }
+}
