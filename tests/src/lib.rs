@@ -1,0 +1,418 @@
+//! Test support for Tangram's end-to-end suites.
+//!
+//! - [`NatsServer`]: a real `nats-server` per test on a free loopback port with a temporary
+//!   store directory, killed and cleaned up on drop. A missing binary fails loudly with the
+//!   install command.
+//! - [`Cluster`]: NATS plus the scheduler and N workers, in process, each with its own
+//!   cancellation token.
+//! - [`Client`]: a minimal submitter: publish an action, wait for its result.
+#![forbid(unsafe_code)]
+
+use anyhow::{bail, Context as _};
+use async_nats::jetstream;
+use futures::StreamExt;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{subject, Action, ActionId, ActionResult, JobId, WorkerId};
+use tokio_util::sync::CancellationToken;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The pinned nats-server installed by `deploy/install-tools.sh`.
+pub fn nats_server_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TANGRAM_NATS_SERVER") {
+        return p.into();
+    }
+    let p = repo_root().join("tools/bin/nats-server");
+    assert!(
+        p.exists(),
+        "nats-server not found at {}: run `bash deploy/install-tools.sh` first (it installs the pinned version)",
+        p.display()
+    );
+    p
+}
+
+/// A binary of the workspace, built by `cargo build` (the test command builds them first).
+pub fn built_binary(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let p = target.join("debug").join(name);
+    assert!(p.exists(), "{} not found: run `cargo build --bins` first", p.display());
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// A real nats-server with JetStream, for one test.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server and waits until it accepts connections.
+    pub fn start() -> Self {
+        let store = tempfile::tempdir().expect("temp store dir");
+        let mut s = Self { child: None, port: free_port(), store };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let conf = repo_root().join("nats/server.conf");
+        let child = Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(&conf)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-m", &free_port().to_string()])
+            .arg("-sd")
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start on port {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops and starts the server on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Options for a worker in a test cluster.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Worker id.
+    pub id: String,
+    /// Cores, as a cpuset list.
+    pub cores: String,
+    /// Memory for sandboxes, MiB.
+    pub mem_mb: u64,
+    /// `cgroup` or `docker` grants.
+    pub grant_mode: tangram_worker::config::GrantMode,
+}
+
+impl WorkerSpec {
+    /// A worker granting cores 0-1 (this machine's two), 4 GiB.
+    pub fn new(id: &str) -> Self {
+        Self { id: id.into(), cores: "0-1".into(), mem_mb: 4096, grant_mode: tangram_worker::config::GrantMode::Cgroup }
+    }
+}
+
+/// NATS, the scheduler and workers, in this process.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The server.
+    pub nats: NatsServer,
+    scheduler: Option<(CancellationToken, tokio::task::JoinHandle<anyhow::Result<()>>)>,
+    workers: Vec<(String, CancellationToken, tokio::task::JoinHandle<anyhow::Result<()>>)>,
+}
+
+/// Turns on test logging once (`RUST_LOG` selects).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+impl Cluster {
+    /// Starts NATS, the scheduler and the workers, and waits until the scheduler knows
+    /// every worker.
+    pub async fn start(workers: &[WorkerSpec]) -> anyhow::Result<Self> {
+        init_logging();
+        let nats = NatsServer::start();
+        let mut cluster = Self { nats, scheduler: None, workers: Vec::new() };
+        cluster.start_scheduler();
+        for w in workers {
+            cluster.start_worker(w.clone())?;
+        }
+        Ok(cluster)
+    }
+
+    /// Starts the scheduler.
+    pub fn start_scheduler(&mut self) {
+        let config = tangram_scheduler::Config::with_nats_url(self.nats.url());
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_scheduler::run(config, token.clone()));
+        self.scheduler = Some((token, handle));
+    }
+
+    /// Starts a worker.
+    pub fn start_worker(&mut self, w: WorkerSpec) -> anyhow::Result<()> {
+        let raw = tangram_worker::config::RawConfig {
+            id: Some(w.id.clone()),
+            nats_url: Some(self.nats.url()),
+            cores: Some(w.cores),
+            mem_mb: Some(w.mem_mb),
+            grant_mode: Some(w.grant_mode),
+            heartbeat_ms: Some(200),
+            shutdown_grace_ms: Some(2000),
+            ..Default::default()
+        };
+        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
+        self.workers.push((w.id, token, handle));
+        Ok(())
+    }
+
+    /// Stops one worker gracefully and waits for it.
+    pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let pos = self.workers.iter().position(|(w, _, _)| w == id).context("no such worker")?;
+        let (_, token, handle) = self.workers.remove(pos);
+        token.cancel();
+        handle.await??;
+        Ok(())
+    }
+
+    /// Starts a worker as a separate `tangram-worker` process, so that a test can kill it
+    /// with SIGKILL the way a crash would.
+    pub fn spawn_worker_process(&self, w: &WorkerSpec) -> anyhow::Result<Child> {
+        let bin = built_binary("tangram-worker");
+        let child = Command::new(&bin)
+            .args(["--id", &w.id, "--nats-url", &self.nats.url(), "--cores", &w.cores])
+            .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        Ok(child)
+    }
+
+    /// A client for `job`.
+    pub async fn client(&self, job: &str) -> anyhow::Result<Client> {
+        Client::connect(&self.nats.url(), job).await
+    }
+
+    /// Stops everything, workers first (they remove their sandboxes).
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        for (_, token, handle) in self.workers.drain(..) {
+            token.cancel();
+            handle.await??;
+        }
+        if let Some((token, handle)) = self.scheduler.take() {
+            token.cancel();
+            handle.await??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, token, _) in &self.workers {
+            token.cancel();
+        }
+        if let Some((token, _)) = &self.scheduler {
+            token.cancel();
+        }
+    }
+}
+
+/// A minimal submitter.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The NATS client.
+    pub nats: async_nats::Client,
+    /// JetStream.
+    pub js: jetstream::Context,
+    /// The job.
+    pub job: JobId,
+}
+
+impl Client {
+    /// Connects and waits until the streams exist (the scheduler creates them).
+    pub async fn connect(url: &str, job: &str) -> anyhow::Result<Self> {
+        let nats = async_nats::connect(url).await?;
+        let js = jetstream::new(nats.clone());
+        tangram_nats::ensure_streams(&js).await?;
+        Ok(Self { nats, js, job: JobId::new(job)? })
+    }
+
+    /// Publishes an action (msgpack, `Nats-Msg-Id` = id) and waits for the JetStream ack.
+    pub async fn submit(&self, action: &Action) -> anyhow::Result<()> {
+        let bytes = codec::encode(action, Encoding::Msgpack)?;
+        self.publish_raw(&subject::action(&action.job, action.kind()), Some(action.id.as_str()), None, bytes).await
+    }
+
+    /// Publishes raw bytes with optional headers.
+    pub async fn publish_raw(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        content_type: Option<&str>,
+        payload: Vec<u8>,
+    ) -> anyhow::Result<()> {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(id) = msg_id {
+            headers.insert(subject::HEADER_MSG_ID, id);
+        }
+        if let Some(ct) = content_type {
+            headers.insert(subject::HEADER_CONTENT_TYPE, ct);
+        }
+        self.js.publish_with_headers(subject.to_string(), headers, payload.into()).await?.await?;
+        Ok(())
+    }
+
+    /// Waits for the result of `id` (read from the persisted result stream).
+    pub async fn result(&self, id: &ActionId, timeout: Duration) -> anyhow::Result<ActionResult> {
+        let results = self.results(id, 1, timeout).await?;
+        Ok(results.into_iter().next().expect("one result"))
+    }
+
+    /// Waits until `n` results for `id` arrived, or `timeout`; returns what arrived.
+    pub async fn results(&self, id: &ActionId, n: usize, timeout: Duration) -> anyhow::Result<Vec<ActionResult>> {
+        let stream = self.js.get_stream(subject::RESULTS_STREAM).await?;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subject: subject::result(&self.job, id),
+                ..Default::default()
+            })
+            .await?;
+        let mut messages = consumer.messages().await?;
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while out.len() < n {
+            match tokio::time::timeout_at(deadline, messages.next()).await {
+                Ok(Some(Ok(m))) => {
+                    let enc = Encoding::from_content_type(
+                        m.headers.as_ref().and_then(|h| h.get(subject::HEADER_CONTENT_TYPE)).map(|v| v.as_str()),
+                    )?;
+                    out.push(codec::decode(&m.payload, enc)?);
+                }
+                Ok(Some(Err(e))) => bail!("reading results: {e}"),
+                Ok(None) => break,
+                Err(_) if out.is_empty() && n == 1 => bail!("no result for {id} within {timeout:?}"),
+                Err(_) => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Submits and waits.
+    pub async fn run(&self, action: &Action, timeout: Duration) -> anyhow::Result<ActionResult> {
+        self.submit(action).await?;
+        self.result(&action.id, timeout).await
+    }
+
+    /// Waits until `n` workers are registered with the scheduler, by submitting nothing:
+    /// watches heartbeats instead.
+    pub async fn wait_for_workers(&self, ids: &[&str], timeout: Duration) -> anyhow::Result<()> {
+        let mut sub = self.nats.subscribe(subject::HEARTBEAT_ALL).await?;
+        let mut seen = std::collections::BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while seen.len() < ids.len() {
+            let msg = tokio::time::timeout_at(deadline, sub.next()).await.context("workers did not heartbeat")?;
+            let Some(msg) = msg else { bail!("heartbeat subscription closed") };
+            let hb: tangram_shared::Heartbeat = codec::decode(&msg.payload, Encoding::Msgpack)?;
+            if ids.contains(&hb.worker.as_str()) {
+                seen.insert(hb.worker.0.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Dead-letter records so far, as (code header, subject header) pairs.
+    pub async fn dead_letters(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let stream = self.js.get_stream(subject::DEADLETTER_STREAM).await?;
+        let consumer = stream.create_consumer(jetstream::consumer::pull::OrderedConfig::default()).await?;
+        let mut messages = consumer.messages().await?;
+        let mut out = Vec::new();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(300), messages.next()).await {
+            let h = m.headers.clone().unwrap_or_default();
+            let get = |k: &str| h.get(k).map(|v| v.as_str().to_string()).unwrap_or_default();
+            out.push((get(subject::HEADER_DLQ_CODE), get(subject::HEADER_DLQ_REASON)));
+        }
+        Ok(out)
+    }
+}
+
+/// Builds actions tersely.
+pub mod build {
+    use super::*;
+    use std::collections::BTreeMap;
+    use tangram_shared::{ActionSpec, CpuRange, SandboxClose, SandboxExec, SandboxOpen, TrajectoryId};
+
+    fn action(id: &str, job: &str, traj: &str, spec: ActionSpec) -> Action {
+        Action {
+            id: ActionId::new(id).expect("id"),
+            job: JobId::new(job).expect("job"),
+            trajectory: TrajectoryId::new(traj).expect("trajectory"),
+            timeout_ms: 30_000,
+            spec,
+        }
+    }
+    /// `sandbox_open` with defaults.
+    pub fn open(id: &str, job: &str, traj: &str) -> Action {
+        action(id, job, traj, ActionSpec::SandboxOpen(SandboxOpen::default()))
+    }
+    /// `sandbox_exec` of argv with cores [min, max].
+    pub fn exec(id: &str, job: &str, traj: &str, argv: &[&str], min: u32, max: u32) -> Action {
+        action(
+            id,
+            job,
+            traj,
+            ActionSpec::SandboxExec(SandboxExec {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                cpus: CpuRange { min, max },
+                files: BTreeMap::new(),
+                env: BTreeMap::new(),
+                stdin: None,
+            }),
+        )
+    }
+    /// `sandbox_close`.
+    pub fn close(id: &str, job: &str, traj: &str) -> Action {
+        action(id, job, traj, ActionSpec::SandboxClose(SandboxClose {}))
+    }
+    /// A worker id.
+    pub fn worker(id: &str) -> WorkerId {
+        WorkerId::new(id).expect("worker id")
+    }
+}
+
+/// Counts containers labelled for `worker`.
+pub fn containers_of(worker: &str) -> usize {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=tangram.worker={worker}")])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}

@@ -1,6 +1,6 @@
 //! The Docker executor: the only module that calls bollard.
 //!
-//! A sandbox is a long-lived container (`docker-init` as PID 1 reaping `sleep infinity`)
+//! A sandbox is a long-lived container whose PID 1 is a small shell loop (see [`KEEPER`])
 //! hardened by default: no network, read-only root, tmpfs `/work` and `/tmp`, all
 //! capabilities dropped, no-new-privileges, non-root user, pids, memory and file limits.
 //! Commands run through `docker exec`; files are written by piping a tar archive into
@@ -27,6 +27,11 @@ pub const LABEL_WORKER: &str = "tangram.worker";
 pub const LABEL_JOB: &str = "tangram.job";
 /// Owning trajectory.
 pub const LABEL_TRAJECTORY: &str = "tangram.trajectory";
+
+/// PID 1 of every sandbox: waits forever and reaps orphans (dash's `wait` reaps any child).
+/// It must not be an init that exits with its child (like docker-init): the timeout kill
+/// (`kill -9 -1`) reaches every process but PID 1, and the sandbox has to survive it.
+pub const KEEPER: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
 
 /// CFS quota of a parked sandbox: 1% of one core (Docker's minimum is 1 ms per period).
 pub const PARKED_QUOTA_US: i64 = 1_000;
@@ -163,7 +168,7 @@ impl DockerSandboxes {
             ])),
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
-            init: Some(true),
+            init: Some(false),
             ulimits: Some(vec![ResourcesUlimits {
                 name: Some("nofile".into()),
                 soft: Some(self.config.nofile as i64),
@@ -174,7 +179,7 @@ impl DockerSandboxes {
         };
         let body = ContainerCreateBody {
             image: Some(image.to_string()),
-            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPER.into()]),
             user: Some(self.config.user.clone()),
             working_dir: Some("/work".into()),
             env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),

@@ -31,6 +31,9 @@ struct Args {
     /// How cores are granted: cgroup or docker [default: cgroup].
     #[arg(long, env = "TANGRAM_WORKER_GRANT_MODE", value_parser = parse_mode)]
     grant_mode: Option<GrantMode>,
+    /// Heartbeat period in milliseconds [default: 1000].
+    #[arg(long, env = "TANGRAM_WORKER_HEARTBEAT_MS")]
+    heartbeat_ms: Option<u64>,
     /// Prometheus listen address [default: disabled].
     #[arg(long, env = "TANGRAM_WORKER_METRICS_ADDR")]
     metrics_addr: Option<String>,
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         mem_mb: args.mem_mb,
         grant_mode: args.grant_mode,
         metrics_addr: args.metrics_addr,
+        heartbeat_ms: args.heartbeat_ms,
         ..Default::default()
     };
     let file = match &args.config {

@@ -23,6 +23,8 @@ use tracing::{debug, info, warn, Instrument};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
 const RECENT: usize = 10_000;
+/// In-progress acks while an action runs; the dispatch consumer's ack_wait is 10 s.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
 type Key = (String, String);
 
@@ -220,6 +222,7 @@ impl Worker {
                 return None;
             }
         };
+        let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(false);
         let verdict = {
             let mut st = self.state.lock().expect("state lock");
             if dispatch.epoch < st.max_epoch {
@@ -229,12 +232,41 @@ impl Worker {
                 return None;
             } else if st.recent_set.contains(&dispatch.action.id) {
                 Some("already finished")
+            } else if redelivered {
+                Some("in flight on an earlier instance")
             } else {
                 st.max_epoch = dispatch.epoch;
                 st.running.insert(dispatch.action.id.clone());
                 None
             }
         };
+        if verdict == Some("in flight on an earlier instance") {
+            // It was delivered before and is neither running nor finished here: an earlier
+            // instance of this worker had it when it died. Its sandbox state is gone with the
+            // reconciled containers, so report it lost rather than run it half-blind.
+            warn!(action = %dispatch.action.id, "reporting an action lost by an earlier instance");
+            let a = &dispatch.action;
+            let result = ActionResult {
+                id: a.id.clone(),
+                job: a.job.clone(),
+                trajectory: Some(a.trajectory.clone()),
+                kind: Some(a.kind()),
+                outcome: infra(
+                    InfraCode::WorkerLost,
+                    format!("worker {} restarted while this action was in flight", self.config.id),
+                ),
+                stdout: String::new(),
+                stderr: String::new(),
+                truncated: false,
+                placement: Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() }),
+                timing: Timing::new(unix_us().saturating_sub(dispatch.submitted_at_us), 0, 0),
+                attempt: dispatch.attempt,
+                finished_at_ms: unix_us() / 1000,
+            };
+            self.publish_result(&result, dispatch.result_encoding).await;
+            let _ = msg.ack().await;
+            return None;
+        }
         if let Some(why) = verdict {
             if why == "stale epoch" {
                 m::stale();
@@ -247,7 +279,24 @@ impl Worker {
     }
 
     async fn handle(self: Arc<Self>, dispatch: Dispatch, msg: jetstream::Message) {
-        let result = self.execute(&dispatch).await;
+        // Keep the dispatch from being redelivered while it runs (ack_wait is short so that a
+        // crashed instance's work comes back quickly).
+        let result = {
+            let work = self.execute(&dispatch);
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    r = &mut work => break r,
+                    _ = tick.tick() => {
+                        if let Err(e) = msg.ack_with(jetstream::AckKind::Progress).await {
+                            warn!(error = %e, "in-progress ack");
+                        }
+                    }
+                }
+            }
+        };
         m::action(
             dispatch.action.kind().as_str(),
             result.outcome.label(),
