@@ -1,0 +1,5 @@
+from collections import Counter
+
+def top_words(text, k):
+    counts = Counter(text.split())
+    return counts.most_common(k)
