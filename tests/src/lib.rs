@@ -112,6 +112,32 @@ impl Drop for NatsServer {
     }
 }
 
+/// A child process that is killed when the guard drops (a failing test leaves nothing behind).
+#[derive(Debug)]
+pub struct ChildGuard(pub Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Options for a worker in a test cluster.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -204,7 +230,7 @@ impl Cluster {
 
     /// Starts a worker as a separate `tangram-worker` process, so that a test can kill it
     /// with SIGKILL the way a crash would.
-    pub fn spawn_worker_process(&self, w: &WorkerSpec) -> anyhow::Result<Child> {
+    pub fn spawn_worker_process(&self, w: &WorkerSpec) -> anyhow::Result<ChildGuard> {
         let bin = built_binary("tangram-worker");
         let child = Command::new(&bin)
             .args(["--id", &w.id, "--nats-url", &self.nats.url(), "--cores", &w.cores])
@@ -213,7 +239,7 @@ impl Cluster {
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
-        Ok(child)
+        Ok(ChildGuard(child))
     }
 
     /// A client for `job`.
