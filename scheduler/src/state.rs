@@ -150,7 +150,20 @@ impl Scheduler {
         match self.check(&msg) {
             Ok((action, encoding)) => {
                 m::received(action.kind().as_str());
-                if self.is_duplicate(&action).await {
+                let seq = |m: &jetstream::Message| m.info().map(|i| i.stream_sequence).ok();
+                if let Some(q) = self.queue.iter_mut().find(|q| q.action.id == action.id) {
+                    q.last_progress = Instant::now();
+                    if seq(&q.msg) == seq(&msg) {
+                        // A redelivery of a queued action (its ack wait ran out): keep the newest
+                        // delivery, the one the server expects the ack on.
+                        q.msg = msg;
+                    } else {
+                        m::duplicate();
+                        ack(&msg).await;
+                    }
+                    return;
+                }
+                if self.already_seen(&action).await {
                     m::duplicate();
                     debug!(action = %action.id, "duplicate submission dropped");
                     ack(&msg).await;
@@ -243,13 +256,8 @@ impl Scheduler {
         Ok((action, encoding))
     }
 
-    /// True when this id is queued, running, or already has a result.
-    async fn is_duplicate(&mut self, action: &Action) -> bool {
-        if let Some(q) = self.queue.iter_mut().find(|q| q.action.id == action.id) {
-            // A redelivery of a queued action is not a new submission; nothing to do.
-            q.last_progress = Instant::now();
-            return true;
-        }
+    /// True when this id is running or already has a result.
+    async fn already_seen(&self, action: &Action) -> bool {
         if self.running.contains_key(&action.id) {
             return true;
         }
@@ -510,16 +518,14 @@ impl Scheduler {
             self.running.iter().filter(|(_, r)| &r.worker == worker).map(|(id, _)| id.clone()).collect();
         for id in ids {
             let Some(run) = self.running.remove(&id) else { continue };
-            let result = ActionResult {
-                trajectory: Some(run.trajectory.clone()),
-                kind: Some(run.kind),
-                outcome: Outcome::InfraError {
-                    code: InfraCode::WorkerLost,
-                    reason: format!("worker {worker} stopped sending heartbeats while running this action"),
-                },
-                attempt: run.attempt,
-                ..ActionResult::rejected(id, run.job.clone(), Rejection::new(RejectCode::Undecodable, ""), unix_us() / 1000)
+            let outcome = Outcome::InfraError {
+                code: InfraCode::WorkerLost,
+                reason: format!("worker {worker} stopped sending heartbeats while running this action"),
             };
+            let mut result = ActionResult::new(id, run.job.clone(), outcome, unix_us() / 1000);
+            result.trajectory = Some(run.trajectory.clone());
+            result.kind = Some(run.kind);
+            result.attempt = run.attempt;
             self.publish_result(&result, run.encoding).await;
         }
         self.dirty = true;

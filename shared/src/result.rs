@@ -197,18 +197,18 @@ pub struct ActionResult {
 
 impl ActionResult {
     /// A result for an action that never ran.
-    pub fn rejected(
-        id: ActionId,
-        job: JobId,
-        rejection: Rejection,
-        finished_at_ms: u64,
-    ) -> Self {
+    pub fn rejected(id: ActionId, job: JobId, rejection: Rejection, finished_at_ms: u64) -> Self {
+        Self::new(id, job, rejection.into(), finished_at_ms)
+    }
+
+    /// A result with the given outcome and nothing else filled in yet.
+    pub fn new(id: ActionId, job: JobId, outcome: Outcome, finished_at_ms: u64) -> Self {
         Self {
             id,
             job,
             trajectory: None,
             kind: None,
-            outcome: rejection.into(),
+            outcome,
             stdout: String::new(),
             stderr: String::new(),
             truncated: false,
@@ -217,5 +217,13 @@ impl ActionResult {
             attempt: 0,
             finished_at_ms,
         }
+    }
+
+    /// Fills in the action's trajectory, kind and attempt.
+    pub fn for_action(mut self, action: &crate::Action, attempt: u32) -> Self {
+        self.trajectory = Some(action.trajectory.clone());
+        self.kind = Some(action.kind());
+        self.attempt = attempt;
+        self
     }
 }

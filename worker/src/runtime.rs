@@ -246,23 +246,13 @@ impl Worker {
             // reconciled containers, so report it lost rather than run it half-blind.
             warn!(action = %dispatch.action.id, "reporting an action lost by an earlier instance");
             let a = &dispatch.action;
-            let result = ActionResult {
-                id: a.id.clone(),
-                job: a.job.clone(),
-                trajectory: Some(a.trajectory.clone()),
-                kind: Some(a.kind()),
-                outcome: infra(
-                    InfraCode::WorkerLost,
-                    format!("worker {} restarted while this action was in flight", self.config.id),
-                ),
-                stdout: String::new(),
-                stderr: String::new(),
-                truncated: false,
-                placement: Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() }),
-                timing: Timing::new(unix_us().saturating_sub(dispatch.submitted_at_us), 0, 0),
-                attempt: dispatch.attempt,
-                finished_at_ms: unix_us() / 1000,
-            };
+            let outcome = infra(
+                InfraCode::WorkerLost,
+                format!("worker {} restarted while this action was in flight", self.config.id),
+            );
+            let mut result = ActionResult::new(a.id.clone(), a.job.clone(), outcome, unix_us() / 1000)
+                .for_action(a, dispatch.attempt);
+            result.timing = Timing::new(unix_us().saturating_sub(dispatch.submitted_at_us), 0, 0);
             self.publish_result(&result, dispatch.result_encoding).await;
             let _ = msg.ack().await;
             return None;
@@ -349,20 +339,10 @@ impl Worker {
         let queued_us = unix_us().saturating_sub(d.submitted_at_us);
         let a = &d.action;
         let key: Key = (a.job.0.clone(), a.trajectory.0.clone());
-        let mut result = ActionResult {
-            id: a.id.clone(),
-            job: a.job.clone(),
-            trajectory: Some(a.trajectory.clone()),
-            kind: Some(a.kind()),
-            outcome: Outcome::Completed { exit_code: 0 },
-            stdout: String::new(),
-            stderr: String::new(),
-            truncated: false,
-            placement: Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() }),
-            timing: Timing::new(queued_us, 0, 0),
-            attempt: d.attempt,
-            finished_at_ms: 0,
-        };
+        let mut result = ActionResult::new(a.id.clone(), a.job.clone(), Outcome::Completed { exit_code: 0 }, 0)
+            .for_action(a, d.attempt);
+        result.placement = Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() });
+        result.timing = Timing::new(queued_us, 0, 0);
         let t0 = Instant::now();
         match &a.spec {
             ActionSpec::SandboxOpen(open) => {
