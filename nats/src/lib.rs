@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 
 use async_nats::jetstream::{self, consumer, stream};
-use tangram_shared::{subject, WorkerId};
+use std::time::Duration;
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{subject, ActionResult, WorkerId};
 
 /// The stream definitions, in creation order.
 pub const STREAMS: [(&str, &str); 4] = [
@@ -88,7 +90,10 @@ async fn ensure_consumer(
     let stream = js
         .get_stream(stream_name)
         .await
-        .map_err(|source| SetupError::Lookup { name: stream_name.to_string(), source })?;
+        .map_err(|source| SetupError::Lookup {
+            name: stream_name.to_string(),
+            source,
+        })?;
     let name = config.durable_name.clone().unwrap_or_default();
     // create_consumer is idempotent for an identical config and updates a changed one.
     stream
@@ -109,7 +114,10 @@ pub async fn scheduler_actions_consumer(
 pub async fn scheduler_results_consumer(
     js: &jetstream::Context,
 ) -> Result<consumer::PullConsumer, SetupError> {
-    let config = consumer_config("consumers/scheduler-results.json", SCHEDULER_RESULTS_CONSUMER)?;
+    let config = consumer_config(
+        "consumers/scheduler-results.json",
+        SCHEDULER_RESULTS_CONSUMER,
+    )?;
     ensure_consumer(js, subject::RESULTS_STREAM, config).await
 }
 
@@ -124,6 +132,41 @@ pub async fn worker_consumer(
     ensure_consumer(js, subject::DISPATCH_STREAM, config).await
 }
 
+/// Publishes an action's result on its subject (`Nats-Msg-Id` = action id, so a repeat inside
+/// the duplicate window is dropped) and waits for JetStream to store it. Retries `attempts`
+/// times with doubling backoff from 100 ms; the last error is returned.
+pub async fn publish_result(
+    js: &jetstream::Context,
+    result: &ActionResult,
+    encoding: Encoding,
+    attempts: u32,
+) -> Result<(), String> {
+    let payload =
+        codec::encode(result, encoding).map_err(|e| format!("encoding the result: {e}"))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
+    headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
+    let subject = subject::result(&result.job, &result.id);
+    let mut last = String::new();
+    for attempt in 0..attempts.max(1) {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+        }
+        match js
+            .publish_with_headers(subject.clone(), headers.clone(), payload.clone().into())
+            .await
+        {
+            Ok(ack) => match ack.await {
+                Ok(_) => return Ok(()),
+                Err(e) => last = format!("result not acknowledged: {e}"),
+            },
+            Err(e) => last = format!("result publish failed: {e}"),
+        }
+        tracing::warn!(action = %result.id, attempt, error = %last, "publishing a result");
+    }
+    Err(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,7 +177,12 @@ mod tests {
         let names: Vec<_> = streams.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
-            [subject::ACTIONS_STREAM, subject::RESULTS_STREAM, subject::DISPATCH_STREAM, subject::DEADLETTER_STREAM]
+            [
+                subject::ACTIONS_STREAM,
+                subject::RESULTS_STREAM,
+                subject::DISPATCH_STREAM,
+                subject::DEADLETTER_STREAM
+            ]
         );
         assert_eq!(streams[0].subjects, [subject::ACTION_ALL]);
         assert_eq!(streams[1].subjects, [subject::RESULT_ALL]);
@@ -147,10 +195,42 @@ mod tests {
             assert_eq!(s.storage, stream::StorageType::File);
         }
         let c = consumer_config("scheduler", SCHEDULER_CONSUMER).unwrap();
-        assert_eq!(c.durable_name.as_deref(), Some(subject::SCHEDULER_ACTIONS_CONSUMER));
+        assert_eq!(
+            c.durable_name.as_deref(),
+            Some(subject::SCHEDULER_ACTIONS_CONSUMER)
+        );
         assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
         let c = consumer_config("scheduler-results", SCHEDULER_RESULTS_CONSUMER).unwrap();
-        assert_eq!(c.durable_name.as_deref(), Some(subject::SCHEDULER_RESULTS_CONSUMER));
+        assert_eq!(
+            c.durable_name.as_deref(),
+            Some(subject::SCHEDULER_RESULTS_CONSUMER)
+        );
         consumer_config("worker", WORKER_CONSUMER).unwrap();
+    }
+
+    /// Regression: the streams' byte limits once added up to more than the server's
+    /// `max_file_store`, and JetStream refused to create the last stream.
+    #[test]
+    fn stream_byte_limits_fit_the_server_file_store() {
+        let conf = include_str!("../server.conf");
+        let line = conf
+            .lines()
+            .find(|l| l.trim_start().starts_with("max_file_store"))
+            .unwrap();
+        let value = line.split(':').nth(1).unwrap().trim();
+        let gb: i64 = value.trim_end_matches("GB").parse().unwrap();
+        let total: i64 = stream_configs().unwrap().iter().map(|s| s.max_bytes).sum();
+        assert!(
+            total <= gb * 1_000_000_000,
+            "streams reserve {total} bytes; the server allows {gb} GB"
+        );
+    }
+
+    /// Regression: a crashed worker's in-flight dispatch stayed invisible for the consumer's
+    /// whole ack wait (once an hour), so its action never got a result.
+    #[test]
+    fn worker_dispatches_come_back_quickly_after_a_crash() {
+        let c = consumer_config("worker", WORKER_CONSUMER).unwrap();
+        assert!(c.ack_wait.as_secs() <= 30, "ack_wait {:?}", c.ack_wait);
     }
 }

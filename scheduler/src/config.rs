@@ -69,15 +69,21 @@ impl RawConfig {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             max_action_bytes: over.max_action_bytes.or(self.max_action_bytes),
             max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
-            worker_missed_heartbeats: over.worker_missed_heartbeats.or(self.worker_missed_heartbeats),
+            worker_missed_heartbeats: over
+                .worker_missed_heartbeats
+                .or(self.worker_missed_heartbeats),
         }
     }
 
     /// Checks every field and fills defaults.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let nats_url = self.nats_url.unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
+        let nats_url = self
+            .nats_url
+            .unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
         if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
-            return Err(ConfigError(format!("nats_url {nats_url:?} must start with nats:// or tls://")));
+            return Err(ConfigError(format!(
+                "nats_url {nats_url:?} must start with nats:// or tls://"
+            )));
         }
         let metrics_addr = match self.metrics_addr.as_deref() {
             None | Some("") => None,
@@ -95,9 +101,13 @@ impl RawConfig {
         if max_timeout_ms == 0 {
             return Err(ConfigError("max_timeout_ms must be positive".into()));
         }
-        let worker_missed_heartbeats = self.worker_missed_heartbeats.unwrap_or(DEFAULT_MISSED_HEARTBEATS);
+        let worker_missed_heartbeats = self
+            .worker_missed_heartbeats
+            .unwrap_or(DEFAULT_MISSED_HEARTBEATS);
         if worker_missed_heartbeats == 0 {
-            return Err(ConfigError("worker_missed_heartbeats must be at least 1".into()));
+            return Err(ConfigError(
+                "worker_missed_heartbeats must be at least 1".into(),
+            ));
         }
         Ok(Config {
             nats_url,
@@ -132,16 +142,33 @@ mod tests {
 
     #[test]
     fn later_layers_win_and_bad_values_are_explained() {
-        let file: RawConfig = toml::from_str("nats_url = \"nats://file:1\"\nmax_action_bytes = 4096").unwrap();
-        let flags = RawConfig { nats_url: Some("nats://flag:2".into()), ..Default::default() };
+        let file: RawConfig =
+            toml::from_str("nats_url = \"nats://file:1\"\nmax_action_bytes = 4096").unwrap();
+        let flags = RawConfig {
+            nats_url: Some("nats://flag:2".into()),
+            ..Default::default()
+        };
         let c = file.merge(flags).validate().unwrap();
         assert_eq!(c.nats_url, "nats://flag:2");
         assert_eq!(c.max_action_bytes, 4096);
 
-        assert!(toml::from_str::<RawConfig>("nats_urll = \"x\"").is_err(), "unknown field accepted");
-        let err = RawConfig { max_action_bytes: Some(10), ..Default::default() }.validate().unwrap_err();
+        assert!(
+            toml::from_str::<RawConfig>("nats_urll = \"x\"").is_err(),
+            "unknown field accepted"
+        );
+        let err = RawConfig {
+            max_action_bytes: Some(10),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
         assert!(err.0.contains("max_action_bytes"));
-        let err = RawConfig { metrics_addr: Some("nope".into()), ..Default::default() }.validate().unwrap_err();
+        let err = RawConfig {
+            metrics_addr: Some("nope".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
         assert!(err.0.contains("metrics_addr"));
     }
 }

@@ -36,7 +36,8 @@ fn main() -> ExitCode {
         ..Default::default()
     };
     // flags and env (clap merges those two) > file > defaults.
-    let config = match load_file(args.config.as_ref()).and_then(|file| file.merge(flags).validate()) {
+    let config = match load_file(args.config.as_ref()).and_then(|file| file.merge(flags).validate())
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("tangram-scheduler: invalid configuration: {e}");
@@ -76,7 +77,10 @@ fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json {
-        tracing_subscriber::fmt().with_env_filter(filter).json().init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }

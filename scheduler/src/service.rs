@@ -92,7 +92,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                                 break;
                             }
                         }
-                        Err(e) => warn!(subject = %msg.subject, error = %e, "undecodable result ignored"),
+                        Err(e) => {
+                            warn!(subject = %msg.subject, error = %e, "undecodable result ignored")
+                        }
                     }
                     if let Err(e) = msg.ack().await {
                         warn!(error = %e, "acking a result");
@@ -121,7 +123,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                                 break;
                             }
                         }
-                        Err(e) => warn!(subject = %msg.subject, error = %e, "undecodable heartbeat"),
+                        Err(e) => {
+                            warn!(subject = %msg.subject, error = %e, "undecodable heartbeat")
+                        }
                     }
                 }
             }
@@ -149,11 +153,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tasks.close();
 
     let mut state = Scheduler::new(config, epoch, js, results_stream);
-    state.run(rx, shutdown.clone()).instrument(tracing::info_span!("state", epoch)).await;
+    state
+        .run(rx, shutdown.clone())
+        .instrument(tracing::info_span!("state", epoch))
+        .await;
 
     // Phase two: intake has stopped (shutdown cancelled it); let the tasks finish.
     intake_stop.cancel();
-    if tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        .await
+        .is_err()
+    {
         warn!("scheduler tasks did not stop within 5 s");
     }
     client.flush().await.ok();
@@ -161,9 +171,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
-pub(crate) fn content_type(headers: &Option<async_nats::HeaderMap>) -> Result<Encoding, tangram_shared::codec::CodecError> {
+pub(crate) fn content_type(
+    headers: &Option<async_nats::HeaderMap>,
+) -> Result<Encoding, tangram_shared::codec::CodecError> {
     Encoding::from_content_type(
-        headers.as_ref().and_then(|h| h.get(subject::HEADER_CONTENT_TYPE)).map(|v| v.as_str()),
+        headers
+            .as_ref()
+            .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
+            .map(|v| v.as_str()),
     )
 }
 
@@ -194,8 +209,14 @@ async fn next_epoch(js: &jetstream::Context) -> anyhow::Result<u64> {
         };
         let next = current + 1;
         let written = match revision {
-            Some(rev) => store.update(EPOCH_KEY, next.to_string().into(), rev).await.is_ok(),
-            None => store.create(EPOCH_KEY, next.to_string().into()).await.is_ok(),
+            Some(rev) => store
+                .update(EPOCH_KEY, next.to_string().into(), rev)
+                .await
+                .is_ok(),
+            None => store
+                .create(EPOCH_KEY, next.to_string().into())
+                .await
+                .is_ok(),
         };
         if written {
             return Ok(next);

@@ -87,7 +87,10 @@ pub(crate) struct Scheduler {
 }
 
 fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 impl Scheduler {
@@ -97,7 +100,10 @@ impl Scheduler {
         js: jetstream::Context,
         results_stream: jetstream::stream::Stream,
     ) -> Self {
-        let limits = Limits { max_timeout_ms: config.max_timeout.as_millis() as u64, ..Limits::default() };
+        let limits = Limits {
+            max_timeout_ms: config.max_timeout.as_millis() as u64,
+            ..Limits::default()
+        };
         Self {
             config,
             limits,
@@ -189,8 +195,7 @@ impl Scheduler {
 
     /// Decodes and validates one message.
     fn check(&self, msg: &jetstream::Message) -> Result<(Action, Encoding), Bad> {
-        let (subject_job, subject_kind) =
-            subject::parse_action(&msg.subject).unwrap_or(("", ""));
+        let (subject_job, subject_kind) = subject::parse_action(&msg.subject).unwrap_or(("", ""));
         let header_id = msg
             .headers
             .as_ref()
@@ -238,14 +243,24 @@ impl Scheduler {
             return Err(bad);
         }
         let mismatch = if action.job.as_str() != subject_job {
-            Some(format!("body job {:?} does not match the subject's job {subject_job:?}", action.job.0))
+            Some(format!(
+                "body job {:?} does not match the subject's job {subject_job:?}",
+                action.job.0
+            ))
         } else if action.kind().as_str() != subject_kind {
             Some(format!(
                 "body kind {:?} does not match the subject's kind {subject_kind:?}",
                 action.kind().as_str()
             ))
-        } else if header_id.as_deref().is_some_and(|h| h != action.id.as_str()) {
-            Some(format!("Nats-Msg-Id {:?} does not match the body id {:?}", header_id.unwrap_or_default(), action.id.0))
+        } else if header_id
+            .as_deref()
+            .is_some_and(|h| h != action.id.as_str())
+        {
+            Some(format!(
+                "Nats-Msg-Id {:?} does not match the body id {:?}",
+                header_id.unwrap_or_default(),
+                action.id.0
+            ))
         } else {
             None
         };
@@ -262,7 +277,10 @@ impl Scheduler {
             return true;
         }
         let result_subject = subject::result(&action.job, &action.id);
-        self.results_stream.get_last_raw_message_by_subject(&result_subject).await.is_ok()
+        self.results_stream
+            .get_last_raw_message_by_subject(&result_subject)
+            .await
+            .is_ok()
     }
 
     // ---- planning -----------------------------------------------------------------------
@@ -309,20 +327,26 @@ impl Scheduler {
                             a.id.clone(),
                             Rejection::new(
                                 RejectCode::SandboxExists,
-                                format!("trajectory {} of job {} already has a sandbox; close it first", a.trajectory, a.job),
+                                format!(
+                                    "trajectory {} of job {} already has a sandbox; close it first",
+                                    a.trajectory, a.job
+                                ),
                             ),
                         ));
                         continue;
                     }
                     Constraint::Any
                 }
-                ActionKind::SandboxExec | ActionKind::SandboxClose => match self.sandboxes.get(&key) {
-                    Some(s) if s.phase == SandboxPhase::Open => Constraint::OnWorker(s.worker.clone()),
-                    // Wait for the open to finish or for the close ahead to take effect.
-                    Some(_) => continue,
-                    None if queued_opens.contains(&key) => continue,
-                    None => {
-                        rejections.push((
+                ActionKind::SandboxExec | ActionKind::SandboxClose => {
+                    match self.sandboxes.get(&key) {
+                        Some(s) if s.phase == SandboxPhase::Open => {
+                            Constraint::OnWorker(s.worker.clone())
+                        }
+                        // Wait for the open to finish or for the close ahead to take effect.
+                        Some(_) => continue,
+                        None if queued_opens.contains(&key) => continue,
+                        None => {
+                            rejections.push((
                             a.id.clone(),
                             Rejection::new(
                                 RejectCode::NoSandbox,
@@ -332,11 +356,16 @@ impl Scheduler {
                                 ),
                             ),
                         ));
-                        continue;
+                            continue;
+                        }
                     }
-                },
+                }
             };
-            pending.push(Pending { id: a.id.clone(), demand: a.demand(), constraint });
+            pending.push(Pending {
+                id: a.id.clone(),
+                demand: a.demand(),
+                constraint,
+            });
         }
         let snapshot = self.snapshot();
         let now_ms = self.started.elapsed().as_millis() as u64;
@@ -349,7 +378,11 @@ impl Scheduler {
         for (id, why) in plan.unplaced {
             match why {
                 Unplaced::NeverFits(_) => {
-                    self.reject_queued(&id, Rejection::new(RejectCode::Unsatisfiable, why.to_string())).await
+                    self.reject_queued(
+                        &id,
+                        Rejection::new(RejectCode::Unsatisfiable, why.to_string()),
+                    )
+                    .await
                 }
                 Unplaced::MayFitLater(_) => debug!(action = %id, reason = %why, "waiting"),
             }
@@ -357,11 +390,18 @@ impl Scheduler {
         for launch in plan.launches {
             self.launch(launch).await;
         }
-        m::cycle(core_s, self.queue.len(), self.running.len(), self.workers.len());
+        m::cycle(
+            core_s,
+            self.queue.len(),
+            self.running.len(),
+            self.workers.len(),
+        );
     }
 
     async fn launch(&mut self, launch: tangram_core::Launch) {
-        let Some(pos) = self.queue.iter().position(|q| q.action.id == launch.id) else { return };
+        let Some(pos) = self.queue.iter().position(|q| q.action.id == launch.id) else {
+            return;
+        };
         let q = self.queue.remove(pos);
         let dispatch = Dispatch {
             epoch: self.epoch,
@@ -380,8 +420,14 @@ impl Scheduler {
             }
         };
         let mut headers = HeaderMap::new();
-        headers.insert(subject::HEADER_MSG_ID, format!("{}:{}:{}", q.action.id, self.epoch, dispatch.attempt).as_str());
-        headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Msgpack.content_type());
+        headers.insert(
+            subject::HEADER_MSG_ID,
+            format!("{}:{}:{}", q.action.id, self.epoch, dispatch.attempt).as_str(),
+        );
+        headers.insert(
+            subject::HEADER_CONTENT_TYPE,
+            Encoding::Msgpack.content_type(),
+        );
         let published = match self
             .js
             .publish_with_headers(subject::dispatch(&launch.worker), headers, payload.into())
@@ -403,7 +449,11 @@ impl Scheduler {
             ActionKind::SandboxOpen => {
                 self.sandboxes.insert(
                     key,
-                    Sandbox { worker: launch.worker.clone(), mem_mb: launch.grant.mem_mb, phase: SandboxPhase::Opening },
+                    Sandbox {
+                        worker: launch.worker.clone(),
+                        mem_mb: launch.grant.mem_mb,
+                        phase: SandboxPhase::Opening,
+                    },
                 );
             }
             ActionKind::SandboxClose => {
@@ -435,7 +485,9 @@ impl Scheduler {
 
     fn on_result(&mut self, r: ActionResult) {
         m::result(r.outcome.label());
-        let Some(run) = self.running.remove(&r.id) else { return };
+        let Some(run) = self.running.remove(&r.id) else {
+            return;
+        };
         let key = (run.job.clone(), run.trajectory.clone());
         match (run.kind, &r.outcome) {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
@@ -446,7 +498,13 @@ impl Scheduler {
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
                 self.sandboxes.remove(&key);
             }
-            (ActionKind::SandboxExec, Outcome::InfraError { code: InfraCode::SandboxLost, .. }) => {
+            (
+                ActionKind::SandboxExec,
+                Outcome::InfraError {
+                    code: InfraCode::SandboxLost,
+                    ..
+                },
+            ) => {
                 self.sandboxes.remove(&key);
             }
             (ActionKind::SandboxExec, _) => {}
@@ -458,12 +516,18 @@ impl Scheduler {
         if hb.worker.check().is_err() {
             return;
         }
-        let restarted = self.workers.get(&hb.worker).is_some_and(|w| w.hb.instance != hb.instance);
+        let restarted = self
+            .workers
+            .get(&hb.worker)
+            .is_some_and(|w| w.hb.instance != hb.instance);
         if restarted {
             // The new instance removed its predecessor's containers: forget the sandboxes it
             // does not list, except those still being opened by a dispatch it will run.
-            let listed: HashSet<SandboxKey> =
-                hb.sandboxes.iter().map(|s| (s.job.clone(), s.trajectory.clone())).collect();
+            let listed: HashSet<SandboxKey> = hb
+                .sandboxes
+                .iter()
+                .map(|s| (s.job.clone(), s.trajectory.clone()))
+                .collect();
             self.sandboxes.retain(|k, s| {
                 s.worker != hb.worker || s.phase == SandboxPhase::Opening || listed.contains(k)
             });
@@ -473,14 +537,22 @@ impl Scheduler {
             info!(worker = %hb.worker, cores = hb.cores, mem_mb = hb.mem_mb, "worker joined");
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
             for s in &hb.sandboxes {
-                self.sandboxes.entry((s.job.clone(), s.trajectory.clone())).or_insert(Sandbox {
-                    worker: hb.worker.clone(),
-                    mem_mb: s.mem_mb,
-                    phase: SandboxPhase::Open,
-                });
+                self.sandboxes
+                    .entry((s.job.clone(), s.trajectory.clone()))
+                    .or_insert(Sandbox {
+                        worker: hb.worker.clone(),
+                        mem_mb: s.mem_mb,
+                        phase: SandboxPhase::Open,
+                    });
             }
         }
-        self.workers.insert(hb.worker.clone(), WorkerState { hb, last_seen: Instant::now() });
+        self.workers.insert(
+            hb.worker.clone(),
+            WorkerState {
+                hb,
+                last_seen: Instant::now(),
+            },
+        );
         self.dirty = true;
     }
 
@@ -514,13 +586,21 @@ impl Scheduler {
         m::worker_lost();
         self.workers.remove(worker);
         self.sandboxes.retain(|_, s| &s.worker != worker);
-        let ids: Vec<ActionId> =
-            self.running.iter().filter(|(_, r)| &r.worker == worker).map(|(id, _)| id.clone()).collect();
+        let ids: Vec<ActionId> = self
+            .running
+            .iter()
+            .filter(|(_, r)| &r.worker == worker)
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in ids {
-            let Some(run) = self.running.remove(&id) else { continue };
+            let Some(run) = self.running.remove(&id) else {
+                continue;
+            };
             let outcome = Outcome::InfraError {
                 code: InfraCode::WorkerLost,
-                reason: format!("worker {worker} stopped sending heartbeats while running this action"),
+                reason: format!(
+                    "worker {worker} stopped sending heartbeats while running this action"
+                ),
             };
             let mut result = ActionResult::new(id, run.job.clone(), outcome, unix_us() / 1000);
             result.trajectory = Some(run.trajectory.clone());
@@ -534,7 +614,9 @@ impl Scheduler {
     // ---- rejections ---------------------------------------------------------------------
 
     async fn reject_queued(&mut self, id: &ActionId, rejection: Rejection) {
-        let Some(pos) = self.queue.iter().position(|q| &q.action.id == id) else { return };
+        let Some(pos) = self.queue.iter().position(|q| &q.action.id == id) else {
+            return;
+        };
         let q = self.queue.remove(pos);
         let bad = Bad {
             id: Some(q.action.id.0.clone()),
@@ -551,7 +633,9 @@ impl Scheduler {
         m::rejected(bad.rejection.code.as_str());
         info!(subject = %msg.subject, code = bad.rejection.code.as_str(), reason = %bad.rejection.reason, "action rejected");
         let addressable = match (&bad.id, &bad.job) {
-            (Some(id), Some(job)) => ActionId::new(id.clone()).ok().zip(JobId::new(job.clone()).ok()),
+            (Some(id), Some(job)) => ActionId::new(id.clone())
+                .ok()
+                .zip(JobId::new(job.clone()).ok()),
             _ => None,
         };
         if let Some((id, job)) = addressable {
@@ -561,7 +645,12 @@ impl Scheduler {
         let mut headers = HeaderMap::new();
         headers.insert(subject::HEADER_DLQ_CODE, bad.rejection.code.as_str());
         // Header values cannot hold line breaks.
-        let reason: String = bad.rejection.reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        let reason: String = bad
+            .rejection
+            .reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
         headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
         headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
         if let Some(id) = &bad.id {
@@ -569,8 +658,14 @@ impl Scheduler {
             headers.insert("Tangram-Action-Id", id.as_str());
         }
         headers.insert(subject::HEADER_CONTENT_TYPE, bad.encoding.content_type());
-        let payload = msg.payload.slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
-        match self.js.publish_with_headers(subject::deadletter(bad.rejection.code), headers, payload).await {
+        let payload = msg
+            .payload
+            .slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
+        match self
+            .js
+            .publish_with_headers(subject::deadletter(bad.rejection.code), headers, payload)
+            .await
+        {
             Ok(f) => {
                 if let Err(e) = f.await {
                     warn!(error = %e, "dead-letter publish not acknowledged");
@@ -582,23 +677,8 @@ impl Scheduler {
     }
 
     async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
-        let payload = match codec::encode(result, encoding) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %e, "encoding a result");
-                return;
-            }
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
-        headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
-        match self.js.publish_with_headers(subject::result(&result.job, &result.id), headers, payload.into()).await {
-            Ok(f) => {
-                if let Err(e) = f.await {
-                    warn!(action = %result.id, error = %e, "result publish not acknowledged");
-                }
-            }
-            Err(e) => warn!(action = %result.id, error = %e, "result publish failed"),
+        if let Err(e) = tangram_nats::publish_result(&self.js, result, encoding, 3).await {
+            warn!(action = %result.id, error = %e, "result lost");
         }
     }
 }

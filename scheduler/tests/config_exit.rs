@@ -17,7 +17,11 @@ fn bad_config_exits_64_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_action_bytes"));
 
     std::fs::write(&path, "nats_url = \"nats://127.0.0.1:1\"\nbogus = true\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram-scheduler")).arg("--config").arg(&path).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tangram-scheduler"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
 
     // The flag beats the environment, which beats the file.

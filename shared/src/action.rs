@@ -54,8 +54,11 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ActionKind; 3] =
-        [ActionKind::SandboxOpen, ActionKind::SandboxExec, ActionKind::SandboxClose];
+    pub const ALL: [ActionKind; 3] = [
+        ActionKind::SandboxOpen,
+        ActionKind::SandboxExec,
+        ActionKind::SandboxClose,
+    ];
 
     /// The kind's wire name (`sandbox_exec`).
     pub fn as_str(self) -> &'static str {
@@ -171,7 +174,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_timeout_ms: 3_600_000, max_files: 1024 }
+        Self {
+            max_timeout_ms: 3_600_000,
+            max_files: 1024,
+        }
     }
 }
 
@@ -188,8 +194,14 @@ impl Action {
     /// The resources this action declares.
     pub fn demand(&self) -> Demand {
         match &self.spec {
-            ActionSpec::SandboxOpen(o) => Demand { cores: None, mem_mb: o.memory_mb },
-            ActionSpec::SandboxExec(e) => Demand { cores: Some(e.cpus), mem_mb: 0 },
+            ActionSpec::SandboxOpen(o) => Demand {
+                cores: None,
+                mem_mb: o.memory_mb,
+            },
+            ActionSpec::SandboxExec(e) => Demand {
+                cores: Some(e.cpus),
+                mem_mb: 0,
+            },
             ActionSpec::SandboxClose(_) => Demand::default(),
         }
     }
@@ -209,7 +221,10 @@ impl Action {
         match &self.spec {
             ActionSpec::SandboxOpen(o) => {
                 if o.memory_mb < 16 {
-                    return Err(invalid(format!("memory_mb is {}; the least is 16", o.memory_mb)));
+                    return Err(invalid(format!(
+                        "memory_mb is {}; the least is 16",
+                        o.memory_mb
+                    )));
                 }
                 if o.workdir_mb == 0 || o.workdir_mb > o.memory_mb {
                     return Err(invalid(format!(
@@ -219,14 +234,18 @@ impl Action {
                 }
                 if let Some(image) = &o.image {
                     if image.is_empty() || image.chars().any(char::is_whitespace) {
-                        return Err(invalid(format!("image {image:?} is not an image reference")));
+                        return Err(invalid(format!(
+                            "image {image:?} is not an image reference"
+                        )));
                     }
                 }
                 check_env(&o.env).map_err(invalid)?;
             }
             ActionSpec::SandboxExec(e) => {
                 if e.argv.is_empty() || e.argv[0].is_empty() {
-                    return Err(invalid("argv is empty; it needs at least the program".into()));
+                    return Err(invalid(
+                        "argv is empty; it needs at least the program".into(),
+                    ));
                 }
                 if e.argv.iter().any(|a| a.contains('\0')) {
                     return Err(invalid("argv holds a NUL byte".into()));
@@ -258,7 +277,9 @@ impl Action {
 fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(format!("environment variable {k:?} is not a valid name=value pair"));
+            return Err(format!(
+                "environment variable {k:?} is not a valid name=value pair"
+            ));
         }
     }
     Ok(())
@@ -269,10 +290,14 @@ fn check_relative_path(path: &str) -> Result<(), String> {
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains('\0')
-        || path.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        || path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
         || path.len() > 1024;
     if bad {
-        Err(format!("file path {path:?} must be relative to /work, without '..' or empty parts"))
+        Err(format!(
+            "file path {path:?} must be relative to /work, without '..' or empty parts"
+        ))
     } else {
         Ok(())
     }
@@ -306,7 +331,11 @@ mod tests {
         if let ActionSpec::SandboxExec(e) = &mut a.spec {
             e.cpus = CpuRange { min: 4, max: 2 };
         }
-        assert!(a.validate(&Limits::default()).unwrap_err().reason.contains("cpus"));
+        assert!(a
+            .validate(&Limits::default())
+            .unwrap_err()
+            .reason
+            .contains("cpus"));
 
         for path in ["/etc/passwd", "../x", "a//b", "a/./b", ""] {
             let mut a = exec(&["true"]);
@@ -324,7 +353,16 @@ mod tests {
     fn demand_follows_kind() {
         let a = exec(&["true"]);
         assert_eq!(a.demand().cores, Some(CpuRange { min: 1, max: 1 }));
-        let open = Action { spec: ActionSpec::SandboxOpen(SandboxOpen::default()), ..a };
-        assert_eq!(open.demand(), Demand { cores: None, mem_mb: 512 });
+        let open = Action {
+            spec: ActionSpec::SandboxOpen(SandboxOpen::default()),
+            ..a
+        };
+        assert_eq!(
+            open.demand(),
+            Demand {
+                cores: None,
+                mem_mb: 512
+            }
+        );
     }
 }

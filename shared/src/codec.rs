@@ -28,8 +28,15 @@ pub const CONTENT_TYPE_JSON: &str = "application/json";
 impl Encoding {
     /// Picks the encoding from a `Content-Type` header value; msgpack when absent.
     pub fn from_content_type(value: Option<&str>) -> Result<Self, CodecError> {
-        let Some(value) = value else { return Ok(Encoding::Msgpack) };
-        let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let Some(value) = value else {
+            return Ok(Encoding::Msgpack);
+        };
+        let essence = value
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         match essence.as_str() {
             "" | CONTENT_TYPE_MSGPACK | "application/x-msgpack" | "application/vnd.msgpack" => {
                 Ok(Encoding::Msgpack)
@@ -172,18 +179,29 @@ pub fn decode_action(bytes: &[u8], encoding: Encoding) -> Result<Action, Box<Dec
                     RejectCode::Undecodable,
                     format!("payload is not valid {encoding:?}: {err}").to_lowercase(),
                 )
-            } else if let Some(kind) =
-                envelope.kind.as_deref().filter(|k| ActionKind::parse(k).is_none())
+            } else if let Some(kind) = envelope
+                .kind
+                .as_deref()
+                .filter(|k| ActionKind::parse(k).is_none())
             {
                 let known: Vec<_> = ActionKind::ALL.iter().map(|k| k.as_str()).collect();
                 Rejection::new(
                     RejectCode::UnknownKind,
-                    format!("unknown action kind {kind:?}; known kinds: {}", known.join(", ")),
+                    format!(
+                        "unknown action kind {kind:?}; known kinds: {}",
+                        known.join(", ")
+                    ),
                 )
             } else {
-                Rejection::new(RejectCode::InvalidField, format!("not a valid action: {err}"))
+                Rejection::new(
+                    RejectCode::InvalidField,
+                    format!("not a valid action: {err}"),
+                )
             };
-            Err(Box::new(DecodeFailure { envelope, rejection }))
+            Err(Box::new(DecodeFailure {
+                envelope,
+                rejection,
+            }))
         }
     }
 }

@@ -42,10 +42,20 @@ pub fn check_token(what: &'static str, value: &str) -> Result<(), IdError> {
         return Err(IdError::Empty { what });
     }
     if value.len() > MAX_ID_LEN {
-        return Err(IdError::TooLong { what, len: value.len() });
+        return Err(IdError::TooLong {
+            what,
+            len: value.len(),
+        });
     }
-    if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
-        return Err(IdError::BadChar { what, value: value.chars().take(MAX_ID_LEN).collect(), bad });
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(IdError::BadChar {
+            what,
+            value: value.chars().take(MAX_ID_LEN).collect(),
+            bad,
+        });
     }
     Ok(())
 }
@@ -114,6 +124,9 @@ mod tests {
         for bad in ["", "a.b", "a*", ">", "a b", "é"] {
             assert!(ActionId::new(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(matches!(JobId::new("x".repeat(129)), Err(IdError::TooLong { len: 129, .. })));
+        assert!(matches!(
+            JobId::new("x".repeat(129)),
+            Err(IdError::TooLong { len: 129, .. })
+        ));
     }
 }

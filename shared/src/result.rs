@@ -114,13 +114,19 @@ pub struct Rejection {
 impl Rejection {
     /// Builds a rejection.
     pub fn new(code: RejectCode, reason: impl Into<String>) -> Self {
-        Self { code, reason: reason.into() }
+        Self {
+            code,
+            reason: reason.into(),
+        }
     }
 }
 
 impl From<Rejection> for Outcome {
     fn from(r: Rejection) -> Self {
-        Outcome::Rejected { code: r.code, reason: r.reason }
+        Outcome::Rejected {
+            code: r.code,
+            reason: r.reason,
+        }
     }
 }
 
@@ -153,7 +159,12 @@ pub struct Timing {
 impl Timing {
     /// Builds a timing whose `act_us` is the sum of its parts.
     pub fn new(queued_us: u64, overhead_us: u64, exec_us: u64) -> Self {
-        Self { queued_us, overhead_us, exec_us, act_us: queued_us + overhead_us + exec_us }
+        Self {
+            queued_us,
+            overhead_us,
+            exec_us,
+            act_us: queued_us + overhead_us + exec_us,
+        }
     }
 }
 

@@ -92,6 +92,9 @@ mod tests {
         assert_eq!(parse_action("tangram.v1.action.j1.a.b"), None);
         let id = ActionId::new("a-7").unwrap();
         assert_eq!(result(&job, &id), "tangram.v1.result.j1.a-7");
-        assert_eq!(deadletter(RejectCode::Oversized), "tangram.v1.deadletter.oversized");
+        assert_eq!(
+            deadletter(RejectCode::Oversized),
+            "tangram.v1.deadletter.oversized"
+        );
     }
 }

@@ -18,19 +18,28 @@ fn golden<T: Serialize + DeserializeOwned + PartialEq + Debug>(name: &str, msg: 
     }
     let bytes = encode(msg, Encoding::Msgpack).unwrap();
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.msgpack.hex"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.msgpack.hex"));
     if std::env::var_os("TANGRAM_BLESS").is_some() {
         std::fs::write(&path, format!("{hex}\n")).unwrap();
     }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run with TANGRAM_BLESS=1 to create it", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with TANGRAM_BLESS=1 to create it",
+            path.display()
+        )
+    });
     assert_eq!(hex, want.trim(), "{name}: msgpack bytes changed");
     let from_golden: T = decode(&bytes_of(want.trim()), Encoding::Msgpack).unwrap();
     assert_eq!(&from_golden, msg);
 }
 
 fn bytes_of(hex: &str) -> Vec<u8> {
-    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 fn exec_action() -> Action {
@@ -62,7 +71,13 @@ fn actions() {
         ..exec_action()
     };
     golden("action_sandbox_open", &open);
-    golden("action_sandbox_close", &Action { spec: ActionSpec::SandboxClose(SandboxClose {}), ..exec_action() });
+    golden(
+        "action_sandbox_close",
+        &Action {
+            spec: ActionSpec::SandboxClose(SandboxClose {}),
+            ..exec_action()
+        },
+    );
 }
 
 #[test]
@@ -76,17 +91,31 @@ fn results() {
         stdout: "1\n".into(),
         stderr: String::new(),
         truncated: false,
-        placement: Some(Placement { worker: WorkerId::new("cpu-0").unwrap(), cores: 2, cpuset: "2-3".into() }),
+        placement: Some(Placement {
+            worker: WorkerId::new("cpu-0").unwrap(),
+            cores: 2,
+            cpuset: "2-3".into(),
+        }),
         timing: Timing::new(1200, 350, 980_000),
         attempt: 1,
         finished_at_ms: 1_790_000_000_000,
     };
     golden("result_completed", &done);
-    golden("result_timed_out", &ActionResult { outcome: Outcome::TimedOut, truncated: true, ..done.clone() });
+    golden(
+        "result_timed_out",
+        &ActionResult {
+            outcome: Outcome::TimedOut,
+            truncated: true,
+            ..done.clone()
+        },
+    );
     golden(
         "result_infra_error",
         &ActionResult {
-            outcome: Outcome::InfraError { code: InfraCode::WorkerLost, reason: "worker cpu-0 went silent".into() },
+            outcome: Outcome::InfraError {
+                code: InfraCode::WorkerLost,
+                reason: "worker cpu-0 went silent".into(),
+            },
             ..done.clone()
         },
     );
@@ -107,7 +136,10 @@ fn dispatch_and_heartbeat() {
             epoch: 3,
             attempt: 1,
             action: exec_action(),
-            grant: Grant { cores: 2, mem_mb: 0 },
+            grant: Grant {
+                cores: 2,
+                mem_mb: 0,
+            },
             submitted_at_us: 1_790_000_000_000_000,
             result_encoding: Encoding::Json,
         },
@@ -122,7 +154,11 @@ fn dispatch_and_heartbeat() {
             cores: 2,
             mem_mb: 8192,
             running: vec![ActionId::new("a-1").unwrap()],
-            sandboxes: vec![SandboxRef { job: JobId::new("job1").unwrap(), trajectory: TrajectoryId::new("t17").unwrap(), mem_mb: 512 }],
+            sandboxes: vec![SandboxRef {
+                job: JobId::new("job1").unwrap(),
+                trajectory: TrajectoryId::new("t17").unwrap(),
+                mem_mb: 512,
+            }],
             draining: false,
         },
     );
@@ -155,7 +191,11 @@ fn decode_failures_are_classified_and_keep_the_envelope() {
     let missing = br#"{"id":"a-9","job":"j","trajectory":"t","spec":{"kind":"sandbox_exec"}}"#;
     let f = decode_action(missing, Encoding::Json).unwrap_err();
     assert_eq!(f.rejection.code, RejectCode::InvalidField);
-    assert!(f.rejection.reason.contains("argv"), "{}", f.rejection.reason);
+    assert!(
+        f.rejection.reason.contains("argv"),
+        "{}",
+        f.rejection.reason
+    );
 
     let wrong_type = br#"{"id":7,"job":"j","trajectory":"t","spec":{"kind":"sandbox_close"}}"#;
     let f = decode_action(wrong_type, Encoding::Json).unwrap_err();
@@ -166,7 +206,13 @@ fn decode_failures_are_classified_and_keep_the_envelope() {
 
 #[test]
 fn content_type_selects_encoding() {
-    assert_eq!(Encoding::from_content_type(None).unwrap(), Encoding::Msgpack);
-    assert_eq!(Encoding::from_content_type(Some("application/json; charset=utf-8")).unwrap(), Encoding::Json);
+    assert_eq!(
+        Encoding::from_content_type(None).unwrap(),
+        Encoding::Msgpack
+    );
+    assert_eq!(
+        Encoding::from_content_type(Some("application/json; charset=utf-8")).unwrap(),
+        Encoding::Json
+    );
     assert!(Encoding::from_content_type(Some("text/xml")).is_err());
 }

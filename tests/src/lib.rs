@@ -21,7 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// The pinned nats-server installed by `deploy/install-tools.sh`.
@@ -40,14 +43,23 @@ pub fn nats_server_bin() -> PathBuf {
 
 /// A binary of the workspace, built by `cargo build` (the test command builds them first).
 pub fn built_binary(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     let p = target.join("debug").join(name);
-    assert!(p.exists(), "{} not found: run `cargo build --bins` first", p.display());
+    assert!(
+        p.exists(),
+        "{} not found: run `cargo build --bins` first",
+        p.display()
+    );
     p
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }
 
 /// A real nats-server with JetStream, for one test.
@@ -62,7 +74,11 @@ impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub fn start() -> Self {
         let store = tempfile::tempdir().expect("temp store dir");
-        let mut s = Self { child: None, port: free_port(), store };
+        let mut s = Self {
+            child: None,
+            port: free_port(),
+            store,
+        };
         s.spawn();
         s
     }
@@ -72,7 +88,14 @@ impl NatsServer {
         let child = Command::new(nats_server_bin())
             .arg("-c")
             .arg(&conf)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-m", &free_port().to_string()])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-m",
+                &free_port().to_string(),
+            ])
             .arg("-sd")
             .arg(self.store.path())
             .stdout(Stdio::null())
@@ -82,7 +105,11 @@ impl NatsServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start on port {}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start on port {}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -154,7 +181,12 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// A worker granting cores 0-1 (this machine's two), 4 GiB.
     pub fn new(id: &str) -> Self {
-        Self { id: id.into(), cores: "0-1".into(), mem_mb: 4096, grant_mode: tangram_worker::config::GrantMode::Cgroup }
+        Self {
+            id: id.into(),
+            cores: "0-1".into(),
+            mem_mb: 4096,
+            grant_mode: tangram_worker::config::GrantMode::Cgroup,
+        }
     }
 }
 
@@ -163,8 +195,15 @@ impl WorkerSpec {
 pub struct Cluster {
     /// The server.
     pub nats: NatsServer,
-    scheduler: Option<(CancellationToken, tokio::task::JoinHandle<anyhow::Result<()>>)>,
-    workers: Vec<(String, CancellationToken, tokio::task::JoinHandle<anyhow::Result<()>>)>,
+    scheduler: Option<(
+        CancellationToken,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    )>,
+    workers: Vec<(
+        String,
+        CancellationToken,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    )>,
 }
 
 /// Turns on test logging once (`RUST_LOG` selects).
@@ -184,7 +223,11 @@ impl Cluster {
     pub async fn start(workers: &[WorkerSpec]) -> anyhow::Result<Self> {
         init_logging();
         let nats = NatsServer::start();
-        let mut cluster = Self { nats, scheduler: None, workers: Vec::new() };
+        let mut cluster = Self {
+            nats,
+            scheduler: None,
+            workers: Vec::new(),
+        };
         cluster.start_scheduler();
         for w in workers {
             cluster.start_worker(w.clone())?;
@@ -221,7 +264,11 @@ impl Cluster {
 
     /// Stops one worker gracefully and waits for it.
     pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let pos = self.workers.iter().position(|(w, _, _)| w == id).context("no such worker")?;
+        let pos = self
+            .workers
+            .iter()
+            .position(|(w, _, _)| w == id)
+            .context("no such worker")?;
         let (_, token, handle) = self.workers.remove(pos);
         token.cancel();
         handle.await??;
@@ -233,7 +280,14 @@ impl Cluster {
     pub fn spawn_worker_process(&self, w: &WorkerSpec) -> anyhow::Result<ChildGuard> {
         let bin = built_binary("tangram-worker");
         let child = Command::new(&bin)
-            .args(["--id", &w.id, "--nats-url", &self.nats.url(), "--cores", &w.cores])
+            .args([
+                "--id",
+                &w.id,
+                "--nats-url",
+                &self.nats.url(),
+                "--cores",
+                &w.cores,
+            ])
             .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -289,13 +343,23 @@ impl Client {
         let nats = async_nats::connect(url).await?;
         let js = jetstream::new(nats.clone());
         tangram_nats::ensure_streams(&js).await?;
-        Ok(Self { nats, js, job: JobId::new(job)? })
+        Ok(Self {
+            nats,
+            js,
+            job: JobId::new(job)?,
+        })
     }
 
     /// Publishes an action (msgpack, `Nats-Msg-Id` = id) and waits for the JetStream ack.
     pub async fn submit(&self, action: &Action) -> anyhow::Result<()> {
         let bytes = codec::encode(action, Encoding::Msgpack)?;
-        self.publish_raw(&subject::action(&action.job, action.kind()), Some(action.id.as_str()), None, bytes).await
+        self.publish_raw(
+            &subject::action(&action.job, action.kind()),
+            Some(action.id.as_str()),
+            None,
+            bytes,
+        )
+        .await
     }
 
     /// Publishes raw bytes with optional headers.
@@ -313,7 +377,10 @@ impl Client {
         if let Some(ct) = content_type {
             headers.insert(subject::HEADER_CONTENT_TYPE, ct);
         }
-        self.js.publish_with_headers(subject.to_string(), headers, payload.into()).await?.await?;
+        self.js
+            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .await?
+            .await?;
         Ok(())
     }
 
@@ -324,7 +391,12 @@ impl Client {
     }
 
     /// Waits until `n` results for `id` arrived, or `timeout`; returns what arrived.
-    pub async fn results(&self, id: &ActionId, n: usize, timeout: Duration) -> anyhow::Result<Vec<ActionResult>> {
+    pub async fn results(
+        &self,
+        id: &ActionId,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<ActionResult>> {
         let stream = self.js.get_stream(subject::RESULTS_STREAM).await?;
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -339,13 +411,18 @@ impl Client {
             match tokio::time::timeout_at(deadline, messages.next()).await {
                 Ok(Some(Ok(m))) => {
                     let enc = Encoding::from_content_type(
-                        m.headers.as_ref().and_then(|h| h.get(subject::HEADER_CONTENT_TYPE)).map(|v| v.as_str()),
+                        m.headers
+                            .as_ref()
+                            .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
+                            .map(|v| v.as_str()),
                     )?;
                     out.push(codec::decode(&m.payload, enc)?);
                 }
                 Ok(Some(Err(e))) => bail!("reading results: {e}"),
                 Ok(None) => break,
-                Err(_) if out.is_empty() && n == 1 => bail!("no result for {id} within {timeout:?}"),
+                Err(_) if out.is_empty() && n == 1 => {
+                    bail!("no result for {id} within {timeout:?}")
+                }
                 Err(_) => break,
             }
         }
@@ -365,8 +442,12 @@ impl Client {
         let mut seen = std::collections::BTreeSet::new();
         let deadline = tokio::time::Instant::now() + timeout;
         while seen.len() < ids.len() {
-            let msg = tokio::time::timeout_at(deadline, sub.next()).await.context("workers did not heartbeat")?;
-            let Some(msg) = msg else { bail!("heartbeat subscription closed") };
+            let msg = tokio::time::timeout_at(deadline, sub.next())
+                .await
+                .context("workers did not heartbeat")?;
+            let Some(msg) = msg else {
+                bail!("heartbeat subscription closed")
+            };
             let hb: tangram_shared::Heartbeat = codec::decode(&msg.payload, Encoding::Msgpack)?;
             if ids.contains(&hb.worker.as_str()) {
                 seen.insert(hb.worker.0.clone());
@@ -378,13 +459,20 @@ impl Client {
     /// Dead-letter records so far, as (code header, subject header) pairs.
     pub async fn dead_letters(&self) -> anyhow::Result<Vec<(String, String)>> {
         let stream = self.js.get_stream(subject::DEADLETTER_STREAM).await?;
-        let consumer = stream.create_consumer(jetstream::consumer::pull::OrderedConfig::default()).await?;
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+            .await?;
         let mut messages = consumer.messages().await?;
         let mut out = Vec::new();
-        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(300), messages.next()).await {
+        while let Ok(Some(Ok(m))) =
+            tokio::time::timeout(Duration::from_millis(300), messages.next()).await
+        {
             let h = m.headers.clone().unwrap_or_default();
             let get = |k: &str| h.get(k).map(|v| v.as_str().to_string()).unwrap_or_default();
-            out.push((get(subject::HEADER_DLQ_CODE), get(subject::HEADER_DLQ_REASON)));
+            out.push((
+                get(subject::HEADER_DLQ_CODE),
+                get(subject::HEADER_DLQ_REASON),
+            ));
         }
         Ok(out)
     }
@@ -394,7 +482,9 @@ impl Client {
 pub mod build {
     use super::*;
     use std::collections::BTreeMap;
-    use tangram_shared::{ActionSpec, CpuRange, SandboxClose, SandboxExec, SandboxOpen, TrajectoryId};
+    use tangram_shared::{
+        ActionSpec, CpuRange, SandboxClose, SandboxExec, SandboxOpen, TrajectoryId,
+    };
 
     fn action(id: &str, job: &str, traj: &str, spec: ActionSpec) -> Action {
         Action {
@@ -407,7 +497,12 @@ pub mod build {
     }
     /// `sandbox_open` with defaults.
     pub fn open(id: &str, job: &str, traj: &str) -> Action {
-        action(id, job, traj, ActionSpec::SandboxOpen(SandboxOpen::default()))
+        action(
+            id,
+            job,
+            traj,
+            ActionSpec::SandboxOpen(SandboxOpen::default()),
+        )
     }
     /// `sandbox_exec` of argv with cores [min, max].
     pub fn exec(id: &str, job: &str, traj: &str, argv: &[&str], min: u32, max: u32) -> Action {
@@ -437,7 +532,12 @@ pub mod build {
 /// Counts containers labelled for `worker`.
 pub fn containers_of(worker: &str) -> usize {
     let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label=tangram.worker={worker}")])
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=tangram.worker={worker}"),
+        ])
         .output()
         .expect("docker ps");
     String::from_utf8_lossy(&out.stdout).lines().count()

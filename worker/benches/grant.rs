@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::time::Instant;
+use tangram_shared::SandboxOpen;
 use tangram_worker::cgroup::{CgroupCpu, PERIOD_US};
 use tangram_worker::config::RawConfig;
 use tangram_worker::docker::{DockerSandboxes, PARKED_QUOTA_US};
@@ -22,18 +23,40 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let iterations: usize = arg("--iterations").map(|s| s.parse()).transpose()?.unwrap_or(1000);
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let iterations: usize = arg("--iterations")
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(1000);
     let granted = arg("--cores").unwrap_or_else(|| "0-1".into());
-    let ncores = tangram_worker::cpuset::parse(&granted).map_err(anyhow::Error::msg)?.len() as i64;
+    let ncores = tangram_worker::cpuset::parse(&granted)
+        .map_err(anyhow::Error::msg)?
+        .len() as i64;
     let parking = "0";
 
-    let config = RawConfig { id: Some("bench-grant".into()), ..Default::default() }
-        .validate()
-        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let config = RawConfig {
+        id: Some("bench-grant".into()),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!(e.0))?;
     let docker = DockerSandboxes::connect("bench-grant", config.sandbox.clone()).await?;
     let created = docker
-        .create("bench", "grant", docker.default_image(), 256, 16, &BTreeMap::new(), parking)
+        .create(
+            "bench",
+            "grant",
+            &SandboxOpen {
+                memory_mb: 256,
+                workdir_mb: 16,
+                ..Default::default()
+            },
+            parking,
+        )
         .await?;
     let cgroup = CgroupCpu::for_pid(created.pid)?;
 
@@ -46,13 +69,21 @@ async fn main() -> anyhow::Result<()> {
             for _ in 0..n {
                 let t = Instant::now();
                 match mode {
-                    "docker" => docker.update_cpus(&created.id, &granted, ncores * PERIOD_US).await?,
+                    "docker" => {
+                        docker
+                            .update_cpus(&created.id, &granted, ncores * PERIOD_US)
+                            .await?
+                    }
                     _ => cgroup.apply(&granted, ncores * PERIOD_US, true)?,
                 }
                 let grant_us = t.elapsed().as_secs_f64() * 1e6;
                 let t = Instant::now();
                 match mode {
-                    "docker" => docker.update_cpus(&created.id, parking, PARKED_QUOTA_US).await?,
+                    "docker" => {
+                        docker
+                            .update_cpus(&created.id, parking, PARKED_QUOTA_US)
+                            .await?
+                    }
                     _ => cgroup.apply(parking, PARKED_QUOTA_US, false)?,
                 }
                 let park_us = t.elapsed().as_secs_f64() * 1e6;
@@ -66,7 +97,10 @@ async fn main() -> anyhow::Result<()> {
     docker.remove(&created.id).await?;
 
     println!("Allocate-on-Execution grant latency, {iterations} grants per mode, cores {granted}, parking {parking}");
-    println!("{:<8} {:>12} {:>12} {:>12} {:>12} {:>12}", "mode", "grant p50", "grant p99", "grant mean", "park p50", "park p99");
+    println!(
+        "{:<8} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "mode", "grant p50", "grant p99", "grant mean", "park p50", "park p99"
+    );
     let mut json = Vec::new();
     for (mode, (mut g, mut p)) in samples {
         g.sort_by(f64::total_cmp);

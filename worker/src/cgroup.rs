@@ -43,7 +43,8 @@ impl CgroupCpu {
         let mut unified = None;
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+            let (Some(_), Some(controllers), Some(path)) =
+                (parts.next(), parts.next(), parts.next())
             else {
                 continue;
             };
@@ -65,7 +66,10 @@ impl CgroupCpu {
                 let dir = root.join(&rel);
                 Ok(CgroupCpu::V2 { dir })
             }
-            _ => Err(io::Error::new(io::ErrorKind::NotFound, "no cpu and cpuset cgroup for the process")),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no cpu and cpuset cgroup for the process",
+            )),
         }
     }
 
@@ -76,7 +80,10 @@ impl CgroupCpu {
     pub fn apply(&self, cpus: &str, quota_us: i64, widening: bool) -> io::Result<()> {
         let write = |dir: &Path, file: &str, value: &str| -> io::Result<()> {
             std::fs::write(dir.join(file), value).map_err(|e| {
-                io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", dir.join(file).display()))
+                io::Error::new(
+                    e.kind(),
+                    format!("writing {value:?} to {}: {e}", dir.join(file).display()),
+                )
             })
         };
         match self {
@@ -122,7 +129,9 @@ mod tests {
         let v2 = "0::/system.slice/docker-abc.scope\n";
         assert_eq!(
             CgroupCpu::from_proc(v2, root).unwrap(),
-            CgroupCpu::V2 { dir: "/sys/fs/cgroup/system.slice/docker-abc.scope".into() }
+            CgroupCpu::V2 {
+                dir: "/sys/fs/cgroup/system.slice/docker-abc.scope".into()
+            }
         );
         assert!(CgroupCpu::from_proc("4:memory:/x\n", root).is_err());
     }
@@ -130,9 +139,17 @@ mod tests {
     #[test]
     fn writes_cpuset_and_quota_files() {
         let dir = tempfile::tempdir().unwrap();
-        let cg = CgroupCpu::V2 { dir: dir.path().to_path_buf() };
+        let cg = CgroupCpu::V2 {
+            dir: dir.path().to_path_buf(),
+        };
         cg.apply("0-1", 200_000, true).unwrap();
-        assert_eq!(std::fs::read_to_string(dir.path().join("cpuset.cpus")).unwrap(), "0-1");
-        assert_eq!(std::fs::read_to_string(dir.path().join("cpu.max")).unwrap(), "200000 100000");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("cpuset.cpus")).unwrap(),
+            "0-1"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("cpu.max")).unwrap(),
+            "200000 100000"
+        );
     }
 }

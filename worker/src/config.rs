@@ -158,11 +158,17 @@ impl RawConfig {
     pub fn validate(self) -> Result<Config, ConfigError> {
         let id = self.id.unwrap_or_else(|| "cpu-0".into());
         let id = WorkerId::new(id).map_err(|e| ConfigError(e.to_string()))?;
-        let nats_url = self.nats_url.unwrap_or_else(|| "nats://127.0.0.1:4222".into());
+        let nats_url = self
+            .nats_url
+            .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
         if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
-            return err(format!("nats_url {nats_url:?} must start with nats:// or tls://"));
+            return err(format!(
+                "nats_url {nats_url:?} must start with nats:// or tls://"
+            ));
         }
-        let online = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let online = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         let cores = match &self.cores {
             Some(list) => cpuset::parse(list).map_err(|e| ConfigError(format!("cores: {e}")))?,
             None => (0..online).collect(),
@@ -171,7 +177,9 @@ impl RawConfig {
         cpuset::parse(&parking_cores).map_err(|e| ConfigError(format!("parking_cores: {e}")))?;
         let mem_mb = self.mem_mb.unwrap_or(8192);
         if mem_mb < 64 {
-            return err(format!("mem_mb is {mem_mb}; a worker needs at least 64 MiB for sandboxes"));
+            return err(format!(
+                "mem_mb is {mem_mb}; a worker needs at least 64 MiB for sandboxes"
+            ));
         }
         let heartbeat = Duration::from_millis(self.heartbeat_ms.unwrap_or(1000));
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&heartbeat) {
@@ -201,8 +209,10 @@ impl RawConfig {
 
 fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
     if raw.privileged == Some(true) {
-        return err("sandbox.privileged = true is refused: a privileged container can take over the host. \
-                    Sandboxes run model-generated code; keep the default (false)");
+        return err(
+            "sandbox.privileged = true is refused: a privileged container can take over the host. \
+                    Sandboxes run model-generated code; keep the default (false)",
+        );
     }
     if let Some(net) = raw.network.as_deref() {
         if net != "none" {
@@ -213,11 +223,16 @@ fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
         }
     }
     if let Some(caps) = raw.cap_add.as_ref().filter(|c| !c.is_empty()) {
-        return err(format!("sandbox.cap_add = {caps:?} is refused: sandboxes drop all capabilities"));
+        return err(format!(
+            "sandbox.cap_add = {caps:?} is refused: sandboxes drop all capabilities"
+        ));
     }
     let mounts = raw.mounts.unwrap_or_default();
     for m in &mounts {
-        if m.contains("docker.sock") || m.contains("containerd.sock") || m.split(':').next() == Some("/") {
+        if m.contains("docker.sock")
+            || m.contains("containerd.sock")
+            || m.split(':').next() == Some("/")
+        {
             return err(format!(
                 "sandbox mount {m:?} is refused: it would give model-generated code control of the host's container runtime"
             ));
@@ -226,7 +241,9 @@ fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
     let user = raw.user.unwrap_or_else(|| DEFAULT_USER.into());
     let uid = user.split(':').next().unwrap_or("");
     if uid == "0" || uid == "root" || uid.is_empty() {
-        return err(format!("sandbox.user = {user:?} is refused: sandboxes never run as root"));
+        return err(format!(
+            "sandbox.user = {user:?} is refused: sandboxes never run as root"
+        ));
     }
     let pids_limit = raw.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT);
     if !(16..=65_536).contains(&pids_limit) {
@@ -247,7 +264,9 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str::<RawConfig>(text).map_err(|e| ConfigError(e.to_string()))?.validate()
+        toml::from_str::<RawConfig>(text)
+            .map_err(|e| ConfigError(e.to_string()))?
+            .validate()
     }
 
     #[test]
@@ -255,7 +274,10 @@ mod tests {
         for (text, word) in [
             ("[sandbox]\nprivileged = true", "privileged"),
             ("[sandbox]\nnetwork = \"host\"", "network"),
-            ("[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]", "docker"),
+            (
+                "[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]",
+                "docker",
+            ),
             ("[sandbox]\nuser = \"0:0\"", "root"),
             ("[sandbox]\ncap_add = [\"SYS_ADMIN\"]", "capabilities"),
         ] {
@@ -271,6 +293,9 @@ mod tests {
         assert!(parse("cores = \"1-0\"").unwrap_err().0.contains("cores"));
         assert!(parse("id = \"a.b\"").is_err());
         let c = parse("id = \"w7\"\ncores = \"0-1\"\ngrant_mode = \"docker\"").unwrap();
-        assert_eq!((c.cores, c.grant_mode, c.parking_cores.as_str()), (vec![0, 1], GrantMode::Docker, "0"));
+        assert_eq!(
+            (c.cores, c.grant_mode, c.parking_cores.as_str()),
+            (vec![0, 1], GrantMode::Docker, "0")
+        );
     }
 }

@@ -10,8 +10,12 @@ pub fn parse(list: &str) -> Result<Vec<u32>, String> {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
         };
-        let lo: u32 = lo.parse().map_err(|_| format!("{part:?} is not a CPU number or range"))?;
-        let hi: u32 = hi.parse().map_err(|_| format!("{part:?} is not a CPU number or range"))?;
+        let lo: u32 = lo
+            .parse()
+            .map_err(|_| format!("{part:?} is not a CPU number or range"))?;
+        let hi: u32 = hi
+            .parse()
+            .map_err(|_| format!("{part:?} is not a CPU number or range"))?;
         if lo > hi || hi > 4095 {
             return Err(format!("{part:?} is not a valid CPU range"));
         }
@@ -35,7 +39,11 @@ pub fn format(cpus: &[u32]) -> String {
         while i + 1 < sorted.len() && sorted[i + 1] == sorted[i] + 1 {
             i += 1;
         }
-        out.push(if start == sorted[i] { start.to_string() } else { format!("{start}-{}", sorted[i]) });
+        out.push(if start == sorted[i] {
+            start.to_string()
+        } else {
+            format!("{start}-{}", sorted[i])
+        });
         i += 1;
     }
     out.join(",")
@@ -53,7 +61,10 @@ pub struct CoreAllocator {
 impl CoreAllocator {
     /// An allocator over `cores`.
     pub fn new(cores: &[u32]) -> Self {
-        Self { free: cores.iter().copied().collect(), total: cores.len() }
+        Self {
+            free: cores.iter().copied().collect(),
+            total: cores.len(),
+        }
     }
     /// Cores managed.
     pub fn total(&self) -> usize {

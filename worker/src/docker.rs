@@ -19,6 +19,7 @@ use bollard::Docker;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
+use tangram_shared::SandboxOpen;
 use tokio::io::AsyncWriteExt;
 
 /// Labels every sandbox carries.
@@ -56,9 +57,9 @@ pub enum DockerError {
 impl DockerError {
     fn from_api(e: bollard::errors::Error, container: &str) -> Self {
         match &e {
-            bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
-                DockerError::Gone(container.to_string())
-            }
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            } => DockerError::Gone(container.to_string()),
             _ => DockerError::Api(e),
         }
     }
@@ -110,7 +111,11 @@ impl DockerSandboxes {
     pub async fn connect(worker: &str, config: SandboxConfig) -> Result<Self, DockerError> {
         let docker = Docker::connect_with_local_defaults()?;
         docker.ping().await?;
-        Ok(Self { docker, worker: worker.to_string(), config })
+        Ok(Self {
+            docker,
+            worker: worker.to_string(),
+            config,
+        })
     }
 
     /// The default image of this worker.
@@ -122,22 +127,23 @@ impl DockerSandboxes {
     pub async fn has_image(&self, image: &str) -> Result<bool, DockerError> {
         match self.docker.inspect_image(image).await {
             Ok(_) => Ok(true),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Creates and starts a parked sandbox.
+    /// Creates and starts a parked sandbox for `open` (the default image when it names none).
     pub async fn create(
         &self,
         job: &str,
         trajectory: &str,
-        image: &str,
-        memory_mb: u64,
-        workdir_mb: u64,
-        env: &BTreeMap<String, String>,
+        open: &SandboxOpen,
         parking_cores: &str,
     ) -> Result<Created, DockerError> {
+        let image = open.image.as_deref().unwrap_or(&self.config.image);
+        let (memory_mb, workdir_mb, env) = (open.memory_mb, open.workdir_mb, &open.env);
         if !self.has_image(image).await? {
             return Err(DockerError::NoImage(image.to_string()));
         }
@@ -145,7 +151,13 @@ impl DockerSandboxes {
         // A container of that name can only be a leftover of an earlier attempt.
         let _ = self
             .docker
-            .remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() }))
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
             .await;
         let labels = HashMap::from([
             (LABEL_WORKER.to_string(), self.worker.clone()),
@@ -163,8 +175,14 @@ impl DockerSandboxes {
             network_mode: Some("none".into()),
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([
-                ("/work".to_string(), format!("rw,exec,nosuid,nodev,size={workdir_mb}m,mode=1777")),
-                ("/tmp".to_string(), "rw,nosuid,nodev,size=16m,mode=1777".to_string()),
+                (
+                    "/work".to_string(),
+                    format!("rw,exec,nosuid,nodev,size={workdir_mb}m,mode=1777"),
+                ),
+                (
+                    "/tmp".to_string(),
+                    "rw,nosuid,nodev,size=16m,mode=1777".to_string(),
+                ),
             ])),
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
@@ -190,31 +208,56 @@ impl DockerSandboxes {
         };
         let created = self
             .docker
-            .create_container(Some(CreateContainerOptions { name: Some(name), ..Default::default() }), body)
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name),
+                    ..Default::default()
+                }),
+                body,
+            )
             .await?;
         let id = created.id;
-        if let Err(e) = self.docker.start_container(&id, None::<StartContainerOptions>).await {
+        if let Err(e) = self
+            .docker
+            .start_container(&id, None::<StartContainerOptions>)
+            .await
+        {
             let _ = self.remove(&id).await;
             return Err(e.into());
         }
-        let info = self.docker.inspect_container(&id, None::<InspectContainerOptions>).await?;
+        let info = self
+            .docker
+            .inspect_container(&id, None::<InspectContainerOptions>)
+            .await?;
         let pid = info.state.and_then(|s| s.pid).unwrap_or(0);
         Ok(Created { id, pid })
     }
 
     /// Grants or parks cores through Docker's update API.
-    pub async fn update_cpus(&self, id: &str, cpus: &str, quota_us: i64) -> Result<(), DockerError> {
+    pub async fn update_cpus(
+        &self,
+        id: &str,
+        cpus: &str,
+        quota_us: i64,
+    ) -> Result<(), DockerError> {
         let body = ContainerUpdateBody {
             cpuset_cpus: Some(cpus.to_string()),
             cpu_period: Some(crate::cgroup::PERIOD_US),
             cpu_quota: Some(quota_us),
             ..Default::default()
         };
-        self.docker.update_container(id, body).await.map_err(|e| DockerError::from_api(e, id))
+        self.docker
+            .update_container(id, body)
+            .await
+            .map_err(|e| DockerError::from_api(e, id))
     }
 
     /// Writes text files under `/work` by piping a tar archive into `tar -x`.
-    pub async fn write_files(&self, id: &str, files: &BTreeMap<String, String>) -> Result<(), DockerError> {
+    pub async fn write_files(
+        &self,
+        id: &str,
+        files: &BTreeMap<String, String>,
+    ) -> Result<(), DockerError> {
         if files.is_empty() {
             return Ok(());
         }
@@ -228,9 +271,26 @@ impl DockerSandboxes {
             archive.append_data(&mut header, path, text.as_bytes())?;
         }
         let bytes = archive.into_inner()?;
-        let argv = ["tar", "-x", "-m", "--no-same-owner", "-C", "/work", "-f", "-"].map(String::from);
+        let argv = [
+            "tar",
+            "-x",
+            "-m",
+            "--no-same-owner",
+            "-C",
+            "/work",
+            "-f",
+            "-",
+        ]
+        .map(String::from);
         let out = self
-            .run(id, &argv, &[], Some(&bytes), Duration::from_secs(30), 64 * 1024)
+            .run(
+                id,
+                &argv,
+                &[],
+                Some(&bytes),
+                Duration::from_secs(30),
+                64 * 1024,
+            )
             .await?;
         match out.exit_code {
             Some(0) => Ok(()),
@@ -269,9 +329,18 @@ impl DockerSandboxes {
             .await
             .map_err(|e| DockerError::from_api(e, id))?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let started = self.docker.start_exec(&exec.id, None::<StartExecOptions>).await?;
-        let StartExecResults::Attached { mut output, mut input } = started else {
-            return Err(DockerError::Io(std::io::Error::other("exec started detached")));
+        let started = self
+            .docker
+            .start_exec(&exec.id, None::<StartExecOptions>)
+            .await?;
+        let StartExecResults::Attached {
+            mut output,
+            mut input,
+        } = started
+        else {
+            return Err(DockerError::Io(std::io::Error::other(
+                "exec started detached",
+            )));
         };
         let mut out = ExecOutput::default();
         if let Some(data) = stdin {
@@ -290,7 +359,9 @@ impl DockerSandboxes {
             match next {
                 Ok(Some(Ok(chunk))) => {
                     let (buf, bytes) = match chunk {
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => (&mut out.stdout, message),
+                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                            (&mut out.stdout, message)
+                        }
                         LogOutput::StdErr { message } => (&mut out.stderr, message),
                         LogOutput::StdIn { .. } => continue,
                     };
@@ -332,19 +403,38 @@ impl DockerSandboxes {
     /// user reaches all of the user's processes in the container's PID namespace, so children
     /// that forked or moved to their own process group die too.
     pub async fn kill_all(&self, id: &str) {
-        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), "kill -9 -1".to_string()];
+        let argv = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            "kill -9 -1".to_string(),
+        ];
         let exec = self
             .docker
             .create_exec(
                 id,
-                CreateExecOptions { cmd: Some(argv), attach_stdout: Some(false), ..Default::default() },
+                CreateExecOptions {
+                    cmd: Some(argv),
+                    attach_stdout: Some(false),
+                    ..Default::default()
+                },
             )
             .await;
         if let Ok(exec) = exec {
-            let _ = self.docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await;
+            let _ = self
+                .docker
+                .start_exec(
+                    &exec.id,
+                    Some(StartExecOptions {
+                        detach: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
             for _ in 0..100 {
                 match self.docker.inspect_exec(&exec.id).await {
-                    Ok(i) if i.running == Some(true) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Ok(i) if i.running == Some(true) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
                     _ => break,
                 }
             }
@@ -355,18 +445,31 @@ impl DockerSandboxes {
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
         match self
             .docker
-            .remove_container(id, Some(RemoveContainerOptions { force: true, v: true, ..Default::default() }))
+            .remove_container(
+                id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
             .await
         {
             Ok(()) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
 
     /// True when the container exists and runs.
     pub async fn is_running(&self, id: &str) -> bool {
-        match self.docker.inspect_container(id, None::<InspectContainerOptions>).await {
+        match self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+        {
             Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
             Err(_) => false,
         }
@@ -374,14 +477,26 @@ impl DockerSandboxes {
 
     /// Containers labelled with this worker's id.
     pub async fn leftovers(&self) -> Result<Vec<Leftover>, DockerError> {
-        let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_WORKER}={}", self.worker)])]);
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_WORKER}={}", self.worker)],
+        )]);
         let list = self
             .docker
-            .list_containers(Some(ListContainersOptions { all: true, filters: Some(filters), ..Default::default() }))
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
             .await?;
         Ok(list
             .into_iter()
-            .filter_map(|c| Some(Leftover { id: c.id?, labels: c.labels.unwrap_or_default() }))
+            .filter_map(|c| {
+                Some(Leftover {
+                    id: c.id?,
+                    labels: c.labels.unwrap_or_default(),
+                })
+            })
             .collect())
     }
 }

@@ -19,8 +19,12 @@ pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
 /// Dispatches refused because their scheduler epoch is stale.
 pub const STALE: &str = "tangram_worker_stale_dispatches_total";
 
-const FAST: &[f64] = &[5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1];
-const SLOW: &[f64] = &[1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+const FAST: &[f64] = &[
+    5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+];
+const SLOW: &[f64] = &[
+    1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
 
 /// Starts the Prometheus exporter on `addr`.
 pub fn install(addr: SocketAddr) -> anyhow::Result<()> {

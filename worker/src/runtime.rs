@@ -7,7 +7,6 @@ use crate::docker::{us_since, DockerError, DockerSandboxes, PARKED_QUOTA_US};
 use crate::metrics as m;
 use anyhow::Context as _;
 use async_nats::jetstream;
-use async_nats::HeaderMap;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -55,7 +54,10 @@ struct Worker {
 }
 
 fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
@@ -78,7 +80,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     if !leftovers.is_empty() {
         m::leftovers(leftovers.len());
-        info!(count = leftovers.len(), "removed leftover sandboxes of an earlier run");
+        info!(
+            count = leftovers.len(),
+            "removed leftover sandboxes of an earlier run"
+        );
     }
 
     let client = async_nats::ConnectOptions::new()
@@ -109,7 +114,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let tasks = TaskTracker::new();
     let heartbeat_stop = CancellationToken::new();
-    tasks.spawn(heartbeats(worker.clone(), client.clone(), instance.clone(), heartbeat_stop.clone()));
+    tasks.spawn(heartbeats(
+        worker.clone(),
+        client.clone(),
+        instance.clone(),
+        heartbeat_stop.clone(),
+    ));
 
     // Intake until shutdown.
     let actions = TaskTracker::new();
@@ -136,15 +146,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     drop(messages);
 
     // Phase one: no new work; let running actions finish within the grace period.
-    info!(grace_ms = worker.config.shutdown_grace.as_millis() as u64, "draining");
+    info!(
+        grace_ms = worker.config.shutdown_grace.as_millis() as u64,
+        "draining"
+    );
     actions.close();
-    if tokio::time::timeout(worker.config.shutdown_grace, actions.wait()).await.is_err() {
+    if tokio::time::timeout(worker.config.shutdown_grace, actions.wait())
+        .await
+        .is_err()
+    {
         // Phase two: kill what is left; each reports `infra_error: shutdown`.
         warn!("grace period over; stopping running actions");
         worker.hard_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), actions.wait()).await;
     }
-    let sandboxes: Vec<Arc<Sandbox>> = worker.state.lock().expect("state lock").sandboxes.drain().map(|(_, s)| s).collect();
+    let sandboxes: Vec<Arc<Sandbox>> = worker
+        .state
+        .lock()
+        .expect("state lock")
+        .sandboxes
+        .drain()
+        .map(|(_, s)| s)
+        .collect();
     for s in sandboxes {
         let _ = worker.docker.remove(&s.container).await;
     }
@@ -157,7 +180,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
-async fn heartbeats(worker: Arc<Worker>, client: async_nats::Client, instance: String, stop: CancellationToken) {
+async fn heartbeats(
+    worker: Arc<Worker>,
+    client: async_nats::Client,
+    instance: String,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(worker.config.heartbeat);
     let mut seq = 0;
     loop {
@@ -170,7 +198,13 @@ async fn heartbeats(worker: Arc<Worker>, client: async_nats::Client, instance: S
     }
 }
 
-async fn send_heartbeat(worker: &Worker, client: &async_nats::Client, instance: &str, seq: u64, draining: bool) {
+async fn send_heartbeat(
+    worker: &Worker,
+    client: &async_nats::Client,
+    instance: &str,
+    seq: u64,
+    draining: bool,
+) {
     let hb = {
         let st = worker.state.lock().expect("state lock");
         let mut sandboxes: Vec<SandboxRef> = st
@@ -202,7 +236,10 @@ async fn send_heartbeat(worker: &Worker, client: &async_nats::Client, instance: 
     };
     match codec::encode(&hb, Encoding::Msgpack) {
         Ok(bytes) => {
-            if let Err(e) = client.publish(subject::heartbeat(&worker.config.id), bytes.into()).await {
+            if let Err(e) = client
+                .publish(subject::heartbeat(&worker.config.id), bytes.into())
+                .await
+            {
                 warn!(error = %e, "heartbeat publish failed");
             }
         }
@@ -248,10 +285,14 @@ impl Worker {
             let a = &dispatch.action;
             let outcome = infra(
                 InfraCode::WorkerLost,
-                format!("worker {} restarted while this action was in flight", self.config.id),
+                format!(
+                    "worker {} restarted while this action was in flight",
+                    self.config.id
+                ),
             );
-            let mut result = ActionResult::new(a.id.clone(), a.job.clone(), outcome, unix_us() / 1000)
-                .for_action(a, dispatch.attempt);
+            let mut result =
+                ActionResult::new(a.id.clone(), a.job.clone(), outcome, unix_us() / 1000)
+                    .for_action(a, dispatch.attempt);
             result.timing = Timing::new(unix_us().saturating_sub(dispatch.submitted_at_us), 0, 0);
             self.publish_result(&result, dispatch.result_encoding).await;
             let _ = msg.ack().await;
@@ -311,27 +352,9 @@ impl Worker {
     }
 
     async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
-        let payload = match codec::encode(result, encoding) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %e, "encoding a result");
-                return;
-            }
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
-        headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
-        let subject = subject::result(&result.job, &result.id);
-        // Results must not be lost: retry a few times with backoff (bounded).
-        for attempt in 0..5u32 {
-            match self.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone().into()).await {
-                Ok(f) => match f.await {
-                    Ok(_) => return,
-                    Err(e) => warn!(attempt, error = %e, "result publish not acknowledged"),
-                },
-                Err(e) => warn!(attempt, error = %e, "result publish failed"),
-            }
-            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        // Results must not be lost: retry with backoff, bounded (about 3 s in all).
+        if let Err(e) = tangram_nats::publish_result(&self.js, result, encoding, 5).await {
+            warn!(action = %result.id, error = %e, "result lost");
         }
     }
 
@@ -339,9 +362,18 @@ impl Worker {
         let queued_us = unix_us().saturating_sub(d.submitted_at_us);
         let a = &d.action;
         let key: Key = (a.job.0.clone(), a.trajectory.0.clone());
-        let mut result = ActionResult::new(a.id.clone(), a.job.clone(), Outcome::Completed { exit_code: 0 }, 0)
-            .for_action(a, d.attempt);
-        result.placement = Some(Placement { worker: self.config.id.clone(), cores: 0, cpuset: String::new() });
+        let mut result = ActionResult::new(
+            a.id.clone(),
+            a.job.clone(),
+            Outcome::Completed { exit_code: 0 },
+            0,
+        )
+        .for_action(a, d.attempt);
+        result.placement = Some(Placement {
+            worker: self.config.id.clone(),
+            cores: 0,
+            cpuset: String::new(),
+        });
         result.timing = Timing::new(queued_us, 0, 0);
         let t0 = Instant::now();
         match &a.spec {
@@ -350,11 +382,17 @@ impl Worker {
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
             }
             ActionSpec::SandboxClose(_) => {
-                let sandbox = self.state.lock().expect("state lock").sandboxes.remove(&key);
+                let sandbox = self
+                    .state
+                    .lock()
+                    .expect("state lock")
+                    .sandboxes
+                    .remove(&key);
                 if let Some(s) = sandbox {
                     let _guard = s.lock.lock().await;
                     if let Err(e) = self.docker.remove(&s.container).await {
-                        result.outcome = infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
+                        result.outcome =
+                            infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
                     }
                 }
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
@@ -368,20 +406,28 @@ impl Worker {
     }
 
     async fn open(&self, key: &Key, open: &tangram_shared::SandboxOpen, mem_mb: u64) -> Outcome {
-        if self.state.lock().expect("state lock").sandboxes.contains_key(key) {
+        if self
+            .state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .contains_key(key)
+        {
             return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
         }
-        let image = open.image.as_deref().unwrap_or(self.docker.default_image());
         let created = self
             .docker
-            .create(&key.0, &key.1, image, open.memory_mb, open.workdir_mb, &open.env, &self.config.parking_cores)
+            .create(&key.0, &key.1, open, &self.config.parking_cores)
             .await;
         let created = match created {
             Ok(c) => c,
             Err(DockerError::NoImage(image)) => {
                 return Outcome::Rejected {
                     code: RejectCode::InvalidField,
-                    reason: format!("image {image:?} is not present on worker {}", self.config.id),
+                    reason: format!(
+                        "image {image:?} is not present on worker {}",
+                        self.config.id
+                    ),
                 }
             }
             Err(e) => return infra(InfraCode::Runtime, format!("creating the sandbox: {e}")),
@@ -405,18 +451,42 @@ impl Worker {
             mem_mb: mem_mb.max(open.memory_mb),
             lock: tokio::sync::Mutex::new(()),
         });
-        self.state.lock().expect("state lock").sandboxes.insert(key.clone(), sandbox);
+        self.state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .insert(key.clone(), sandbox);
         Outcome::Completed { exit_code: 0 }
     }
 
     /// Grants or parks `cpus` on a sandbox by the configured mode.
-    async fn set_cpus(&self, s: &Sandbox, cpus: &str, quota_us: i64, widening: bool) -> Result<(), String> {
+    async fn set_cpus(
+        &self,
+        s: &Sandbox,
+        cpus: &str,
+        quota_us: i64,
+        widening: bool,
+    ) -> Result<(), String> {
         let t = Instant::now();
         let (mode, r) = match &s.cgroup {
-            Some(cg) => ("cgroup", cg.apply(cpus, quota_us, widening).map_err(|e| e.to_string())),
-            None => ("docker", self.docker.update_cpus(&s.container, cpus, quota_us).await.map_err(|e| e.to_string())),
+            Some(cg) => (
+                "cgroup",
+                cg.apply(cpus, quota_us, widening)
+                    .map_err(|e| e.to_string()),
+            ),
+            None => (
+                "docker",
+                self.docker
+                    .update_cpus(&s.container, cpus, quota_us)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
         };
-        m::grant(mode, if widening { "grant" } else { "park" }, t.elapsed().as_secs_f64());
+        m::grant(
+            mode,
+            if widening { "grant" } else { "park" },
+            t.elapsed().as_secs_f64(),
+        );
         r
     }
 
@@ -428,7 +498,13 @@ impl Worker {
         queued_us: u64,
         result: &mut ActionResult,
     ) {
-        let sandbox = self.state.lock().expect("state lock").sandboxes.get(key).cloned();
+        let sandbox = self
+            .state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .get(key)
+            .cloned();
         let Some(s) = sandbox else {
             result.outcome = infra(
                 InfraCode::SandboxLost,
@@ -440,7 +516,10 @@ impl Worker {
         let t0 = Instant::now();
         let n = d.grant.cores.max(1) as usize;
         let Some(cores) = self.state.lock().expect("state lock").cores.take(n) else {
-            result.outcome = infra(InfraCode::Grant, format!("{n} cores are not free on worker {}", self.config.id));
+            result.outcome = infra(
+                InfraCode::Grant,
+                format!("{n} cores are not free on worker {}", self.config.id),
+            );
             return;
         };
         let list = cpuset::format(&cores);
@@ -486,12 +565,25 @@ impl Worker {
         }
         .await;
         // Park again whatever happened, then give the cores back.
-        if let Err(e) = self.set_cpus(&s, &self.config.parking_cores, PARKED_QUOTA_US, false).await {
+        if let Err(e) = self
+            .set_cpus(&s, &self.config.parking_cores, PARKED_QUOTA_US, false)
+            .await
+        {
             warn!(error = %e, "parking the sandbox failed");
         }
-        self.state.lock().expect("state lock").cores.give_back(&cores);
+        self.state
+            .lock()
+            .expect("state lock")
+            .cores
+            .give_back(&cores);
         result.outcome = outcome.unwrap_or_else(|o| o);
-        if matches!(result.outcome, Outcome::InfraError { code: InfraCode::SandboxLost, .. }) {
+        if matches!(
+            result.outcome,
+            Outcome::InfraError {
+                code: InfraCode::SandboxLost,
+                ..
+            }
+        ) {
             self.state.lock().expect("state lock").sandboxes.remove(key);
         }
         let overhead = us_since(t0).saturating_sub(exec_us);
@@ -505,7 +597,10 @@ fn infra(code: InfraCode, reason: String) -> Outcome {
 
 fn docker_outcome(e: DockerError, doing: &str) -> Outcome {
     match e {
-        DockerError::Gone(_) => infra(InfraCode::SandboxLost, format!("{doing}: the sandbox container is gone")),
+        DockerError::Gone(_) => infra(
+            InfraCode::SandboxLost,
+            format!("{doing}: the sandbox container is gone"),
+        ),
         e => infra(InfraCode::Runtime, format!("{doing}: {e}")),
     }
 }

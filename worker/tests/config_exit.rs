@@ -11,8 +11,15 @@ fn run(args: &[&str], file: Option<&str>) -> (i32, String) {
         cmd.arg("--config").arg(path);
     }
     // An unreachable NATS URL: a config error must be reported before any connection.
-    let out = cmd.args(args).env("TANGRAM_NATS_URL", "nats://127.0.0.1:1").output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = cmd
+        .args(args)
+        .env("TANGRAM_NATS_URL", "nats://127.0.0.1:1")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -20,7 +27,10 @@ fn isolation_weakening_config_is_refused_with_exit_64() {
     for (text, word) in [
         ("[sandbox]\nprivileged = true\n", "privileged"),
         ("[sandbox]\nnetwork = \"host\"\n", "network"),
-        ("[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]\n", "docker.sock"),
+        (
+            "[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]\n",
+            "docker.sock",
+        ),
         ("unknown_key = 1\n", "unknown"),
     ] {
         let (code, stderr) = run(&[], Some(text));

@@ -21,8 +21,10 @@ impl Policy for FcfsFirstFit {
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
         let workers = snapshot.workers();
         // Free capacity as this cycle books it, indexed like `workers`.
-        let mut free: Vec<(u32, u64)> =
-            workers.iter().map(|w| (w.free_cores, w.free_mem_mb)).collect();
+        let mut free: Vec<(u32, u64)> = workers
+            .iter()
+            .map(|w| (w.free_cores, w.free_mem_mb))
+            .collect();
         let mut plan = Plan::default();
 
         for p in pending {
@@ -40,12 +42,13 @@ impl Policy for FcfsFirstFit {
                 },
             };
             if allowed.is_empty() {
-                plan.unplaced.push((p.id.clone(), Unplaced::MayFitLater(WaitReason::NoWorkers)));
+                plan.unplaced
+                    .push((p.id.clone(), Unplaced::MayFitLater(WaitReason::NoWorkers)));
                 continue;
             }
-            let could_ever = allowed
-                .iter()
-                .any(|&i| workers[i].total_cores >= need_cores && workers[i].total_mem_mb >= need_mem);
+            let could_ever = allowed.iter().any(|&i| {
+                workers[i].total_cores >= need_cores && workers[i].total_mem_mb >= need_mem
+            });
             if !could_ever {
                 let why = Unplaced::NeverFits(NeverReason::ExceedsEveryWorker {
                     cores: need_cores,
@@ -68,12 +71,18 @@ impl Policy for FcfsFirstFit {
                     plan.launches.push(Launch {
                         id: p.id.clone(),
                         worker: workers[i].id.clone(),
-                        grant: Grant { cores, mem_mb: need_mem },
+                        grant: Grant {
+                            cores,
+                            mem_mb: need_mem,
+                        },
                     });
                 }
                 None => {
-                    let accepting: Vec<usize> =
-                        allowed.iter().copied().filter(|&i| workers[i].accepting).collect();
+                    let accepting: Vec<usize> = allowed
+                        .iter()
+                        .copied()
+                        .filter(|&i| workers[i].accepting)
+                        .collect();
                     let why = if accepting.is_empty() {
                         match &p.constraint {
                             Constraint::OnWorker(id) => WaitReason::NotAccepting(id.clone()),
@@ -90,7 +99,8 @@ impl Policy for FcfsFirstFit {
                             best_free_mb: accepting.iter().map(|&i| free[i].1).max().unwrap_or(0),
                         }
                     };
-                    plan.unplaced.push((p.id.clone(), Unplaced::MayFitLater(why)));
+                    plan.unplaced
+                        .push((p.id.clone(), Unplaced::MayFitLater(why)));
                 }
             }
         }

@@ -11,7 +11,7 @@ mod model;
 
 pub use fcfs::FcfsFirstFit;
 pub use model::{
-    Constraint, Launch, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason, NeverReason,
+    Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
     WorkerView,
 };
 

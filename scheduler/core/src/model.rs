@@ -41,7 +41,10 @@ impl Snapshot {
     }
     /// One worker.
     pub fn worker(&self, id: &WorkerId) -> Option<&WorkerView> {
-        self.workers.binary_search_by(|w| w.id.cmp(id)).ok().map(|i| &self.workers[i])
+        self.workers
+            .binary_search_by(|w| w.id.cmp(id))
+            .ok()
+            .map(|i| &self.workers[i])
     }
 }
 

@@ -21,7 +21,10 @@ fn worker(id: &str, cores: u32, free: u32, mem: u64) -> WorkerView {
 fn exec(id: &str, min: u32, max: u32) -> Pending {
     Pending {
         id: ActionId::new(id).unwrap(),
-        demand: Demand { cores: Some(CpuRange { min, max }), mem_mb: 0 },
+        demand: Demand {
+            cores: Some(CpuRange { min, max }),
+            mem_mb: 0,
+        },
         constraint: Constraint::Any,
     }
 }
@@ -29,7 +32,10 @@ fn exec(id: &str, min: u32, max: u32) -> Pending {
 fn open(id: &str, mem: u64) -> Pending {
     Pending {
         id: ActionId::new(id).unwrap(),
-        demand: Demand { cores: None, mem_mb: mem },
+        demand: Demand {
+            cores: None,
+            mem_mb: mem,
+        },
         constraint: Constraint::Any,
     }
 }
@@ -37,18 +43,35 @@ fn open(id: &str, mem: u64) -> Pending {
 #[test]
 fn first_fit_grants_up_to_max_and_skips_what_does_not_fit() {
     let snap = Snapshot::new(vec![worker("w2", 4, 4, 1024), worker("w1", 2, 2, 1024)]);
-    let plan = schedule(&snap, &[exec("a", 1, 8), exec("b", 3, 3), exec("c", 1, 1)], 0);
-    let got: Vec<_> =
-        plan.launches.iter().map(|l| (l.id.as_str(), l.worker.as_str(), l.grant.cores)).collect();
+    let plan = schedule(
+        &snap,
+        &[exec("a", 1, 8), exec("b", 3, 3), exec("c", 1, 1)],
+        0,
+    );
+    let got: Vec<_> = plan
+        .launches
+        .iter()
+        .map(|l| (l.id.as_str(), l.worker.as_str(), l.grant.cores))
+        .collect();
     // a takes all of w1 (first by id), b goes to w2, c takes one of w2's remaining core.
     assert_eq!(got, vec![("a", "w1", 2), ("b", "w2", 3), ("c", "w2", 1)]);
     assert!(plan.unplaced.is_empty());
 
-    let plan = schedule(&snap, &[exec("a", 4, 4), exec("b", 4, 4), exec("c", 1, 1)], 0);
+    let plan = schedule(
+        &snap,
+        &[exec("a", 4, 4), exec("b", 4, 4), exec("c", 1, 1)],
+        0,
+    );
     assert_eq!(plan.launches.len(), 2, "{plan:?}");
     assert_eq!(
         plan.unplaced,
-        vec![(ActionId::new("b").unwrap(), Unplaced::MayFitLater(WaitReason::Cores { need: 4, best_free: 2 }))]
+        vec![(
+            ActionId::new("b").unwrap(),
+            Unplaced::MayFitLater(WaitReason::Cores {
+                need: 4,
+                best_free: 2
+            })
+        )]
     );
 }
 
@@ -57,15 +80,24 @@ fn impossible_demand_never_fits_and_missing_workers_wait() {
     let snap = Snapshot::new(vec![worker("w1", 2, 2, 1024)]);
     let plan = schedule(&snap, &[exec("big", 3, 3), open("fat", 4096)], 0);
     assert!(plan.launches.is_empty());
-    assert!(plan.unplaced.iter().all(|(_, u)| matches!(u, Unplaced::NeverFits(NeverReason::ExceedsEveryWorker { .. }))));
+    assert!(plan.unplaced.iter().all(|(_, u)| matches!(
+        u,
+        Unplaced::NeverFits(NeverReason::ExceedsEveryWorker { .. })
+    )));
 
     let plan = schedule(&Snapshot::default(), &[exec("a", 1, 1)], 0);
-    assert_eq!(plan.unplaced[0].1, Unplaced::MayFitLater(WaitReason::NoWorkers));
+    assert_eq!(
+        plan.unplaced[0].1,
+        Unplaced::MayFitLater(WaitReason::NoWorkers)
+    );
 
     let mut pinned = exec("p", 1, 1);
     pinned.constraint = Constraint::OnWorker(WorkerId::new("gone").unwrap());
     let plan = schedule(&snap, &[pinned], 0);
-    assert!(matches!(plan.unplaced[0].1, Unplaced::NeverFits(NeverReason::WorkerGone(_))));
+    assert!(matches!(
+        plan.unplaced[0].1,
+        Unplaced::NeverFits(NeverReason::WorkerGone(_))
+    ));
 }
 
 #[test]
@@ -74,15 +106,25 @@ fn pinned_actions_wait_for_their_worker_and_draining_workers_get_nothing() {
     let w2 = worker("w2", 2, 2, 1024);
     let mut pinned = exec("p", 1, 1);
     pinned.constraint = Constraint::OnWorker(w1.id.clone());
-    let plan = schedule(&Snapshot::new(vec![w1.clone(), w2.clone()]), &[pinned.clone()], 0);
-    assert!(plan.launches.is_empty(), "pinned action moved off its worker: {plan:?}");
+    let plan = schedule(
+        &Snapshot::new(vec![w1.clone(), w2.clone()]),
+        &[pinned.clone()],
+        0,
+    );
+    assert!(
+        plan.launches.is_empty(),
+        "pinned action moved off its worker: {plan:?}"
+    );
 
     w1.free_cores = 2;
     w1.accepting = false;
     let plan = schedule(&Snapshot::new(vec![w1, w2]), &[pinned, exec("x", 1, 1)], 0);
     assert_eq!(plan.launches.len(), 1);
     assert_eq!(plan.launches[0].worker.as_str(), "w2");
-    assert!(matches!(plan.unplaced[0].1, Unplaced::MayFitLater(WaitReason::NotAccepting(_))));
+    assert!(matches!(
+        plan.unplaced[0].1,
+        Unplaced::MayFitLater(WaitReason::NotAccepting(_))
+    ));
 }
 
 fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
@@ -107,8 +149,17 @@ fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
                 .map(|(i, (kind, min, extra, mem, pin))| Pending {
                     id: ActionId::new(format!("a{i}")).unwrap(),
                     demand: match kind {
-                        0 => Demand { cores: None, mem_mb: mem },
-                        _ => Demand { cores: Some(CpuRange { min, max: min + extra }), mem_mb: 0 },
+                        0 => Demand {
+                            cores: None,
+                            mem_mb: mem,
+                        },
+                        _ => Demand {
+                            cores: Some(CpuRange {
+                                min,
+                                max: min + extra,
+                            }),
+                            mem_mb: 0,
+                        },
                     },
                     constraint: if pin < 5 && kind != 0 {
                         Constraint::OnWorker(WorkerId::new(format!("w{pin}")).unwrap())
@@ -152,7 +203,10 @@ fn check_invariants(snap: &Snapshot, pending: &[Pending], plan: &Plan) {
     }
     for (w, (cores, mem)) in used {
         let w = snap.worker(&WorkerId::new(w).unwrap()).unwrap();
-        assert!(cores <= w.free_cores && mem <= w.free_mem_mb, "{w:?} over-booked");
+        assert!(
+            cores <= w.free_cores && mem <= w.free_mem_mb,
+            "{w:?} over-booked"
+        );
     }
 }
 

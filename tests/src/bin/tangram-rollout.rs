@@ -34,8 +34,13 @@ macro_rules! task {
     };
 }
 
-const TASKS: [Task; 5] =
-    [task!("fizzbuzz"), task!("primes"), task!("reverse_words"), task!("word_count"), task!("binary_search")];
+const TASKS: [Task; 5] = [
+    task!("fizzbuzz"),
+    task!("primes"),
+    task!("reverse_words"),
+    task!("word_count"),
+    task!("binary_search"),
+];
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -50,7 +55,8 @@ struct Args {
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut a = Args {
-        nats_url: std::env::var("TANGRAM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
+        nats_url: std::env::var("TANGRAM_NATS_URL")
+            .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
         job: format!("rollout-{}", std::process::id()),
         trajectories: 8,
         turns: 3,
@@ -76,7 +82,10 @@ fn parse_args() -> anyhow::Result<Args> {
             other => anyhow::bail!("unknown argument {other:?} (see --help)"),
         }
     }
-    anyhow::ensure!(a.trajectories > 0 && a.turns > 0, "--trajectories and --turns must be positive");
+    anyhow::ensure!(
+        a.trajectories > 0 && a.turns > 0,
+        "--trajectories and --turns must be positive"
+    );
     Ok(a)
 }
 
@@ -95,15 +104,25 @@ struct Report {
     tests: Vec<(bool, bool)>,
 }
 
-async fn trajectory(client: Client, args: Args, t: usize, report: Arc<Mutex<Report>>) -> anyhow::Result<()> {
+async fn trajectory(
+    client: Client,
+    args: Args,
+    t: usize,
+    report: Arc<Mutex<Report>>,
+) -> anyhow::Result<()> {
     let job = args.job.as_str();
     let traj = format!("t{t}");
     let wait = Duration::from_secs(300);
-    let r = client.run(&open(&format!("{traj}-open"), job, &traj), wait).await?;
+    let r = client
+        .run(&open(&format!("{traj}-open"), job, &traj), wait)
+        .await?;
     report.lock().await.results.push(r);
     for turn in 0..args.turns {
         let draw = mix(args.seed ^ ((t as u64) << 20) ^ turn as u64);
-        tokio::time::sleep(Duration::from_millis(args.think_ms / 2 + draw % args.think_ms.max(1))).await;
+        tokio::time::sleep(Duration::from_millis(
+            args.think_ms / 2 + draw % args.think_ms.max(1),
+        ))
+        .await;
         let task = &TASKS[(t + turn) % TASKS.len()];
         let correct = draw % 3 != 0;
         let mut a = exec(
@@ -118,7 +137,10 @@ async fn trajectory(client: Client, args: Args, t: usize, report: Arc<Mutex<Repo
         if let ActionSpec::SandboxExec(e) = &mut a.spec {
             e.cpus = CpuRange { min: 1, max: 2 };
             e.files.insert("test_solution.py".into(), task.tests.into());
-            e.files.insert("solution.py".into(), if correct { task.good } else { task.buggy }.into());
+            e.files.insert(
+                "solution.py".into(),
+                if correct { task.good } else { task.buggy }.into(),
+            );
         }
         let r = client.run(&a, wait).await?;
         let passed = matches!(r.outcome, Outcome::Completed { exit_code: 0 });
@@ -135,7 +157,9 @@ async fn trajectory(client: Client, args: Args, t: usize, report: Arc<Mutex<Repo
         rep.tests.push((correct, passed));
         rep.results.push(r);
     }
-    let r = client.run(&close(&format!("{traj}-close"), job, &traj), wait).await?;
+    let r = client
+        .run(&close(&format!("{traj}-close"), job, &traj), wait)
+        .await?;
     report.lock().await.results.push(r);
     Ok(())
 }
@@ -146,7 +170,11 @@ fn stats(mut xs: Vec<f64>) -> (f64, f64, f64) {
     }
     xs.sort_by(f64::total_cmp);
     let pick = |p: f64| xs[((xs.len() as f64 - 1.0) * p).round() as usize];
-    (xs.iter().sum::<f64>() / xs.len() as f64, pick(0.5), pick(0.99))
+    (
+        xs.iter().sum::<f64>() / xs.len() as f64,
+        pick(0.5),
+        pick(0.99),
+    )
 }
 
 #[tokio::main]
@@ -165,7 +193,12 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..args.trajectories {
-        handles.push(tokio::spawn(trajectory(client.clone(), args.clone(), t, report.clone())));
+        handles.push(tokio::spawn(trajectory(
+            client.clone(),
+            args.clone(),
+            t,
+            report.clone(),
+        )));
     }
     for h in handles {
         h.await??;
@@ -175,23 +208,37 @@ async fn main() -> anyhow::Result<()> {
 
     let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in &rep.results {
-        let kind = r.kind.map(ActionKind::as_str).unwrap_or("unknown").to_string();
+        let kind = r
+            .kind
+            .map(ActionKind::as_str)
+            .unwrap_or("unknown")
+            .to_string();
         *by.entry((kind, r.outcome.label().to_string())).or_default() += 1;
     }
-    let execs: Vec<&ActionResult> =
-        rep.results.iter().filter(|r| r.kind == Some(ActionKind::SandboxExec)).collect();
-    let ms = |f: fn(&ActionResult) -> u64| execs.iter().map(|r| f(r) as f64 / 1e3).collect::<Vec<_>>();
+    let execs: Vec<&ActionResult> = rep
+        .results
+        .iter()
+        .filter(|r| r.kind == Some(ActionKind::SandboxExec))
+        .collect();
+    let ms =
+        |f: fn(&ActionResult) -> u64| execs.iter().map(|r| f(r) as f64 / 1e3).collect::<Vec<_>>();
     let act = stats(ms(|r| r.timing.act_us));
     let queue = stats(ms(|r| r.timing.queued_us));
     let overhead = stats(ms(|r| r.timing.overhead_us));
     let exec_t = stats(ms(|r| r.timing.exec_us));
     let passed = rep.tests.iter().filter(|(_, p)| *p).count();
     let as_expected = rep.tests.iter().filter(|(e, p)| e == p).count();
-    let infra = rep.results.iter().filter(|r| !matches!(r.outcome, Outcome::Completed { .. })).count();
+    let infra = rep
+        .results
+        .iter()
+        .filter(|r| !matches!(r.outcome, Outcome::Completed { .. }))
+        .count();
 
     if args.json {
-        let kinds: Vec<String> =
-            by.iter().map(|((k, o), n)| format!("{{\"kind\":\"{k}\",\"outcome\":\"{o}\",\"count\":{n}}}")).collect();
+        let kinds: Vec<String> = by
+            .iter()
+            .map(|((k, o), n)| format!("{{\"kind\":\"{k}\",\"outcome\":\"{o}\",\"count\":{n}}}"))
+            .collect();
         println!(
             "{{\"job\":\"{}\",\"wall_s\":{wall:.3},\"actions\":[{}],\"tests\":{},\"tests_passed\":{passed},\"tests_as_expected\":{as_expected},\
              \"exec_act_ms\":{{\"mean\":{:.1},\"p50\":{:.1},\"p99\":{:.1}}},\"exec_queue_ms_mean\":{:.1},\"exec_overhead_ms_mean\":{:.2},\"exec_exec_ms_mean\":{:.1}}}",
@@ -208,12 +255,21 @@ async fn main() -> anyhow::Result<()> {
             rep.tests.len()
         );
         println!("\nsandbox_exec ACT (ms)     mean      p50      p99");
-        for (name, s) in [("act", act), ("  queue", queue), ("  overhead", overhead), ("  execution", exec_t)] {
+        for (name, s) in [
+            ("act", act),
+            ("  queue", queue),
+            ("  overhead", overhead),
+            ("  execution", exec_t),
+        ] {
             println!("  {name:<20} {:>8.1} {:>8.1} {:>8.1}", s.0, s.1, s.2);
         }
         println!("\n{} actions in {wall:.1} s", rep.results.len());
     }
     anyhow::ensure!(infra == 0, "{infra} actions did not complete");
-    anyhow::ensure!(as_expected == rep.tests.len(), "{} execs did not give the expected test outcome", rep.tests.len() - as_expected);
+    anyhow::ensure!(
+        as_expected == rep.tests.len(),
+        "{} execs did not give the expected test outcome",
+        rep.tests.len() - as_expected
+    );
     Ok(())
 }
