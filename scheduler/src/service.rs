@@ -166,7 +166,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     {
         warn!("scheduler tasks did not stop within 5 s");
     }
-    client.flush().await.ok();
+    // Bounded: NATS may be gone, and SIGTERM must still end the process.
+    let _ = tokio::time::timeout(Duration::from_secs(3), client.flush()).await;
     info!("scheduler stopped");
     Ok(())
 }

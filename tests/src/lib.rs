@@ -125,7 +125,8 @@ impl NatsServer {
         self.spawn();
     }
 
-    fn kill(&mut self) {
+    /// Kills the server (SIGKILL).
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

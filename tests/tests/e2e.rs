@@ -478,3 +478,33 @@ fn exec_ranges_are_part_of_the_contract() {
     let a = exec("x", "j", "t", &["true"], 1, 4);
     assert_eq!(a.demand().cores, Some(CpuRange { min: 1, max: 4 }));
 }
+
+/// Regression: a worker told to stop after NATS went away waited forever on a final flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_stops_on_sigterm_even_when_nats_is_gone() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[]).await?;
+    let spec = WorkerSpec::new("orphan-a");
+    let mut worker = cluster.spawn_worker_process(&spec)?;
+    let c = cluster.client("job1").await?;
+    c.wait_for_workers(&["orphan-a"], T).await?;
+    drop(c);
+    cluster.nats.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = worker.try_wait()? {
+            assert!(status.success(), "worker exited with {status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker still running 20 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(containers_of("orphan-a"), 0);
+    Ok(())
+}

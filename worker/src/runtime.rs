@@ -173,9 +173,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     heartbeat_stop.cancel();
     tasks.close();
-    tasks.wait().await;
-    send_heartbeat(&worker, &client, &instance, u64::MAX, true).await;
-    client.flush().await.ok();
+    // NATS may be gone by now: every last step is bounded, so SIGTERM always ends the process.
+    let last_words = async {
+        tasks.wait().await;
+        send_heartbeat(&worker, &client, &instance, u64::MAX, true).await;
+        client.flush().await.ok();
+    };
+    if tokio::time::timeout(Duration::from_secs(3), last_words)
+        .await
+        .is_err()
+    {
+        warn!("could not say goodbye to NATS within 3 s");
+    }
     info!("worker stopped");
     Ok(())
 }
