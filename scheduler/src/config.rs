@@ -20,6 +20,8 @@ pub struct RawConfig {
     pub max_timeout_ms: Option<u64>,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: Option<u32>,
+    /// Scheduling policy, by name (see `tangram_core::policies::NAMES`).
+    pub policy: Option<String>,
 }
 
 /// The validated configuration.
@@ -35,6 +37,8 @@ pub struct Config {
     pub max_timeout: Duration,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: u32,
+    /// Scheduling policy name.
+    pub policy: String,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -72,6 +76,7 @@ impl RawConfig {
             worker_missed_heartbeats: over
                 .worker_missed_heartbeats
                 .or(self.worker_missed_heartbeats),
+            policy: over.policy.or(self.policy),
         }
     }
 
@@ -109,12 +114,20 @@ impl RawConfig {
                 "worker_missed_heartbeats must be at least 1".into(),
             ));
         }
+        let policy = self.policy.unwrap_or_else(|| "tangram".into());
+        if tangram_core::by_name(&policy).is_none() {
+            return Err(ConfigError(format!(
+                "policy {policy:?} is unknown; choose one of {}",
+                tangram_core::policies::NAMES.join(", ")
+            )));
+        }
         Ok(Config {
             nats_url,
             metrics_addr,
             max_action_bytes: max_action_bytes as usize,
             max_timeout: Duration::from_millis(max_timeout_ms),
             worker_missed_heartbeats,
+            policy,
         })
     }
 }

@@ -22,6 +22,9 @@ struct Args {
     /// Largest action message accepted, in bytes [default: 1048576].
     #[arg(long, env = "TANGRAM_MAX_ACTION_BYTES")]
     max_action_bytes: Option<u64>,
+    /// Scheduling policy: tangram (default), fifo-dop-4, first-fit, ... .
+    #[arg(long, env = "TANGRAM_SCHEDULER_POLICY")]
+    policy: Option<String>,
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         nats_url: args.nats_url,
         metrics_addr: args.metrics_addr,
         max_action_bytes: args.max_action_bytes,
+        policy: args.policy,
         ..Default::default()
     };
     // flags and env (clap merges those two) > file > defaults.

@@ -74,6 +74,7 @@ type SandboxKey = (JobId, TrajectoryId);
 
 pub(crate) struct Scheduler {
     config: Config,
+    policy: Box<dyn tangram_core::Policy>,
     limits: Limits,
     epoch: u64,
     js: jetstream::Context,
@@ -104,8 +105,11 @@ impl Scheduler {
             max_timeout_ms: config.max_timeout.as_millis() as u64,
             ..Limits::default()
         };
+        let policy = tangram_core::by_name(&config.policy)
+            .unwrap_or_else(|| Box::new(tangram_core::Tangram::default()));
         Self {
             config,
+            policy,
             limits,
             epoch,
             js,
@@ -365,11 +369,12 @@ impl Scheduler {
                 id: a.id.clone(),
                 demand: a.demand(),
                 constraint,
+                model: None,
             });
         }
         let snapshot = self.snapshot();
         let now_ms = self.started.elapsed().as_millis() as u64;
-        let plan = tangram_core::schedule(&snapshot, &pending, now_ms);
+        let plan = self.policy.schedule(&snapshot, &pending, now_ms);
         let core_s = t0.elapsed().as_secs_f64();
 
         for (id, rejection) in rejections {

@@ -6,16 +6,20 @@
 //! service, in tests and (later) in the simulator, and its decisions are reproducible.
 #![forbid(unsafe_code)]
 
+pub mod elastic;
 mod fcfs;
 mod model;
+pub mod policies;
 
+pub use elastic::{ElasticModel, Speedup};
 pub use fcfs::FcfsFirstFit;
 pub use model::{
     Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
     WorkerView,
 };
+pub use policies::{by_name, Tangram};
 
-/// Runs the default policy.
+/// Runs the default policy (`tangram`).
 pub fn schedule(snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-    FcfsFirstFit.schedule(snapshot, pending, now_ms)
+    Tangram::default().schedule(snapshot, pending, now_ms)
 }

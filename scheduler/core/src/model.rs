@@ -1,5 +1,6 @@
 //! The core's vocabulary: snapshots in, plans out.
 
+use crate::elastic::ElasticModel;
 use std::fmt;
 use tangram_shared::{ActionId, Demand, Grant, WorkerId};
 
@@ -39,6 +40,19 @@ impl Snapshot {
     pub fn workers(&self) -> &[WorkerView] {
         &self.workers
     }
+    /// The snapshot after `launches` took their grants.
+    pub fn after(&self, launches: &[Launch]) -> Snapshot {
+        let mut next = self.clone();
+        for l in launches {
+            if let Ok(i) = next.workers.binary_search_by(|w| w.id.cmp(&l.worker)) {
+                let w = &mut next.workers[i];
+                w.free_cores = w.free_cores.saturating_sub(l.grant.cores);
+                w.free_mem_mb = w.free_mem_mb.saturating_sub(l.grant.mem_mb);
+            }
+        }
+        next
+    }
+
     /// One worker.
     pub fn worker(&self, id: &WorkerId) -> Option<&WorkerView> {
         self.workers
@@ -58,7 +72,7 @@ pub enum Constraint {
 }
 
 /// One queued action, in arrival order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Pending {
     /// The action.
     pub id: ActionId,
@@ -66,6 +80,21 @@ pub struct Pending {
     pub demand: Demand,
     /// Where it may run.
     pub constraint: Constraint,
+    /// How its duration depends on its cores; `None` when unknown (policies then assume
+    /// [`ElasticModel::unknown`]).
+    pub model: Option<ElasticModel>,
+}
+
+impl Pending {
+    /// A pending action with no elasticity model.
+    pub fn new(id: ActionId, demand: Demand, constraint: Constraint) -> Self {
+        Self {
+            id,
+            demand,
+            constraint,
+            model: None,
+        }
+    }
 }
 
 /// A decision to run an action.
@@ -161,9 +190,14 @@ pub struct Plan {
 }
 
 /// A scheduling policy. Pure: the same arguments always give the same plan.
-pub trait Policy {
+pub trait Policy: Send + Sync + fmt::Debug {
     /// The policy's name, as selected in config and the simulator.
     fn name(&self) -> &'static str;
     /// Plans one cycle.
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan;
+    /// Cores each trajectory holds for its whole life, for per-trajectory provisioning
+    /// baselines (`static`); `None` for action-level policies.
+    fn per_trajectory_cores(&self) -> Option<u32> {
+        None
+    }
 }

@@ -1,11 +1,14 @@
-//! Table and property tests of the foundation policy.
+//! Table tests of the foundation policy (property tests for every policy: `policies.rs`).
 
-use proptest::prelude::*;
-use std::collections::BTreeMap;
 use tangram_core::{
-    schedule, Constraint, NeverReason, Pending, Plan, Snapshot, Unplaced, WaitReason, WorkerView,
+    Constraint, FcfsFirstFit, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
+    WorkerView,
 };
 use tangram_shared::{ActionId, CpuRange, Demand, WorkerId};
+
+fn schedule(snap: &Snapshot, pending: &[Pending], now: u64) -> Plan {
+    FcfsFirstFit.schedule(snap, pending, now)
+}
 
 fn worker(id: &str, cores: u32, free: u32, mem: u64) -> WorkerView {
     WorkerView {
@@ -26,6 +29,7 @@ fn exec(id: &str, min: u32, max: u32) -> Pending {
             mem_mb: 0,
         },
         constraint: Constraint::Any,
+        model: None,
     }
 }
 
@@ -37,6 +41,7 @@ fn open(id: &str, mem: u64) -> Pending {
             mem_mb: mem,
         },
         constraint: Constraint::Any,
+        model: None,
     }
 }
 
@@ -125,105 +130,4 @@ fn pinned_actions_wait_for_their_worker_and_draining_workers_get_nothing() {
         plan.unplaced[0].1,
         Unplaced::MayFitLater(WaitReason::NotAccepting(_))
     ));
-}
-
-fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
-    let workers = prop::collection::vec((1u32..16, 0u32..=16, 0u64..4096, any::<bool>()), 0..5)
-        .prop_map(|ws| {
-            ws.into_iter()
-                .enumerate()
-                .map(|(i, (total, free, mem, accepting))| WorkerView {
-                    id: WorkerId::new(format!("w{i}")).unwrap(),
-                    total_cores: total,
-                    free_cores: free.min(total),
-                    total_mem_mb: mem,
-                    free_mem_mb: mem / 2,
-                    accepting,
-                })
-                .collect::<Vec<_>>()
-        });
-    let pending = prop::collection::vec((0u8..3, 1u32..8, 0u32..8, 0u64..2048, 0usize..6), 0..40)
-        .prop_map(|ps| {
-            ps.into_iter()
-                .enumerate()
-                .map(|(i, (kind, min, extra, mem, pin))| Pending {
-                    id: ActionId::new(format!("a{i}")).unwrap(),
-                    demand: match kind {
-                        0 => Demand {
-                            cores: None,
-                            mem_mb: mem,
-                        },
-                        _ => Demand {
-                            cores: Some(CpuRange {
-                                min,
-                                max: min + extra,
-                            }),
-                            mem_mb: 0,
-                        },
-                    },
-                    constraint: if pin < 5 && kind != 0 {
-                        Constraint::OnWorker(WorkerId::new(format!("w{pin}")).unwrap())
-                    } else {
-                        Constraint::Any
-                    },
-                })
-                .collect::<Vec<_>>()
-        });
-    (workers, pending)
-}
-
-fn check_invariants(snap: &Snapshot, pending: &[Pending], plan: &Plan) {
-    // Every action launched once or explained once, and nothing else.
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    for l in &plan.launches {
-        *seen.entry(l.id.as_str()).or_default() += 1;
-    }
-    for (id, _) in &plan.unplaced {
-        *seen.entry(id.as_str()).or_default() += 1;
-    }
-    assert_eq!(seen.len(), pending.len());
-    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
-
-    // Capacity never exceeded; grants within the declared range; constraints respected.
-    let mut used: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-    for l in &plan.launches {
-        let p = pending.iter().find(|p| p.id == l.id).unwrap();
-        let w = snap.worker(&l.worker).unwrap();
-        assert!(w.accepting);
-        if let Constraint::OnWorker(pin) = &p.constraint {
-            assert_eq!(pin, &l.worker);
-        }
-        match p.demand.cores {
-            Some(r) => assert!(r.min <= l.grant.cores && l.grant.cores <= r.max),
-            None => assert_eq!(l.grant.cores, 0),
-        }
-        let u = used.entry(l.worker.as_str()).or_default();
-        u.0 += l.grant.cores;
-        u.1 += l.grant.mem_mb;
-    }
-    for (w, (cores, mem)) in used {
-        let w = snap.worker(&WorkerId::new(w).unwrap()).unwrap();
-        assert!(
-            cores <= w.free_cores && mem <= w.free_mem_mb,
-            "{w:?} over-booked"
-        );
-    }
-}
-
-proptest! {
-    #[test]
-    fn plans_respect_capacity_and_explain_everything((workers, pending) in arb_cluster()) {
-        let snap = Snapshot::new(workers);
-        let plan = schedule(&snap, &pending, 0);
-        check_invariants(&snap, &pending, &plan);
-    }
-
-    #[test]
-    fn same_input_same_plan((workers, pending) in arb_cluster()) {
-        let mut reversed = workers.clone();
-        reversed.reverse();
-        let a = schedule(&Snapshot::new(workers), &pending, 7);
-        let b = schedule(&Snapshot::new(reversed), &pending, 7);
-        prop_assert_eq!(a, b);
-    }
 }
