@@ -10,6 +10,7 @@ pub mod elastic;
 mod fcfs;
 mod model;
 pub mod policies;
+pub mod sim;
 
 pub use elastic::{ElasticModel, Speedup};
 pub use fcfs::FcfsFirstFit;

@@ -1,0 +1,221 @@
+//! `tangram`: simulate policies and benchmark the scheduling core. (`up`, `submit` and
+//! `status` against a live cluster come with the CLI issue.)
+
+mod bench;
+mod svg;
+mod trace;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use std::path::PathBuf;
+use tangram_core::policies::NAMES;
+use tangram_core::sim::{self, AiCoding, Workload};
+
+/// Tangram: action-level resource orchestration for agentic RL.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run scheduling policies side by side on one workload, on a virtual clock.
+    Simulate(SimulateArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct SimulateArgs {
+    /// Built-in workload generator: ai-coding.
+    #[arg(long, conflicts_with = "trace")]
+    workload: Option<String>,
+    /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Policies, comma-separated; ratios are given to the first.
+    #[arg(long, default_value = "tangram,static,fifo-dop-4,first-fit")]
+    policies: String,
+    /// Trajectories in the batch (built-in workloads).
+    #[arg(long, default_value_t = 1280)]
+    batch: usize,
+    /// Seed (built-in workloads).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Cluster file (JSON); the workload's default cluster otherwise.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Where to write the picture (SVG).
+    #[arg(long, default_value = "simulate.svg")]
+    svg: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchWhat {
+    /// Decision cost of the scheduling core: full re-plan latency and incremental decisions/s.
+    Scheduler {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Re-plans measured per configuration.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tangram: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Simulate(args) => simulate(args),
+        Command::Bench {
+            what: BenchWhat::Scheduler { json, iterations },
+        } => bench::scheduler(json, iterations),
+    }
+}
+
+fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    let mut notes = Vec::new();
+    let (mut workload, label) = match (&args.workload, &args.trace) {
+        (Some(w), None) => match w.as_str() {
+            "ai-coding" => (AiCoding { batch: args.batch, seed: args.seed }.generate(), format!("ai-coding, batch {}, seed {}", args.batch, args.seed)),
+            "deepsearch" | "mopd" => bail!("workload {w:?} needs the GPU and API-quota resource managers, which the simulator does not model yet; ai-coding is available"),
+            other => bail!("unknown workload {other:?}; available: ai-coding"),
+        },
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            (Workload { trajectories: trace::parse_trace(&text)?, nodes: AiCoding::nodes() }, format!("trace {}", path.display()))
+        }
+        _ => bail!("give --workload NAME or --trace FILE"),
+    };
+    if let Some(path) = &args.cluster {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let (nodes, n) = trace::parse_cluster(&text)?;
+        workload.nodes = nodes;
+        notes.extend(n);
+    }
+    let names: Vec<&str> = args
+        .policies
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut policies = Vec::new();
+    for n in &names {
+        policies.push(
+            tangram_core::by_name(n).with_context(|| {
+                format!("unknown policy {n:?}; available: {}", NAMES.join(", "))
+            })?,
+        );
+    }
+    if policies.is_empty() {
+        bail!("--policies is empty");
+    }
+    let reports = sim::compare(&workload, &policies);
+    let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
+    let base = &sums[0];
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    std::fs::write(
+        &args.svg,
+        svg::render(&format!("Tangram simulator: {label}"), &reports),
+    )
+    .with_context(|| format!("writing {}", args.svg.display()))?;
+    if args.json {
+        let policies: Vec<_> = sums
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "mean_act_s": s.mean_act_s,
+                    "p50_act_s": s.p50_act_s,
+                    "p99_act_s": s.p99_act_s,
+                    "mean_queue_s": s.mean_queue_s,
+                    "mean_exec_s": s.mean_exec_s,
+                    "mean_overhead_s": s.mean_overhead_s,
+                    "step_time_s": s.step_time_s,
+                    "reserved_resource_seconds": {"cpu": s.reserved_cpu_s, "gpu": 0.0},
+                    "used_resource_seconds": {"cpu": s.used_cpu_s, "gpu": 0.0},
+                    "actions": s.actions,
+                    "vs_first": {
+                        "mean_act": ratio(s.mean_act_s, base.mean_act_s),
+                        "p99_act": ratio(s.p99_act_s, base.p99_act_s),
+                        "step_time": ratio(s.step_time_s, base.step_time_s),
+                    },
+                })
+            })
+            .collect();
+        let out = json!({
+            "workload": label,
+            "nodes": workload.nodes.len(),
+            "cores": workload.nodes.iter().map(|&c| c as u64).sum::<u64>(),
+            "trajectories": workload.trajectories.len(),
+            "policies": policies,
+            "svg": args.svg.display().to_string(),
+            "notes": notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{label}: {} trajectories, {} actions, {} nodes / {} cores",
+            workload.trajectories.len(),
+            sim::actions_in(&workload),
+            workload.nodes.len(),
+            workload.nodes.iter().map(|&c| c as u64).sum::<u64>()
+        );
+        println!(
+            "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>10}",
+            "policy",
+            "mean ACT",
+            "p50",
+            "p99",
+            "queue",
+            "exec",
+            "step",
+            "reserved",
+            "used",
+            "ACT ratio"
+        );
+        for s in &sums {
+            println!(
+                "{:<14} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.1}s {:>10.0}cs {:>10.0}cs {:>9.2}x",
+                s.name,
+                s.mean_act_s,
+                s.p50_act_s,
+                s.p99_act_s,
+                s.mean_queue_s,
+                s.mean_exec_s,
+                s.step_time_s,
+                s.reserved_cpu_s,
+                s.used_cpu_s,
+                ratio(s.mean_act_s, base.mean_act_s)
+            );
+        }
+        println!(
+            "(cs = core-seconds; ACT ratio = mean ACT over {}'s)",
+            base.name
+        );
+        for n in &notes {
+            println!("note: {n}");
+        }
+        println!("picture: {}", args.svg.display());
+    }
+    Ok(())
+}

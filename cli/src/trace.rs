@@ -1,0 +1,205 @@
+//! Reading a workload trace (JSON lines, one trajectory per line) and a cluster file.
+//! The format is documented in `docs/SIMULATOR.md`.
+
+use anyhow::{bail, Context as _};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use tangram_core::sim::{SimAction, SimStep, SimTrajectory};
+use tangram_core::Speedup;
+use tangram_shared::CpuRange;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceLine {
+    job: String,
+    trajectory: String,
+    #[serde(default)]
+    start_s: f64,
+    steps: Vec<TraceStep>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceStep {
+    #[serde(default)]
+    think_s: f64,
+    action: TraceAction,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceAction {
+    kind: String,
+    #[serde(default)]
+    demand: BTreeMap<String, f64>,
+    #[serde(default)]
+    elastic: Option<TraceElastic>,
+    t1_s: f64,
+    #[serde(default)]
+    speedup: Option<TraceSpeedup>,
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceElastic {
+    resource: String,
+    min: u32,
+    max: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+enum TraceSpeedup {
+    Amdahl(f64),
+    Power(f64),
+    Table(Vec<(u32, f64)>),
+}
+
+/// Parses a JSON-lines trace.
+pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
+    let mut out = Vec::new();
+    for (no, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let t: TraceLine =
+            serde_json::from_str(line).with_context(|| format!("trace line {}", no + 1))?;
+        let mut steps = Vec::new();
+        for (i, s) in t.steps.into_iter().enumerate() {
+            let a = s.action;
+            let at = || format!("trace line {}, step {i}", no + 1);
+            match a.kind.as_str() {
+                "sandbox_exec" => {}
+                "reward" | "api" => bail!(
+                    "{}: {} actions ({}) need the GPU and API-quota resource managers, which the simulator does not model yet",
+                    at(),
+                    a.kind,
+                    a.service.or(a.provider).unwrap_or_default()
+                ),
+                other => bail!("{}: unknown action kind {other:?}", at()),
+            }
+            let cpu = a.demand.get("cpu").copied().unwrap_or(1.0).max(1.0) as u32;
+            let cores = match a.elastic {
+                Some(e) if e.resource == "cpu" => {
+                    if e.min == 0 || e.min > e.max {
+                        bail!(
+                            "{}: elastic range [{}, {}] needs 1 <= min <= max",
+                            at(),
+                            e.min,
+                            e.max
+                        );
+                    }
+                    CpuRange {
+                        min: e.min,
+                        max: e.max,
+                    }
+                }
+                Some(e) => bail!(
+                    "{}: elastic resource {:?} is not modelled; only \"cpu\"",
+                    at(),
+                    e.resource
+                ),
+                None => CpuRange { min: cpu, max: cpu },
+            };
+            if !(a.t1_s > 0.0) {
+                bail!("{}: t1_s must be positive", at());
+            }
+            let speedup = match a.speedup {
+                None => Speedup::Amdahl(0.0),
+                Some(TraceSpeedup::Amdahl(p)) => Speedup::Amdahl(p),
+                Some(TraceSpeedup::Power(x)) => Speedup::Power(x),
+                Some(TraceSpeedup::Table(t)) => Speedup::Table(t),
+            };
+            steps.push(SimStep {
+                think_ms: s.think_s.max(0.0) * 1e3,
+                action: SimAction {
+                    cores,
+                    t1_ms: a.t1_s * 1e3,
+                    speedup,
+                },
+            });
+        }
+        out.push(SimTrajectory {
+            job: t.job,
+            id: t.trajectory,
+            start_ms: t.start_s.max(0.0) * 1e3,
+            steps,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    nodes: Vec<NodeGroup>,
+    #[serde(default)]
+    services: Vec<serde_json::Value>,
+    #[serde(default)]
+    providers: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeGroup {
+    #[serde(default = "one")]
+    count: u32,
+    cpu: u32,
+    #[serde(default)]
+    mem_mb: u64,
+    #[serde(default)]
+    gpu: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Parses a cluster file into cores per node. Services and providers are accepted and
+/// reported as not yet modelled.
+pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
+    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+    let mut notes = Vec::new();
+    if !c.services.is_empty() || !c.providers.is_empty() {
+        notes.push("services and providers in the cluster file are not modelled yet (GPU and API quota come later)".into());
+    }
+    let mut nodes = Vec::new();
+    for g in c.nodes {
+        let _ = (g.mem_mb, g.gpu);
+        nodes.extend(std::iter::repeat_n(g.cpu, g.count as usize));
+    }
+    if nodes.iter().all(|&c| c == 0) {
+        bail!("the cluster has no CPU cores");
+    }
+    Ok((nodes, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_trace_line_parses_and_unsupported_kinds_are_explained() {
+        let line = r#"{"job": "j1", "trajectory": "t17", "start_s": 0.5, "steps": [{"think_s": 2.5, "action": {"kind": "sandbox_exec", "demand": {"cpu": 1, "mem_mb": 512}, "elastic": {"resource": "cpu", "min": 1, "max": 16}, "t1_s": 1.2, "speedup": {"amdahl": 0.8}}}, {"think_s": 1.0, "action": {"kind": "sandbox_exec", "t1_s": 0.6, "speedup": {"table": [[1, 1.0], [8, 0.5]]}}}]}"#;
+        let t = parse_trace(line).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].start_ms, 500.0);
+        assert_eq!(t[0].steps[0].action.cores, CpuRange { min: 1, max: 16 });
+        assert_eq!(t[0].steps[0].action.speedup, Speedup::Amdahl(0.8));
+        assert_eq!(
+            t[0].steps[1].action.speedup,
+            Speedup::Table(vec![(1, 1.0), (8, 0.5)])
+        );
+        let reward = r#"{"job": "j1", "trajectory": "t1", "steps": [{"think_s": 1.0, "action": {"kind": "reward", "service": "judge", "demand": {"gpu": 1}, "t1_s": 0.6}}]}"#;
+        let e = parse_trace(reward).unwrap_err().to_string();
+        assert!(e.contains("reward") && e.contains("judge"), "{e}");
+        let (nodes, notes) = parse_cluster(r#"{"nodes": [{"count": 2, "cpu": 8, "mem_mb": 1000, "gpu": 0}], "services": [{"name": "judge", "gpus": 1, "restore_s": 0.2}]}"#).unwrap();
+        assert_eq!(nodes, vec![8, 8]);
+        assert_eq!(notes.len(), 1);
+    }
+}
