@@ -1,0 +1,137 @@
+//! The `tangram simulate` command, end to end.
+
+use std::process::Command;
+
+fn tangram(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn simulate_json_compares_policies_on_one_workload_and_draws_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("act.svg");
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "ai-coding",
+        "--batch",
+        "48",
+        "--seed",
+        "5",
+        "--policies",
+        "tangram,static,fifo-dop-4",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let p = v["policies"].as_array().unwrap();
+    assert_eq!(
+        p.iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["tangram", "static", "fifo-dop-4"]
+    );
+    for x in p {
+        for key in [
+            "mean_act_s",
+            "p50_act_s",
+            "p99_act_s",
+            "mean_queue_s",
+            "mean_exec_s",
+            "mean_overhead_s",
+            "step_time_s",
+        ] {
+            assert!(x[key].as_f64().is_some(), "{key} missing");
+        }
+        assert!(x["reserved_resource_seconds"]["cpu"].as_f64().unwrap() > 0.0);
+        assert!(x["used_resource_seconds"]["cpu"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(p[0]["vs_first"]["mean_act"].as_f64().unwrap(), 1.0);
+    assert!(
+        p[1]["vs_first"]["mean_act"].as_f64().unwrap() > 1.0,
+        "static should be slower than tangram"
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.matches("<polyline").count() >= 6);
+
+    // Same seed, same JSON.
+    let (_, again, _) = tangram(&[
+        "simulate",
+        "--workload",
+        "ai-coding",
+        "--batch",
+        "48",
+        "--seed",
+        "5",
+        "--policies",
+        "tangram,static,fifo-dop-4",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(out, again);
+}
+
+#[test]
+fn traces_and_cluster_files_are_read_and_bad_input_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        concat!(
+            r#"{"job": "j1", "trajectory": "t1", "start_s": 0.0, "steps": [{"think_s": 0.5, "action": {"kind": "sandbox_exec", "elastic": {"resource": "cpu", "min": 1, "max": 8}, "t1_s": 4.0, "speedup": {"amdahl": 0.95}}}]}"#,
+            "\n",
+            r#"{"job": "j1", "trajectory": "t2", "start_s": 0.0, "steps": [{"think_s": 0.5, "action": {"kind": "sandbox_exec", "elastic": {"resource": "cpu", "min": 1, "max": 8}, "t1_s": 4.0, "speedup": {"power": 0.9}}}]}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let cluster = dir.path().join("cluster.json");
+    std::fs::write(
+        &cluster,
+        r#"{"nodes": [{"count": 1, "cpu": 8, "mem_mb": 16000, "gpu": 0}]}"#,
+    )
+    .unwrap();
+    let svg = dir.path().join("t.svg");
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policies",
+        "tangram,fifo-dop-1",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cores"], 8);
+    assert_eq!(v["policies"][0]["actions"], 2);
+
+    let (code, _, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "ai-coding",
+        "--policies",
+        "tangram,magic",
+        "--batch",
+        "4",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("magic") && err.contains("fifo-dop-4"), "{err}");
+    let (code, _, err) = tangram(&["simulate", "--workload", "mopd"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not model"), "{err}");
+}
