@@ -54,6 +54,10 @@ struct SimulateArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Elasticity models the scheduler sees: oracle (each action's true model), learned
+    /// (fitted online per job and tool), or both (adds a `tangram-learned` row).
+    #[arg(long, default_value = "both", value_parser = ["oracle", "learned", "both"])]
+    elasticity: String,
     /// Where to write the picture (SVG).
     #[arg(long, default_value = "simulate.svg")]
     svg: PathBuf,
@@ -129,7 +133,27 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     if policies.is_empty() {
         bail!("--policies is empty");
     }
-    let reports = sim::compare(&workload, &policies);
+    let mut reports = Vec::new();
+    for p in &policies {
+        if args.elasticity != "learned" {
+            reports.push(sim::simulate_with(
+                &workload,
+                p.as_ref(),
+                sim::Elasticity::Oracle,
+            ));
+        }
+        if args.elasticity != "oracle" && p.name() == "tangram" {
+            let mut r = sim::simulate_with(&workload, p.as_ref(), sim::Elasticity::Learned);
+            r.policy = "tangram-learned".into();
+            reports.push(r);
+        } else if args.elasticity == "learned" {
+            reports.push(sim::simulate_with(
+                &workload,
+                p.as_ref(),
+                sim::Elasticity::Learned,
+            ));
+        }
+    }
     let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
     let base = &sums[0];
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };

@@ -11,7 +11,7 @@ const COLORS: [&str; 9] = [
 
 /// Renders the two panels side by side.
 pub fn render(title: &str, reports: &[SimReport]) -> String {
-    let (w, h) = (1100.0, 460.0);
+    let (w, h) = (1200.0, 460.0);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -128,7 +128,7 @@ pub fn render(title: &str, reports: &[SimReport]) -> String {
 
     // Legend.
     for (i, r) in reports.iter().enumerate() {
-        let x = 60.0 + (i as f64) * 120.0;
+        let x = 60.0 + (i as f64) * 128.0;
         let y = h - 20.0;
         let _ = writeln!(
             s,

@@ -41,6 +41,9 @@ struct TraceAction {
     service: Option<String>,
     #[serde(default)]
     provider: Option<String>,
+    /// The tool the action runs; the learner's key with the job.
+    #[serde(default)]
+    tool: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,6 +121,7 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
             steps.push(SimStep {
                 think_ms: s.think_s.max(0.0) * 1e3,
                 action: SimAction {
+                    tool: a.tool.unwrap_or_else(|| "exec".into()),
                     cores,
                     t1_ms: a.t1_s * 1e3,
                     speedup,

@@ -28,6 +28,8 @@ fn simulate_json_compares_policies_on_one_workload_and_draws_them() {
         "5",
         "--policies",
         "tangram,static,fifo-dop-4",
+        "--elasticity",
+        "oracle",
         "--json",
         "--svg",
         svg.to_str().unwrap(),
@@ -75,11 +77,36 @@ fn simulate_json_compares_policies_on_one_workload_and_draws_them() {
         "5",
         "--policies",
         "tangram,static,fifo-dop-4",
+        "--elasticity",
+        "oracle",
         "--json",
         "--svg",
         svg.to_str().unwrap(),
     ]);
     assert_eq!(out, again);
+
+    // By default the learned-elasticity run is reported beside the oracle one.
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "ai-coding",
+        "--batch",
+        "16",
+        "--policies",
+        "tangram,static",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["tangram", "tangram-learned", "static"]);
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 pub mod elastic;
 mod fcfs;
+pub mod learn;
 mod model;
 pub mod policies;
 pub mod sim;

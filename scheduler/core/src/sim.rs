@@ -16,6 +16,8 @@ use tangram_shared::{ActionId, CpuRange, Demand, WorkerId};
 /// One CPU action of a trajectory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimAction {
+    /// The tool it runs (the learner's key, with the job).
+    pub tool: String,
     /// Elastic core range.
     pub cores: CpuRange,
     /// Duration with one core, in milliseconds.
@@ -173,8 +175,27 @@ struct TrajState {
     due_ms: f64,
 }
 
-/// Runs `workload` under `policy`.
+/// Where the scheduler's elasticity models come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elasticity {
+    /// Each action's true model (the paper profiles offline).
+    Oracle,
+    /// Learned online per (job, tool) from completed actions; nothing known at first.
+    Learned,
+}
+
+/// Runs `workload` under `policy`, with each action's true elasticity model.
 pub fn simulate(workload: &Workload, policy: &dyn Policy) -> SimReport {
+    simulate_with(workload, policy, Elasticity::Oracle)
+}
+
+/// Runs `workload` under `policy`, with models from `elasticity`.
+pub fn simulate_with(
+    workload: &Workload,
+    policy: &dyn Policy,
+    elasticity: Elasticity,
+) -> SimReport {
+    let mut learner = crate::learn::Learner::new();
     let static_cores = policy.per_trajectory_cores();
     let node_ids: Vec<WorkerId> = (0..workload.nodes.len())
         .map(|i| WorkerId::new(format!("n{i:04}")).expect("valid id"))
@@ -273,6 +294,11 @@ pub fn simulate(workload: &Workload, policy: &dyn Policy) -> SimReport {
                         cores,
                     });
                     report.used_core_ms += action.t1_ms;
+                    learner.observe(
+                        &format!("{}/{}", spec.job, action.tool),
+                        cores,
+                        now - started_ms,
+                    );
                     st.next += 1;
                     if static_cores.is_none() {
                         free[node] += cores;
@@ -340,10 +366,16 @@ pub fn simulate(workload: &Workload, policy: &dyn Policy) -> SimReport {
                         mem_mb: 0,
                     },
                     constraint: Constraint::OnWorker(node_ids[st.home].clone()),
-                    model: Some(ElasticModel {
-                        t1_ms: step.action.t1_ms,
-                        speedup: step.action.speedup.clone(),
-                    }),
+                    model: match elasticity {
+                        Elasticity::Oracle => Some(ElasticModel {
+                            t1_ms: step.action.t1_ms,
+                            speedup: step.action.speedup.clone(),
+                        }),
+                        Elasticity::Learned => learner.model(&format!(
+                            "{}/{}",
+                            workload.trajectories[t].job, step.action.tool
+                        )),
+                    },
                 }),
             }
         }
@@ -506,20 +538,27 @@ impl AiCoding {
     /// trajectories start within the first 2 s of the step.
     pub fn generate(&self) -> Workload {
         let mut rng = Rng::new(self.seed);
-        let fractions = [(0.0, 0.3), (0.5, 0.2), (0.9, 0.3), (0.98, 0.2)];
+        // (parallel fraction, share, tool): lint and single-file scripts are serial, unit
+        // tests partly parallel, builds and parallel test runners scale well.
+        let fractions = [
+            (0.0, 0.3, "lint"),
+            (0.5, 0.2, "unit-test"),
+            (0.9, 0.3, "pytest-xdist"),
+            (0.98, 0.2, "build"),
+        ];
         let trajectories = (0..self.batch)
             .map(|i| {
                 let turns = 8 + (rng.next_u64() % 9) as usize;
                 let steps = (0..turns)
                     .map(|_| {
                         let mut pick = rng.unit();
-                        let p = fractions
+                        let (p, _, tool) = *fractions
                             .iter()
-                            .find(|(_, w)| {
+                            .find(|(_, w, _)| {
                                 pick -= w;
                                 pick < 0.0
                             })
-                            .map_or(0.98, |f| f.0);
+                            .unwrap_or(&fractions[3]);
                         let speedup = Speedup::Amdahl(p);
                         let exec_at_static = rng.lognormal(800.0, 0.6);
                         let t1_ms = exec_at_static * speedup.at(STATIC_CORES);
@@ -528,6 +567,7 @@ impl AiCoding {
                         SimStep {
                             think_ms,
                             action: SimAction {
+                                tool: tool.into(),
                                 cores: CpuRange { min: 1, max: 16 },
                                 t1_ms,
                                 speedup,

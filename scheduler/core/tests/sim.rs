@@ -10,6 +10,7 @@ fn step(think_ms: f64, t1_ms: f64, p: f64, max: u32) -> SimStep {
     SimStep {
         think_ms,
         action: SimAction {
+            tool: "t".into(),
             cores: CpuRange { min: 1, max },
             t1_ms,
             speedup: Speedup::Amdahl(p),
@@ -120,5 +121,32 @@ fn on_ai_coding_tangram_beats_static_and_the_gap_grows_with_the_batch() {
         st.mean_act_s / tg.mean_act_s > small,
         "crowded: {} vs {small}",
         st.mean_act_s / tg.mean_act_s
+    );
+}
+
+#[test]
+fn learned_elasticity_approaches_the_oracle() {
+    use tangram_core::sim::{simulate_with, Elasticity};
+    let w = Workload {
+        nodes: vec![256, 256],
+        ..AiCoding { batch: 96, seed: 2 }.generate()
+    };
+    let tg = by_name("tangram").unwrap();
+    let oracle = simulate_with(&w, tg.as_ref(), Elasticity::Oracle).summary();
+    let learned = simulate_with(&w, tg.as_ref(), Elasticity::Learned).summary();
+    let st = simulate(&w, by_name("static").unwrap().as_ref()).summary();
+    // Learning starts from nothing, so it may trail the oracle, but it must stay much closer
+    // to it than to the per-trajectory baseline.
+    assert!(
+        learned.mean_act_s < st.mean_act_s,
+        "learned {} static {}",
+        learned.mean_act_s,
+        st.mean_act_s
+    );
+    assert!(
+        learned.mean_act_s < oracle.mean_act_s * 1.25,
+        "learned {} oracle {}",
+        learned.mean_act_s,
+        oracle.mean_act_s
     );
 }
