@@ -40,6 +40,11 @@ impl Snapshot {
     pub fn workers(&self) -> &[WorkerView] {
         &self.workers
     }
+    /// The workers, mutable (the order, by id, must not change).
+    pub(crate) fn workers_mut(&mut self) -> &mut [WorkerView] {
+        &mut self.workers
+    }
+
     /// The snapshot after `launches` took their grants.
     pub fn after(&self, launches: &[Launch]) -> Snapshot {
         let mut next = self.clone();

@@ -53,82 +53,137 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     })
 }
 
-/// A candidate chosen by FCFS selection: the action, its worker, what it reserves.
+/// A candidate chosen by FCFS selection: the action (index into `pending`) and its worker.
 struct Candidate<'a> {
+    index: usize,
     pending: &'a Pending,
     worker: usize,
 }
 
+/// Decisions by index into `pending`; turned into a [`Plan`] in queue order at the end.
+#[derive(Default)]
+struct Decisions {
+    launches: Vec<(usize, usize, u32)>,
+    unplaced: Vec<(usize, Unplaced)>,
+}
+
+impl Decisions {
+    fn launch(&mut self, c: &Candidate<'_>, cores: u32) {
+        self.launches.push((c.index, c.worker, cores));
+    }
+
+    fn into_plan(mut self, snapshot: &Snapshot, pending: &[Pending]) -> Plan {
+        self.launches.sort_unstable_by_key(|l| l.0);
+        self.unplaced.sort_by_key(|u| u.0);
+        let workers = snapshot.workers();
+        Plan {
+            launches: self
+                .launches
+                .into_iter()
+                .map(|(i, w, cores)| Launch {
+                    id: pending[i].id.clone(),
+                    worker: workers[w].id.clone(),
+                    grant: Grant {
+                        cores,
+                        mem_mb: pending[i].demand.mem_mb,
+                    },
+                })
+                .collect(),
+            unplaced: self
+                .unplaced
+                .into_iter()
+                .map(|(i, u)| (pending[i].id.clone(), u))
+                .collect(),
+        }
+    }
+}
+
+/// Where each pending action may run: `Ok(None)` anywhere, `Ok(Some(w))` only on worker `w`,
+/// `Err(())` on a worker that is gone. Resolved once per call (ids are strings).
+fn resolve(snapshot: &Snapshot, pending: &[Pending]) -> Vec<Result<Option<usize>, ()>> {
+    let workers = snapshot.workers();
+    pending
+        .iter()
+        .map(|p| match &p.constraint {
+            Constraint::Any => Ok(None),
+            Constraint::OnWorker(id) => workers
+                .binary_search_by(|w| w.id.cmp(id))
+                .map(Some)
+                .map_err(|_| ()),
+        })
+        .collect()
+}
+
 /// FCFS candidate selection shared by the action-level policies: scan in `order`; an action
 /// is a candidate when its base demand (minimum cores, memory) fits in what the candidates
-/// before it left free on an allowed worker. Everything else is explained in `plan`.
+/// before it left free on an allowed worker. Everything else is explained in `out`.
 /// `cores_of` decides the cores an action reserves at selection (its minimum, or a fixed DoP).
 fn select<'a>(
     snapshot: &Snapshot,
     pending: &'a [Pending],
+    where_: &[Result<Option<usize>, ()>],
     order: &[usize],
     cores_of: impl Fn(&Pending) -> u32,
-    plan: &mut Plan,
-) -> (Vec<Candidate<'a>>, Vec<(u32, u64)>) {
+    out: &mut Decisions,
+) -> Vec<Candidate<'a>> {
     let workers = snapshot.workers();
     let mut free: Vec<(u32, u64)> = workers
         .iter()
         .map(|w| (w.free_cores, w.free_mem_mb))
         .collect();
-    let mut out = Vec::new();
+    let mut cands = Vec::new();
     for &i in order {
         let p = &pending[i];
         let need_cores = cores_of(p);
         let need_mem = p.demand.mem_mb;
-        let allowed: Vec<usize> = match &p.constraint {
-            Constraint::Any => (0..workers.len()).collect(),
-            Constraint::OnWorker(id) => match workers.binary_search_by(|w| w.id.cmp(id)) {
-                Ok(i) => vec![i],
-                Err(_) => {
-                    plan.unplaced.push((
-                        p.id.clone(),
-                        Unplaced::NeverFits(NeverReason::WorkerGone(id.clone())),
-                    ));
-                    continue;
-                }
-            },
+        let allowed = match where_[i] {
+            Err(()) => {
+                let Constraint::OnWorker(id) = &p.constraint else {
+                    unreachable!("only pinned actions can lose their worker")
+                };
+                out.unplaced
+                    .push((i, Unplaced::NeverFits(NeverReason::WorkerGone(id.clone()))));
+                continue;
+            }
+            Ok(Some(w)) => w..w + 1,
+            Ok(None) => 0..workers.len(),
         };
         if allowed.is_empty() {
-            plan.unplaced
-                .push((p.id.clone(), Unplaced::MayFitLater(WaitReason::NoWorkers)));
+            out.unplaced
+                .push((i, Unplaced::MayFitLater(WaitReason::NoWorkers)));
             continue;
         }
         if !allowed
-            .iter()
-            .any(|&w| workers[w].total_cores >= need_cores && workers[w].total_mem_mb >= need_mem)
+            .clone()
+            .any(|w| workers[w].total_cores >= need_cores && workers[w].total_mem_mb >= need_mem)
         {
             let why = NeverReason::ExceedsEveryWorker {
                 cores: need_cores,
                 mem_mb: need_mem,
             };
-            plan.unplaced.push((p.id.clone(), Unplaced::NeverFits(why)));
+            out.unplaced.push((i, Unplaced::NeverFits(why)));
             continue;
         }
         // Among allowed workers, the one with the most free cores (spreads elastic work).
         let fit = allowed
-            .iter()
-            .copied()
+            .clone()
             .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem)
             .max_by(|&a, &b| free[a].0.cmp(&free[b].0).then(b.cmp(&a)));
         match fit {
             Some(w) => {
                 free[w].0 -= need_cores;
                 free[w].1 -= need_mem;
-                out.push(Candidate {
+                cands.push(Candidate {
+                    index: i,
                     pending: p,
                     worker: w,
                 });
             }
             None => {
                 let best = allowed
-                    .iter()
-                    .filter(|&&w| workers[w].accepting)
-                    .map(|&w| free[w].0)
+                    .clone()
+                    .filter(|&w| workers[w].accepting)
+                    .map(|w| free[w].0)
                     .max();
                 let why = match best {
                     None => match &p.constraint {
@@ -141,40 +196,29 @@ fn select<'a>(
                     },
                     Some(_) => WaitReason::Memory {
                         need_mb: need_mem,
-                        best_free_mb: allowed.iter().map(|&w| free[w].1).max().unwrap_or(0),
+                        best_free_mb: allowed.clone().map(|w| free[w].1).max().unwrap_or(0),
                     },
                 };
-                plan.unplaced
-                    .push((p.id.clone(), Unplaced::MayFitLater(why)));
+                out.unplaced.push((i, Unplaced::MayFitLater(why)));
             }
         }
     }
-    (out, free)
+    cands
 }
 
-fn launch(plan: &mut Plan, snapshot: &Snapshot, c: &Candidate<'_>, cores: u32) {
-    plan.launches.push(Launch {
-        id: c.pending.id.clone(),
-        worker: snapshot.workers()[c.worker].id.clone(),
-        grant: Grant {
-            cores,
-            mem_mb: c.pending.demand.mem_mb,
-        },
-    });
-}
-
-/// Restores queue order in a plan whose parts were produced per worker.
-fn in_queue_order(mut plan: Plan, pending: &[Pending]) -> Plan {
-    let pos: std::collections::HashMap<&tangram_shared::ActionId, usize> = pending
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (&p.id, i))
-        .collect();
-    plan.launches
-        .sort_by_key(|l| pos.get(&l.id).copied().unwrap_or(usize::MAX));
-    plan.unplaced
-        .sort_by_key(|(id, _)| pos.get(id).copied().unwrap_or(usize::MAX));
-    plan
+/// Runs a fixed-grant policy: select in `order`, launch every candidate with `cores_of`.
+fn fixed(
+    snapshot: &Snapshot,
+    pending: &[Pending],
+    order: &[usize],
+    cores_of: impl Fn(&Pending) -> u32 + Copy,
+) -> Plan {
+    let mut d = Decisions::default();
+    let where_ = resolve(snapshot, pending);
+    for c in select(snapshot, pending, &where_, order, cores_of, &mut d) {
+        d.launch(&c, cores_of(c.pending));
+    }
+    d.into_plan(snapshot, pending)
 }
 
 fn model_of(p: &Pending) -> ElasticModel {
@@ -206,46 +250,69 @@ impl Policy for Tangram {
     /// Runs passes until one launches nothing: units a pass leaves idle after its evictions
     /// go to actions further back in the queue, so a plan is complete (re-planning on the
     /// post-plan snapshot launches nothing new).
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+        let where_ = resolve(snapshot, pending);
+        let mut all = Decisions::default();
         let mut snap = snapshot.clone();
-        let mut queue: Vec<Pending> = pending.to_vec();
+        let mut order: Vec<usize> = (0..pending.len()).collect();
         for _ in 0..=pending.len() {
-            let pass = self.pass(&snap, &queue, now_ms);
+            let mut pass = Decisions::default();
+            self.pass(&snap, pending, &where_, &order, &mut pass);
             if pass.launches.is_empty() {
-                plan.unplaced.extend(pass.unplaced);
+                all.unplaced.extend(pass.unplaced);
                 break;
             }
-            snap = snap.after(&pass.launches);
-            let waiting: std::collections::HashSet<&tangram_shared::ActionId> = pass
-                .unplaced
+            let mut waiting = Vec::with_capacity(pass.unplaced.len());
+            for (i, u) in pass.unplaced {
+                match u {
+                    Unplaced::NeverFits(_) => all.unplaced.push((i, u)),
+                    Unplaced::MayFitLater(_) => waiting.push((i, u)),
+                }
+            }
+            for &(i, w, cores) in &pass.launches {
+                let view = &mut snap.workers_mut()[w];
+                view.free_cores -= cores;
+                view.free_mem_mb -= pending[i].demand.mem_mb;
+            }
+            all.launches.extend(pass.launches);
+            // Nothing more can start when no worker has a core or any memory left.
+            if snap
+                .workers()
                 .iter()
-                .filter(|(_, u)| matches!(u, Unplaced::MayFitLater(_)))
-                .map(|(id, _)| id)
-                .collect();
-            plan.unplaced.extend(
-                pass.unplaced
-                    .iter()
-                    .filter(|(_, u)| matches!(u, Unplaced::NeverFits(_)))
-                    .cloned(),
-            );
-            queue.retain(|p| waiting.contains(&p.id));
-            plan.launches.extend(pass.launches);
+                .all(|w| w.free_cores == 0 && w.free_mem_mb == 0)
+                || snap.workers().iter().all(|w| w.free_cores == 0)
+                    && waiting
+                        .iter()
+                        .all(|&(i, _)| pending[i].demand.cores.is_some())
+            {
+                all.unplaced.extend(waiting);
+                break;
+            }
+            order = waiting.iter().map(|&(i, _)| i).collect();
+            if order.is_empty() {
+                break;
+            }
         }
-        in_queue_order(plan, pending)
+        all.into_plan(snapshot, pending)
     }
 }
 
 impl Tangram {
-    fn pass(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
-        let order: Vec<usize> = (0..pending.len()).collect();
-        let (cands, _) = select(
+    fn pass(
+        &self,
+        snapshot: &Snapshot,
+        pending: &[Pending],
+        where_: &[Result<Option<usize>, ()>],
+        order: &[usize],
+        out: &mut Decisions,
+    ) {
+        let cands = select(
             snapshot,
             pending,
-            &order,
+            where_,
+            order,
             |p| p.demand.cores.map_or(0, |c| c.min),
-            &mut plan,
+            out,
         );
         let nworkers = snapshot.workers().len();
         let mut per_worker: Vec<Vec<&Candidate<'_>>> = vec![Vec::new(); nworkers];
@@ -253,15 +320,13 @@ impl Tangram {
             if c.pending.demand.cores.is_some() {
                 per_worker[c.worker].push(c);
             } else {
-                launch(&mut plan, snapshot, c, 0);
+                out.launch(c, 0);
             }
         }
         for (w, group) in per_worker.iter().enumerate() {
             if group.is_empty() {
                 continue;
             }
-            // Units: the worker's free cores minus what non-elastic candidates took (none
-            // take cores today) — the full free count.
             let units = snapshot.workers()[w].free_cores;
             let models: Vec<ElasticModel> = group.iter().map(|c| model_of(c.pending)).collect();
             let claims: Vec<Claim<'_>> = group
@@ -277,12 +342,20 @@ impl Tangram {
                 })
                 .collect();
             let mut n = claims.len();
-            let mut alloc = elastic::allocate(&claims[..n], units)
+            // Convexity per claim, once: it decides greedy or DP for every prefix below.
+            let convex: Vec<bool> = claims
+                .iter()
+                .map(|c| c.model.is_convex(c.min, c.max))
+                .collect();
+            let all_convex = |k: usize| convex[..k].iter().all(|&c| c);
+            let mut alloc = elastic::allocate_known(&claims[..n], units, all_convex(n))
                 .unwrap_or_else(|| claims.iter().map(|c| c.min).collect());
             let mut evictions = 0;
             while n > 1 && evictions < self.depth {
                 let last = &claims[n - 1];
-                let Some(without) = elastic::allocate(&claims[..n - 1], units) else {
+                let Some(without) =
+                    elastic::allocate_known(&claims[..n - 1], units, all_convex(n - 1))
+                else {
                     break;
                 };
                 let used: u32 = without.iter().sum();
@@ -310,22 +383,20 @@ impl Tangram {
                     break;
                 }
             }
+            let used: u32 = alloc.iter().sum();
             for (i, c) in group.iter().enumerate() {
                 if i < n {
-                    launch(&mut plan, snapshot, c, alloc[i]);
+                    out.launch(c, alloc[i]);
                 } else {
                     let r = c.pending.demand.cores.unwrap_or_default();
-                    let used: u32 = alloc.iter().sum();
                     let why = WaitReason::Cores {
                         need: r.min,
                         best_free: units - used,
                     };
-                    plan.unplaced
-                        .push((c.pending.id.clone(), Unplaced::MayFitLater(why)));
+                    out.unplaced.push((c.index, Unplaced::MayFitLater(why)));
                 }
             }
         }
-        in_queue_order(plan, pending)
     }
 }
 
@@ -344,23 +415,15 @@ impl Policy for FixedDop {
     }
 
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
         let mut order: Vec<usize> = (0..pending.len()).collect();
         if self.shortest_first {
-            order.sort_by(|&a, &b| {
-                model_of(&pending[a])
-                    .t1_ms
-                    .total_cmp(&model_of(&pending[b]).t1_ms)
-                    .then(a.cmp(&b))
-            });
+            let t1: Vec<f64> = pending.iter().map(|p| model_of(p).t1_ms).collect();
+            order.sort_by(|&a, &b| t1[a].total_cmp(&t1[b]).then(a.cmp(&b)));
         }
         let dop = self.dop;
-        let cores_of = move |p: &Pending| p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max));
-        let (cands, _) = select(snapshot, pending, &order, cores_of, &mut plan);
-        for c in &cands {
-            launch(&mut plan, snapshot, c, cores_of(c.pending));
-        }
-        in_queue_order(plan, pending)
+        fixed(snapshot, pending, &order, move |p: &Pending| {
+            p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max))
+        })
     }
 }
 
@@ -378,14 +441,10 @@ impl Policy for Static {
         "static"
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
         let order: Vec<usize> = (0..pending.len()).collect();
-        let cores_of = |p: &Pending| p.demand.cores.map_or(0, |r| r.min);
-        let (cands, _) = select(snapshot, pending, &order, cores_of, &mut plan);
-        for c in &cands {
-            launch(&mut plan, snapshot, c, cores_of(c.pending));
-        }
-        plan
+        fixed(snapshot, pending, &order, |p: &Pending| {
+            p.demand.cores.map_or(0, |r| r.min)
+        })
     }
     fn per_trajectory_cores(&self) -> Option<u32> {
         Some(self.cores)
@@ -402,14 +461,10 @@ impl Policy for KubeFirstFit {
         "first-fit"
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
         let order: Vec<usize> = (0..pending.len()).collect();
-        let cores_of = |p: &Pending| p.demand.cores.map_or(0, |r| r.max);
-        let (cands, _) = select(snapshot, pending, &order, cores_of, &mut plan);
-        for c in &cands {
-            launch(&mut plan, snapshot, c, cores_of(c.pending));
-        }
-        plan
+        fixed(snapshot, pending, &order, |p: &Pending| {
+            p.demand.cores.map_or(0, |r| r.max)
+        })
     }
 }
 
@@ -423,14 +478,16 @@ impl Policy for EqualSplit {
         "equal-split"
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        let mut plan = Plan::default();
+        let mut d = Decisions::default();
         let order: Vec<usize> = (0..pending.len()).collect();
-        let (cands, _) = select(
+        let where_ = resolve(snapshot, pending);
+        let cands = select(
             snapshot,
             pending,
+            &where_,
             &order,
             |p| p.demand.cores.map_or(0, |c| c.min),
-            &mut plan,
+            &mut d,
         );
         for w in 0..snapshot.workers().len() {
             let group: Vec<&Candidate<'_>> = cands
@@ -455,12 +512,12 @@ impl Policy for EqualSplit {
                 spare -= 1;
             }
             for (i, c) in group.iter().enumerate() {
-                launch(&mut plan, snapshot, c, alloc[i]);
+                d.launch(c, alloc[i]);
             }
         }
         for c in cands.iter().filter(|c| c.pending.demand.cores.is_none()) {
-            launch(&mut plan, snapshot, c, 0);
+            d.launch(c, 0);
         }
-        in_queue_order(plan, pending)
+        d.into_plan(snapshot, pending)
     }
 }
