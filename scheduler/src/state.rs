@@ -68,6 +68,26 @@ struct Running {
     kind: ActionKind,
     encoding: Encoding,
     attempt: u32,
+    /// Learned-elasticity key of an exec (`job/tool`).
+    learn_key: Option<String>,
+}
+
+/// The key under which an exec's elasticity is learned: its job and the program it runs
+/// (`argv[0]` without its directory, or the module for `python -m`).
+fn learn_key(action: &Action) -> Option<String> {
+    let tangram_shared::ActionSpec::SandboxExec(e) = &action.spec else {
+        return None;
+    };
+    let prog = e.argv.first()?.rsplit('/').next()?.to_string();
+    let tool = match (
+        prog.starts_with("python"),
+        e.argv.get(1).map(String::as_str),
+        e.argv.get(2),
+    ) {
+        (true, Some("-m"), Some(module)) => format!("{prog} -m {module}"),
+        _ => prog,
+    };
+    Some(format!("{}/{tool}", action.job))
 }
 
 type SandboxKey = (JobId, TrajectoryId);
@@ -75,6 +95,8 @@ type SandboxKey = (JobId, TrajectoryId);
 pub(crate) struct Scheduler {
     config: Config,
     policy: Box<dyn tangram_core::Policy>,
+    /// Elasticity learned from completed execs, per job and tool.
+    learner: tangram_core::learn::Learner,
     limits: Limits,
     epoch: u64,
     js: jetstream::Context,
@@ -110,6 +132,7 @@ impl Scheduler {
         Self {
             config,
             policy,
+            learner: tangram_core::learn::Learner::new(),
             limits,
             epoch,
             js,
@@ -369,7 +392,7 @@ impl Scheduler {
                 id: a.id.clone(),
                 demand: a.demand(),
                 constraint,
-                model: None,
+                model: learn_key(a).and_then(|k| self.learner.model(&k)),
             });
         }
         let snapshot = self.snapshot();
@@ -478,6 +501,7 @@ impl Scheduler {
                 kind,
                 encoding: q.encoding,
                 attempt: dispatch.attempt,
+                learn_key: learn_key(&q.action),
             },
         );
         m::dispatched(kind.as_str(), q.arrived.elapsed().as_secs_f64());
@@ -493,6 +517,12 @@ impl Scheduler {
         let Some(run) = self.running.remove(&r.id) else {
             return;
         };
+        if let (Some(k), Outcome::Completed { .. }, Some(p)) =
+            (&run.learn_key, &r.outcome, &r.placement)
+        {
+            self.learner
+                .observe(k, p.cores, r.timing.exec_us as f64 / 1e3);
+        }
         let key = (run.job.clone(), run.trajectory.clone());
         match (run.kind, &r.outcome) {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
@@ -699,5 +729,42 @@ struct Bad {
 async fn ack(msg: &jetstream::Message) {
     if let Err(e) = msg.ack().await {
         warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use tangram_shared::{ActionSpec, SandboxExec, TrajectoryId};
+
+    fn exec(argv: &[&str]) -> Action {
+        Action {
+            id: ActionId::new("a").unwrap(),
+            job: JobId::new("j").unwrap(),
+            trajectory: TrajectoryId::new("t").unwrap(),
+            timeout_ms: 1000,
+            spec: ActionSpec::SandboxExec(SandboxExec {
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                files: BTreeMap::new(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn elasticity_is_learned_per_job_and_program() {
+        assert_eq!(
+            learn_key(&exec(&["/usr/bin/make", "-j4"])).as_deref(),
+            Some("j/make")
+        );
+        assert_eq!(
+            learn_key(&exec(&["python3", "-m", "pytest", "-n", "{cpus}"])).as_deref(),
+            Some("j/python3 -m pytest")
+        );
+        assert_eq!(
+            learn_key(&exec(&["python3", "main.py"])).as_deref(),
+            Some("j/python3")
+        );
     }
 }
