@@ -73,6 +73,10 @@ impl ElasticModel {
     /// True when the duration is convex in `m` over `[min, max]` (the marginal gain of one
     /// more unit never grows), which makes the greedy allocation optimal.
     pub fn is_convex(&self, min: u32, max: u32) -> bool {
+        // T1 * ((1 - p) + p / m) and T1 * m^-a are convex in m for p, a in [0, 1].
+        if matches!(self.speedup, Speedup::Amdahl(_) | Speedup::Power(_)) {
+            return true;
+        }
         let mut last_gain = f64::INFINITY;
         for m in min..max {
             let gain = self.dur_ms(m) - self.dur_ms(m + 1);
@@ -170,6 +174,108 @@ pub fn allocate_greedy(claims: &[Claim<'_>], units: u32) -> Option<Vec<u32>> {
     Some(out)
 }
 
+/// The marginal-gain greedy, kept alive so that claims can be dropped from the tail and their
+/// units handed to the others without starting over (for convex durations the result equals a
+/// fresh greedy over the remaining claims: restricted to any subset, an optimal separable
+/// convex allocation is optimal for that subset's budget).
+#[derive(Debug, Clone)]
+pub struct Greedy<'c, 'm> {
+    claims: &'c [Claim<'m>],
+    alloc: Vec<u32>,
+    live: usize,
+    free: u32,
+    heap: std::collections::BinaryHeap<Step>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Step {
+    gain: f64,
+    claim: std::cmp::Reverse<usize>,
+    at: u32,
+}
+impl Eq for Step {}
+impl PartialOrd for Step {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Step {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.gain
+            .total_cmp(&other.gain)
+            .then(self.claim.cmp(&other.claim))
+    }
+}
+
+impl<'c, 'm> Greedy<'c, 'm> {
+    /// Allocates `units` among all `claims`; `None` when their minimums do not fit.
+    pub fn new(claims: &'c [Claim<'m>], units: u32) -> Option<Self> {
+        let base: u32 = claims.iter().map(|c| c.min).sum();
+        let free = units.checked_sub(base)?;
+        let mut g = Self {
+            claims,
+            alloc: claims.iter().map(|c| c.min).collect(),
+            live: claims.len(),
+            free,
+            heap: std::collections::BinaryHeap::with_capacity(claims.len()),
+        };
+        for j in 0..claims.len() {
+            g.push(j);
+        }
+        g.spend();
+        Some(g)
+    }
+
+    fn push(&mut self, j: usize) {
+        let (c, x) = (&self.claims[j], self.alloc[j]);
+        if x < c.max {
+            let gain = c.model.dur_ms(x) - c.model.dur_ms(x + 1);
+            self.heap.push(Step {
+                gain,
+                claim: std::cmp::Reverse(j),
+                at: x,
+            });
+        }
+    }
+
+    fn spend(&mut self) {
+        while self.free > 0 {
+            let Some(step) = self.heap.pop() else { break };
+            let j = step.claim.0;
+            if j >= self.live || self.alloc[j] != step.at {
+                continue; // stale: dropped claim, or superseded by a later step
+            }
+            if step.gain <= 1e-12 {
+                self.heap.push(step); // nobody gains; keep it for after a drop
+                break;
+            }
+            self.alloc[j] += 1;
+            self.free -= 1;
+            self.push(j);
+        }
+    }
+
+    /// Drops the last live claim and redistributes its units.
+    pub fn drop_last(&mut self) {
+        if self.live == 0 {
+            return;
+        }
+        self.live -= 1;
+        self.free += self.alloc[self.live];
+        self.spend();
+    }
+
+    /// The allocation of the live claims.
+    pub fn alloc(&self) -> &[u32] {
+        &self.alloc[..self.live]
+    }
+
+    /// Units not allocated.
+    pub fn free(&self) -> u32 {
+        self.free
+    }
+}
+
 /// Allocates with the greedy when every model is convex on its range, else with the DP.
 pub fn allocate(claims: &[Claim<'_>], units: u32) -> Option<Vec<u32>> {
     allocate_known(
@@ -226,6 +332,35 @@ mod tests {
         assert!((t.at(4) - 2.0).abs() < 1e-9);
         assert!((t.at(2) - 2.0 * (1.0 - 0.5 / 3.0)).abs() < 1e-9);
         assert!((t.at(8) - 4.0).abs() < 1e-9, "held flat beyond the table");
+    }
+
+    #[test]
+    fn the_kept_greedy_matches_a_fresh_one_after_drops() {
+        let models: Vec<ElasticModel> = (0..12)
+            .map(|i| ElasticModel {
+                t1_ms: 300.0 + 170.0 * i as f64,
+                speedup: Speedup::Amdahl(0.1 * (i % 10) as f64),
+            })
+            .collect();
+        let claims: Vec<Claim<'_>> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Claim {
+                min: 1 + (i % 2) as u32,
+                max: 9,
+                model: m,
+            })
+            .collect();
+        let mut g = Greedy::new(&claims, 40).unwrap();
+        for n in (1..=12).rev() {
+            let fresh = allocate_greedy(&claims[..n], 40).unwrap();
+            let (a, b) = (
+                total_ms(&claims[..n], g.alloc()),
+                total_ms(&claims[..n], &fresh),
+            );
+            assert!((a - b).abs() < 1e-6, "n={n}: kept {a} fresh {b}");
+            g.drop_last();
+        }
     }
 
     #[test]

@@ -298,6 +298,80 @@ impl Policy for Tangram {
 }
 
 impl Tangram {
+    /// Steps 3 and 4: allocate `units` among `claims`, then greedy tail eviction. Returns how
+    /// many claims (a prefix) launch, and their allocation.
+    fn allocate_and_evict(&self, claims: &[Claim<'_>], units: u32) -> (usize, Vec<u32>) {
+        // Estimated total completion time without the last claim: the others' durations, and
+        // for it, waiting until the first of them finishes, then running with what that frees.
+        let without_estimate = |kept: &[u32], last: &Claim<'_>| -> f64 {
+            let used: u32 = kept.iter().sum();
+            let mut total = 0.0;
+            let mut first = (f64::INFINITY, 0);
+            for (c, &x) in claims.iter().zip(kept) {
+                let d = c.model.dur_ms(x);
+                total += d;
+                if d < first.0 {
+                    first = (d, x);
+                }
+            }
+            let later = (first.1 + units - used).clamp(last.min, last.max);
+            total + first.0 + last.model.dur_ms(later)
+        };
+        let fallback = || {
+            (
+                claims.len(),
+                claims.iter().map(|c| c.min).collect::<Vec<_>>(),
+            )
+        };
+        if claims.iter().all(|c| c.model.is_convex(c.min, c.max)) {
+            // Convex: one greedy, kept alive across evictions.
+            let Some(mut g) = elastic::Greedy::new(claims, units) else {
+                return fallback();
+            };
+            let mut evictions = 0;
+            while g.alloc().len() > 1 && evictions < self.depth {
+                let n = g.alloc().len();
+                let last = &claims[n - 1];
+                let with_total = elastic::total_ms(&claims[..n], g.alloc());
+                let mut trial = g.clone();
+                trial.drop_last();
+                if trial.free() >= last.min {
+                    break; // it would run beside the others anyway: nothing to gain
+                }
+                if without_estimate(trial.alloc(), last) < with_total {
+                    g = trial;
+                    evictions += 1;
+                } else {
+                    break;
+                }
+            }
+            return (g.alloc().len(), g.alloc().to_vec());
+        }
+        // Some profiled table is not convex: exact DP for every prefix tried.
+        let Some(mut alloc) = elastic::allocate_dp(claims, units) else {
+            return fallback();
+        };
+        let mut n = claims.len();
+        let mut evictions = 0;
+        while n > 1 && evictions < self.depth {
+            let last = &claims[n - 1];
+            let Some(without) = elastic::allocate_dp(&claims[..n - 1], units) else {
+                break;
+            };
+            if units - without.iter().sum::<u32>() >= last.min {
+                break;
+            }
+            if without_estimate(&without, last) < elastic::total_ms(&claims[..n], &alloc) {
+                n -= 1;
+                alloc = without;
+                evictions += 1;
+            } else {
+                break;
+            }
+        }
+        (n, alloc)
+    }
+
     fn pass(
         &self,
         snapshot: &Snapshot,
@@ -341,48 +415,7 @@ impl Tangram {
                     }
                 })
                 .collect();
-            let mut n = claims.len();
-            // Convexity per claim, once: it decides greedy or DP for every prefix below.
-            let convex: Vec<bool> = claims
-                .iter()
-                .map(|c| c.model.is_convex(c.min, c.max))
-                .collect();
-            let all_convex = |k: usize| convex[..k].iter().all(|&c| c);
-            let mut alloc = elastic::allocate_known(&claims[..n], units, all_convex(n))
-                .unwrap_or_else(|| claims.iter().map(|c| c.min).collect());
-            let mut evictions = 0;
-            while n > 1 && evictions < self.depth {
-                let last = &claims[n - 1];
-                let Some(without) =
-                    elastic::allocate_known(&claims[..n - 1], units, all_convex(n - 1))
-                else {
-                    break;
-                };
-                let used: u32 = without.iter().sum();
-                if units - used >= last.min {
-                    break; // it would run beside the others anyway: nothing to gain
-                }
-                let with_total = elastic::total_ms(&claims[..n], &alloc);
-                // Estimate for the held-back action: it starts when the first of the others
-                // finishes, with the units that frees (plus any left over).
-                let (first_ms, first_units) = claims[..n - 1]
-                    .iter()
-                    .zip(&without)
-                    .map(|(c, &x)| (c.model.dur_ms(x), x))
-                    .min_by(|a, b| a.0.total_cmp(&b.0))
-                    .unwrap_or((0.0, 0));
-                let later = (first_units + units - used).clamp(last.min, last.max);
-                let without_total = elastic::total_ms(&claims[..n - 1], &without)
-                    + first_ms
-                    + last.model.dur_ms(later);
-                if without_total < with_total {
-                    n -= 1;
-                    alloc = without;
-                    evictions += 1;
-                } else {
-                    break;
-                }
-            }
+            let (n, alloc) = self.allocate_and_evict(&claims, units);
             let used: u32 = alloc.iter().sum();
             for (i, c) in group.iter().enumerate() {
                 if i < n {
