@@ -109,7 +109,7 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
                 ),
                 None => CpuRange { min: cpu, max: cpu },
             };
-            if !(a.t1_s > 0.0) {
+            if a.t1_s.is_nan() || a.t1_s <= 0.0 {
                 bail!("{}: t1_s must be positive", at());
             }
             let speedup = match a.speedup {

@@ -97,7 +97,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let worker = Arc::new(Worker {
         state: Mutex::new(State {
-            cores: CoreAllocator::new(&config.cores),
+            cores: CoreAllocator::with_domains(&config.cores, &cpuset::numa_domains()),
             sandboxes: HashMap::new(),
             running: HashSet::new(),
             recent: VecDeque::new(),
