@@ -45,6 +45,10 @@ struct SimulateArgs {
     /// Trajectories in the batch (built-in workloads).
     #[arg(long, default_value_t = 1280)]
     batch: usize,
+    /// RL jobs sharing the cluster (built-in workloads); job k gets a share of the batch
+    /// proportional to 2^-k.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    jobs: u32,
     /// Seed (built-in workloads).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -99,7 +103,10 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     let (mut workload, label) = match (&args.workload, &args.trace) {
         (Some(w), None) => match w.as_str() {
-            "ai-coding" => (AiCoding { batch: args.batch, seed: args.seed }.generate(), format!("ai-coding, batch {}, seed {}", args.batch, args.seed)),
+            "ai-coding" => (
+                AiCoding { batch: args.batch, seed: args.seed, jobs: args.jobs as usize }.generate(),
+                format!("ai-coding, batch {}, seed {}, {} job(s)", args.batch, args.seed, args.jobs),
+            ),
             "deepsearch" | "mopd" => bail!("workload {w:?} needs the GPU and API-quota resource managers, which the simulator does not model yet; ai-coding is available"),
             other => bail!("unknown workload {other:?}; available: ai-coding"),
         },

@@ -205,4 +205,9 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn per_trajectory_cores(&self) -> Option<u32> {
         None
     }
+    /// True for per-task provisioning: each job's trajectories are confined to the job's own
+    /// share of the nodes.
+    fn per_task_pools(&self) -> bool {
+        false
+    }
 }

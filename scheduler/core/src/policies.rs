@@ -9,9 +9,10 @@ use crate::model::{
 use tangram_shared::Grant;
 
 /// Every policy name, in the order the simulator lists them.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "tangram",
     "static",
+    "per-task",
     "fifo-dop-1",
     "fifo-dop-4",
     "fifo-dop-16",
@@ -47,6 +48,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
             shortest_first: true,
         }),
         "first-fit" => Box::new(KubeFirstFit),
+        "per-task" => Box::new(PerTask { dop: 4 }),
         "equal-split" => Box::new(EqualSplit),
         "fcfs-first-fit" => Box::new(FcfsFirstFit),
         _ => return None,
@@ -552,5 +554,30 @@ impl Policy for EqualSplit {
             d.launch(c, 0);
         }
         d.into_plan(snapshot, pending)
+    }
+}
+
+/// Per-task provisioning: each job gets an isolated share of the nodes (the simulator confines
+/// its trajectories there; a service deployment would run one fleet per job), FIFO with a fixed
+/// degree of parallelism inside it.
+#[derive(Debug, Clone, Copy)]
+pub struct PerTask {
+    /// Cores per action, clamped to its range.
+    pub dop: u32,
+}
+
+impl Policy for PerTask {
+    fn name(&self) -> &'static str {
+        "per-task"
+    }
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+        let order: Vec<usize> = (0..pending.len()).collect();
+        let dop = self.dop;
+        fixed(snapshot, pending, &order, move |p: &Pending| {
+            p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max))
+        })
+    }
+    fn per_task_pools(&self) -> bool {
+        true
     }
 }

@@ -203,15 +203,12 @@ pub fn simulate_with(
     let mut free: Vec<u32> = workload.nodes.clone();
     let pool: u32 = workload.nodes.iter().sum();
     let n = workload.trajectories.len();
+    let homes = homes(workload, policy.per_task_pools());
     let mut trajs: Vec<TrajState> = (0..n)
         .map(|i| TrajState {
             phase: Phase::Idle,
             next: 0,
-            home: if workload.nodes.is_empty() {
-                0
-            } else {
-                i % workload.nodes.len()
-            },
+            home: homes[i],
             sandbox_since_ms: None,
             due_ms: 0.0,
         })
@@ -448,6 +445,40 @@ pub fn simulate_with(
     report
 }
 
+/// Where each trajectory's sandbox lives: round-robin over all nodes, or, with per-task
+/// pools, round-robin over its job's share of the nodes (node `i` belongs to job `i mod J`,
+/// jobs numbered by first appearance).
+fn homes(workload: &Workload, per_task: bool) -> Vec<usize> {
+    let nodes = workload.nodes.len().max(1);
+    if !per_task {
+        return (0..workload.trajectories.len())
+            .map(|i| i % nodes)
+            .collect();
+    }
+    let mut jobs: Vec<&str> = Vec::new();
+    for t in &workload.trajectories {
+        if !jobs.contains(&t.job.as_str()) {
+            jobs.push(&t.job);
+        }
+    }
+    let mut seen = vec![0usize; jobs.len()];
+    workload
+        .trajectories
+        .iter()
+        .map(|t| {
+            let j = jobs.iter().position(|&x| x == t.job).unwrap_or(0);
+            let mine: Vec<usize> = (0..nodes).filter(|n| n % jobs.len() == j).collect();
+            let pool = if mine.is_empty() {
+                (0..nodes).collect()
+            } else {
+                mine
+            };
+            seen[j] += 1;
+            pool[(seen[j] - 1) % pool.len()]
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn start_action(
     heap: &mut BinaryHeap<Event>,
@@ -518,6 +549,9 @@ pub struct AiCoding {
     pub batch: usize,
     /// Seed.
     pub seed: u64,
+    /// RL jobs sharing the cluster (1: one job named `ai-coding`). With more, job `k` gets a
+    /// share of the trajectories proportional to `2^-k` (uneven, as real jobs are).
+    pub jobs: usize,
 }
 
 /// Cores each `static` sandbox gets in the baseline: a common per-pod request; also the DoP
@@ -538,6 +572,26 @@ impl AiCoding {
     /// trajectories start within the first 2 s of the step.
     pub fn generate(&self) -> Workload {
         let mut rng = Rng::new(self.seed);
+        let jobs = self.jobs.max(1);
+        // Job k's share is proportional to 2^-k; trajectory i goes to the job whose
+        // cumulative share covers i / batch.
+        let weights: Vec<f64> = (0..jobs).map(|k| 0.5f64.powi(k as i32)).collect();
+        let total: f64 = weights.iter().sum();
+        let batch = self.batch.max(1) as f64;
+        let job_name = |i: usize| -> String {
+            if jobs == 1 {
+                return "ai-coding".into();
+            }
+            let x = i as f64 / batch * total;
+            let mut acc = 0.0;
+            for (k, w) in weights.iter().enumerate() {
+                acc += w;
+                if x < acc {
+                    return format!("ai-coding-{k}");
+                }
+            }
+            format!("ai-coding-{}", jobs - 1)
+        };
         // (parallel fraction, share, tool): lint and single-file scripts are serial, unit
         // tests partly parallel, builds and parallel test runners scale well.
         let fractions = [
@@ -576,7 +630,7 @@ impl AiCoding {
                     })
                     .collect();
                 SimTrajectory {
-                    job: "ai-coding".into(),
+                    job: job_name(i),
                     id: format!("t{i}"),
                     start_ms: rng.unit() * 2000.0,
                     steps,

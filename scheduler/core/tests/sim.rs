@@ -29,10 +29,28 @@ fn traj(i: usize, steps: Vec<SimStep>) -> SimTrajectory {
 
 #[test]
 fn same_seed_same_report_and_different_seed_different_workload() {
-    let a = AiCoding { batch: 64, seed: 3 }.generate();
-    let b = AiCoding { batch: 64, seed: 3 }.generate();
+    let a = AiCoding {
+        batch: 64,
+        seed: 3,
+        jobs: 1,
+    }
+    .generate();
+    let b = AiCoding {
+        batch: 64,
+        seed: 3,
+        jobs: 1,
+    }
+    .generate();
     assert_eq!(a, b);
-    assert_ne!(a, AiCoding { batch: 64, seed: 4 }.generate());
+    assert_ne!(
+        a,
+        AiCoding {
+            batch: 64,
+            seed: 4,
+            jobs: 1
+        }
+        .generate()
+    );
     for name in ["tangram", "static", "fifo-dop-4", "equal-split"] {
         let p = by_name(name).unwrap();
         assert_eq!(
@@ -103,7 +121,12 @@ fn static_sandboxes_hold_cores_for_the_whole_trajectory_and_make_others_wait() {
 #[test]
 fn on_ai_coding_tangram_beats_static_and_the_gap_grows_with_the_batch() {
     let ratio = |batch: usize| {
-        let w = AiCoding { batch, seed: 1 }.generate();
+        let w = AiCoding {
+            batch,
+            seed: 1,
+            jobs: 1,
+        }
+        .generate();
         let tg = simulate(&w, by_name("tangram").unwrap().as_ref()).summary();
         let st = simulate(&w, by_name("static").unwrap().as_ref()).summary();
         st.mean_act_s / tg.mean_act_s
@@ -113,7 +136,12 @@ fn on_ai_coding_tangram_beats_static_and_the_gap_grows_with_the_batch() {
     assert!(small > 1.2, "static/tangram = {small}");
     let w = Workload {
         nodes: vec![256],
-        ..AiCoding { batch: 96, seed: 1 }.generate()
+        ..AiCoding {
+            batch: 96,
+            seed: 1,
+            jobs: 1,
+        }
+        .generate()
     };
     let tg = simulate(&w, by_name("tangram").unwrap().as_ref()).summary();
     let st = simulate(&w, by_name("static").unwrap().as_ref()).summary();
@@ -129,7 +157,12 @@ fn learned_elasticity_approaches_the_oracle() {
     use tangram_core::sim::{simulate_with, Elasticity};
     let w = Workload {
         nodes: vec![256, 256],
-        ..AiCoding { batch: 96, seed: 2 }.generate()
+        ..AiCoding {
+            batch: 96,
+            seed: 2,
+            jobs: 1,
+        }
+        .generate()
     };
     let tg = by_name("tangram").unwrap();
     let oracle = simulate_with(&w, tg.as_ref(), Elasticity::Oracle).summary();
@@ -148,5 +181,30 @@ fn learned_elasticity_approaches_the_oracle() {
         "learned {} oracle {}",
         learned.mean_act_s,
         oracle.mean_act_s
+    );
+}
+
+#[test]
+fn per_task_pools_confine_each_job_and_lose_to_a_shared_pool_when_jobs_are_uneven() {
+    // Three jobs (shares 4:2:1) on 3 nodes: per-task gives each job one node.
+    let w = Workload {
+        nodes: vec![64, 64, 64],
+        ..AiCoding {
+            batch: 112,
+            seed: 9,
+            jobs: 3,
+        }
+        .generate()
+    };
+    let jobs: std::collections::BTreeSet<&str> =
+        w.trajectories.iter().map(|t| t.job.as_str()).collect();
+    assert_eq!(jobs.len(), 3);
+    let per_task = simulate(&w, by_name("per-task").unwrap().as_ref()).summary();
+    let shared = simulate(&w, by_name("fifo-dop-4").unwrap().as_ref()).summary();
+    assert!(
+        per_task.mean_act_s > shared.mean_act_s,
+        "per-task {} shared {}",
+        per_task.mean_act_s,
+        shared.mean_act_s
     );
 }
