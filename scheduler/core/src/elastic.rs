@@ -148,30 +148,7 @@ pub fn allocate_dp(claims: &[Claim<'_>], units: u32) -> Option<Vec<u32>> {
 /// unit at a time to the claim whose duration drops most. Optimal when every duration is
 /// convex; O((n + units) log n).
 pub fn allocate_greedy(claims: &[Claim<'_>], units: u32) -> Option<Vec<u32>> {
-    let base: u32 = claims.iter().map(|c| c.min).sum();
-    let mut spare = units.checked_sub(base)?;
-    let mut out: Vec<u32> = claims.iter().map(|c| c.min).collect();
-    let mut heap = std::collections::BinaryHeap::new();
-    let gain = |j: usize, x: u32| claims[j].model.dur_ms(x) - claims[j].model.dur_ms(x + 1);
-    for (j, c) in claims.iter().enumerate() {
-        if c.min < c.max {
-            heap.push(Gain(gain(j, c.min), std::cmp::Reverse(j)));
-        }
-    }
-    while spare > 0 {
-        let Some(Gain(g, std::cmp::Reverse(j))) = heap.pop() else {
-            break;
-        };
-        if g <= 1e-12 {
-            break;
-        }
-        out[j] += 1;
-        spare -= 1;
-        if out[j] < claims[j].max {
-            heap.push(Gain(gain(j, out[j]), std::cmp::Reverse(j)));
-        }
-    }
-    Some(out)
+    Greedy::new(claims, units).map(|g| g.alloc().to_vec())
 }
 
 /// The marginal-gain greedy, kept alive so that claims can be dropped from the tail and their
@@ -302,20 +279,6 @@ pub fn total_ms(claims: &[Claim<'_>], alloc: &[u32]) -> f64 {
         .zip(alloc)
         .map(|(c, &x)| c.model.dur_ms(x))
         .sum()
-}
-
-#[derive(Debug, PartialEq)]
-struct Gain(f64, std::cmp::Reverse<usize>);
-impl Eq for Gain {}
-impl PartialOrd for Gain {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Gain {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
-    }
 }
 
 #[cfg(test)]
