@@ -28,8 +28,13 @@ fn queue(n: usize, nodes: u32) -> Vec<Pending> {
     (0..n)
         .map(|i| Pending {
             id: ActionId::new(format!("a{i}")).unwrap(),
-            demand: Demand { cores: Some(CpuRange { min: 1, max: 16 }), mem_mb: 0 },
-            constraint: Constraint::OnWorker(WorkerId::new(format!("n{:03}", rng.next_u64() % nodes as u64)).unwrap()),
+            demand: Demand {
+                cores: Some(CpuRange { min: 1, max: 16 }),
+                mem_mb: 0,
+            },
+            constraint: Constraint::OnWorker(
+                WorkerId::new(format!("n{:03}", rng.next_u64() % nodes as u64)).unwrap(),
+            ),
             model: Some(ElasticModel {
                 t1_ms: rng.lognormal(2000.0, 0.6),
                 speedup: Speedup::Amdahl([0.0, 0.5, 0.9, 0.98][(rng.next_u64() % 4) as usize]),
@@ -45,9 +50,11 @@ fn replan(c: &mut Criterion) {
         let q = queue(pending, nodes);
         for name in ["tangram", "fifo-dop-4"] {
             let policy = by_name(name).unwrap();
-            group.bench_with_input(BenchmarkId::new(name, format!("{}cores-{pending}pending", nodes * 256)), &q, |b, q| {
-                b.iter(|| black_box(policy.schedule(&snap, q, 0)))
-            });
+            group.bench_with_input(
+                BenchmarkId::new(name, format!("{}cores-{pending}pending", nodes * 256)),
+                &q,
+                |b, q| b.iter(|| black_box(policy.schedule(&snap, q, 0))),
+            );
         }
     }
     group.finish();

@@ -255,17 +255,7 @@ impl<'c, 'm> Greedy<'c, 'm> {
 
 /// Allocates with the greedy when every model is convex on its range, else with the DP.
 pub fn allocate(claims: &[Claim<'_>], units: u32) -> Option<Vec<u32>> {
-    allocate_known(
-        claims,
-        units,
-        claims.iter().all(|c| c.model.is_convex(c.min, c.max)),
-    )
-}
-
-/// [`allocate`] when the caller already knows whether every model is convex (checking costs
-/// a duration evaluation per unit of range, which adds up inside an eviction loop).
-pub fn allocate_known(claims: &[Claim<'_>], units: u32, all_convex: bool) -> Option<Vec<u32>> {
-    if all_convex {
+    if claims.iter().all(|c| c.model.is_convex(c.min, c.max)) {
         allocate_greedy(claims, units)
     } else {
         allocate_dp(claims, units)

@@ -692,14 +692,6 @@ impl SimReport {
     }
 }
 
-/// Runs every policy on the same workload.
-pub fn compare(workload: &Workload, policies: &[Box<dyn Policy>]) -> Vec<SimReport> {
-    policies
-        .iter()
-        .map(|p| simulate(workload, p.as_ref()))
-        .collect()
-}
-
 /// Counts actions per trajectory (for checks).
 pub fn actions_in(workload: &Workload) -> usize {
     workload.trajectories.iter().map(|t| t.steps.len()).sum()
