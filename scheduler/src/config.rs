@@ -22,6 +22,9 @@ pub struct RawConfig {
     pub worker_missed_heartbeats: Option<u32>,
     /// Scheduling policy, by name (see `tangram_core::policies::NAMES`).
     pub policy: Option<String>,
+    /// After start, how long to wait for worker heartbeats before rejecting actions as
+    /// `no_sandbox` or `unsatisfiable`, in milliseconds.
+    pub settle_ms: Option<u64>,
 }
 
 /// The validated configuration.
@@ -39,6 +42,8 @@ pub struct Config {
     pub worker_missed_heartbeats: u32,
     /// Scheduling policy name.
     pub policy: String,
+    /// Wait for heartbeats after start before rejecting on cluster knowledge.
+    pub settle: Duration,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -52,6 +57,9 @@ pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// Three missed heartbeats (3 s at the default 1 s period) before a worker counts as lost:
 /// long enough to ride out a GC pause or a NATS reconnect.
 pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;
+
+/// Two default heartbeat periods: every live worker has reported by then.
+pub const DEFAULT_SETTLE_MS: u64 = 2_000;
 
 /// A configuration error, for a person.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +85,7 @@ impl RawConfig {
                 .worker_missed_heartbeats
                 .or(self.worker_missed_heartbeats),
             policy: over.policy.or(self.policy),
+            settle_ms: over.settle_ms.or(self.settle_ms),
         }
     }
 
@@ -128,6 +137,7 @@ impl RawConfig {
             max_timeout: Duration::from_millis(max_timeout_ms),
             worker_missed_heartbeats,
             policy,
+            settle: Duration::from_millis(self.settle_ms.unwrap_or(DEFAULT_SETTLE_MS)),
         })
     }
 }

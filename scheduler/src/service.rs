@@ -166,8 +166,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     {
         warn!("scheduler tasks did not stop within 5 s");
     }
-    // Bounded: NATS may be gone, and SIGTERM must still end the process.
-    let _ = tokio::time::timeout(Duration::from_secs(3), client.flush()).await;
+    // Drain: unsubscribe (no more deliveries to this process) and flush. Bounded: NATS may be
+    // gone, and SIGTERM must still end the process.
+    let _ = tokio::time::timeout(Duration::from_secs(3), client.drain()).await;
     info!("scheduler stopped");
     Ok(())
 }

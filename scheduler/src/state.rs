@@ -26,8 +26,9 @@ pub(crate) enum Event {
     Tick,
 }
 
-/// How often queued actions get an in-progress ack, well inside the consumer's 60 s ack wait.
-const PROGRESS_EVERY: Duration = Duration::from_secs(20);
+/// How often queued actions get an in-progress ack, well inside the consumer's 10 s ack wait
+/// (short so that actions held by a scheduler that died come back quickly).
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 /// Dead-letter records keep at most this much of the original payload.
 const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
 
@@ -107,6 +108,9 @@ pub(crate) struct Scheduler {
     running: HashMap<ActionId, Running>,
     sandboxes: HashMap<SandboxKey, Sandbox>,
     dirty: bool,
+    /// False until `config.settle` has passed since start: until then nothing is rejected for
+    /// want of a sandbox or a big enough worker, since heartbeats may still be on their way.
+    settled: bool,
 }
 
 fn unix_us() -> u64 {
@@ -143,6 +147,7 @@ impl Scheduler {
             running: HashMap::new(),
             sandboxes: HashMap::new(),
             dirty: false,
+            settled: false,
         }
     }
 
@@ -161,6 +166,13 @@ impl Scheduler {
                 self.dirty = false;
                 self.cycle().await;
             }
+        }
+        // Hand queued actions back at once (instead of after the ack wait), so that the next
+        // scheduler picks them up without delay.
+        for q in self.queue.drain(..) {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), q.msg.ack_with(AckKind::Nak(None)))
+                    .await;
         }
     }
 
@@ -372,6 +384,9 @@ impl Scheduler {
                         // Wait for the open to finish or for the close ahead to take effect.
                         Some(_) => continue,
                         None if queued_opens.contains(&key) => continue,
+                        // Just started: the workers' heartbeats (which list their sandboxes)
+                        // may not all have arrived yet.
+                        None if !self.settled => continue,
                         None => {
                             rejections.push((
                             a.id.clone(),
@@ -405,6 +420,8 @@ impl Scheduler {
         }
         for (id, why) in plan.unplaced {
             match why {
+                // Just started: a worker large enough may not have reported yet.
+                Unplaced::NeverFits(_) if !self.settled => {}
                 Unplaced::NeverFits(_) => {
                     self.reject_queued(
                         &id,
@@ -593,6 +610,10 @@ impl Scheduler {
 
     async fn on_tick(&mut self) {
         let now = Instant::now();
+        if !self.settled && self.started.elapsed() >= self.config.settle {
+            self.settled = true;
+            self.dirty = true; // decide what was held back while settling
+        }
         let lost: Vec<WorkerId> = self
             .workers
             .iter()

@@ -244,6 +244,15 @@ impl Cluster {
         self.scheduler = Some((token, handle));
     }
 
+    /// Stops the scheduler gracefully and waits for it.
+    pub async fn stop_scheduler(&mut self) -> anyhow::Result<()> {
+        if let Some((token, handle)) = self.scheduler.take() {
+            token.cancel();
+            handle.await??;
+        }
+        Ok(())
+    }
+
     /// Starts a worker.
     pub fn start_worker(&mut self, w: WorkerSpec) -> anyhow::Result<()> {
         let raw = tangram_worker::config::RawConfig {

@@ -508,3 +508,119 @@ async fn worker_stops_on_sigterm_even_when_nats_is_gone() -> anyhow::Result<()> 
     assert_eq!(containers_of("orphan-a"), 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_dies_for_good_has_its_running_actions_reported_lost() -> anyhow::Result<()> {
+    let cluster = Cluster::start(&[]).await?;
+    let spec = WorkerSpec::new("gone-a");
+    let mut worker = cluster.spawn_worker_process(&spec)?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let mut long = exec("long", "job1", "t1", &["sleep", "60"], 1, 1);
+    long.timeout_ms = 120_000;
+    c.submit(&long).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    worker.kill()?;
+    worker.wait()?;
+    let t = Instant::now();
+    let r = c.result(&long.id, T).await?;
+    match &r.outcome {
+        Outcome::InfraError {
+            code: InfraCode::WorkerLost,
+            reason,
+        } => assert!(reason.contains("gone-a"), "{reason}"),
+        other => panic!("expected worker_lost, got {other:?}"),
+    }
+    // Three missed 200 ms heartbeats, plus a tick: well under 10 s.
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    // Its sandboxes are forgotten with it.
+    let r = c
+        .run(&exec("after", "job1", "t1", &["true"], 1, 1), T)
+        .await?;
+    assert!(
+        matches!(
+            r.outcome,
+            Outcome::Rejected {
+                code: RejectCode::NoSandbox,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // Clean up the container the killed worker left.
+    std::process::Command::new("sh")
+        .args(["-c", "docker rm -f $(docker ps -aq --filter label=tangram.worker=gone-a) >/dev/null 2>&1 || true"])
+        .status()?;
+    cluster.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_scheduler_bumps_its_epoch_and_adopts_open_sandboxes() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("epoch-a")]).await?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let before = c
+        .run(&exec("e1", "job1", "t1", &["echo", "one"], 1, 1), T)
+        .await?;
+    assert_eq!(before.stdout, "one\n");
+
+    cluster.stop_scheduler().await?;
+    cluster.start_scheduler();
+    // The new scheduler learns the sandbox from the worker's heartbeats.
+    let r = c
+        .run(&exec("e2", "job1", "t1", &["echo", "two"], 1, 1), T)
+        .await?;
+    assert_eq!(r.stdout, "two\n", "{r:?}");
+
+    // A dispatch from the old epoch is refused by the worker: it never runs.
+    let stale = tangram_shared::Dispatch {
+        epoch: 1,
+        attempt: 1,
+        action: exec(
+            "stale",
+            "job1",
+            "t1",
+            &["sh", "-c", "echo ran > stale.txt"],
+            1,
+            1,
+        ),
+        grant: tangram_shared::Grant {
+            cores: 1,
+            mem_mb: 0,
+        },
+        submitted_at_us: 0,
+        result_encoding: tangram_shared::Encoding::Msgpack,
+    };
+    let bytes = tangram_shared::codec::encode(&stale, tangram_shared::Encoding::Msgpack)?;
+    c.publish_raw(
+        &tangram_shared::subject::dispatch(&tangram_tests::build::worker("epoch-a")),
+        None,
+        None,
+        bytes,
+    )
+    .await?;
+    let results = c
+        .results(&stale.action.id, 1, Duration::from_secs(2))
+        .await
+        .unwrap_or_default();
+    assert!(results.is_empty(), "stale dispatch ran: {results:?}");
+    let r = c
+        .run(
+            &exec(
+                "check",
+                "job1",
+                "t1",
+                &["sh", "-c", "ls stale.txt 2>/dev/null || echo absent"],
+                1,
+                1,
+            ),
+            T,
+        )
+        .await?;
+    assert_eq!(r.stdout, "absent\n");
+    cluster.shutdown().await
+}
