@@ -624,3 +624,18 @@ async fn a_restarted_scheduler_bumps_its_epoch_and_adopts_open_sandboxes() -> an
     assert_eq!(r.stdout, "absent\n");
     cluster.shutdown().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_carries_on_after_a_nats_server_restart() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("natsr-a")]).await?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    assert_eq!(c.run(&exec("e1", "job1", "t1", &["echo", "before"], 1, 1), T).await?.stdout, "before\n");
+    // Same port, same store: streams, consumers and the result of e1 survive.
+    cluster.nats.restart();
+    let c = cluster.client("job1").await?;
+    assert_eq!(c.result(&tangram_shared::ActionId::new("e1")?, T).await?.stdout, "before\n");
+    let r = c.run(&exec("e2", "job1", "t1", &["echo", "after"], 1, 1), T).await?;
+    assert_eq!(r.stdout, "after\n", "{r:?}");
+    cluster.shutdown().await
+}
