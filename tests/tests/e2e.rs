@@ -630,12 +630,74 @@ async fn the_cluster_carries_on_after_a_nats_server_restart() -> anyhow::Result<
     let mut cluster = Cluster::start(&[WorkerSpec::new("natsr-a")]).await?;
     let c = cluster.client("job1").await?;
     c.run(&open("o1", "job1", "t1"), T).await?;
-    assert_eq!(c.run(&exec("e1", "job1", "t1", &["echo", "before"], 1, 1), T).await?.stdout, "before\n");
+    assert_eq!(
+        c.run(&exec("e1", "job1", "t1", &["echo", "before"], 1, 1), T)
+            .await?
+            .stdout,
+        "before\n"
+    );
     // Same port, same store: streams, consumers and the result of e1 survive.
     cluster.nats.restart();
     let c = cluster.client("job1").await?;
-    assert_eq!(c.result(&tangram_shared::ActionId::new("e1")?, T).await?.stdout, "before\n");
-    let r = c.run(&exec("e2", "job1", "t1", &["echo", "after"], 1, 1), T).await?;
+    assert_eq!(
+        c.result(&tangram_shared::ActionId::new("e1")?, T)
+            .await?
+            .stdout,
+        "before\n"
+    );
+    let r = c
+        .run(&exec("e2", "job1", "t1", &["echo", "after"], 1, 1), T)
+        .await?;
     assert_eq!(r.stdout, "after\n", "{r:?}");
+    cluster.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_that_do_not_fit_the_workdir_are_an_infra_error_with_the_reason() -> anyhow::Result<()>
+{
+    let cluster = Cluster::start(&[WorkerSpec::new("full-a")]).await?;
+    let c = cluster.client("job1").await?;
+    let mut small = open("o1", "job1", "t1");
+    if let ActionSpec::SandboxOpen(o) = &mut small.spec {
+        o.workdir_mb = 1;
+    }
+    assert_eq!(exit_code(&c.run(&small, T).await?.outcome), 0);
+    let fill = c
+        .run(
+            &exec(
+                "fill",
+                "job1",
+                "t1",
+                &["sh", "-c", "head -c 700000 /dev/zero > fill"],
+                1,
+                1,
+            ),
+            T,
+        )
+        .await?;
+    assert_eq!(exit_code(&fill.outcome), 0, "{fill:?}");
+    let mut big = exec("big", "job1", "t1", &["cat", "big.txt"], 1, 1);
+    if let ActionSpec::SandboxExec(e) = &mut big.spec {
+        e.files.insert("big.txt".into(), "y".repeat(500_000));
+    }
+    let r = c.run(&big, T).await?;
+    match &r.outcome {
+        Outcome::InfraError {
+            code: InfraCode::Runtime,
+            reason,
+        } => assert!(reason.contains("workdir_mb"), "{reason}"),
+        other => panic!("expected an infra error, got {other:?}"),
+    }
+    // A small file still goes through on the same sandbox once there is room.
+    c.run(
+        &exec("rm", "job1", "t1", &["rm", "-f", "fill", "big.txt"], 1, 1),
+        T,
+    )
+    .await?;
+    let mut ok = exec("ok", "job1", "t1", &["cat", "small.txt"], 1, 1);
+    if let ActionSpec::SandboxExec(e) = &mut ok.spec {
+        e.files.insert("small.txt".into(), "fits".into());
+    }
+    assert_eq!(c.run(&ok, T).await?.stdout, "fits");
     cluster.shutdown().await
 }

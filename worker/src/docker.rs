@@ -89,6 +89,42 @@ pub struct ExecOutput {
     pub truncated: bool,
 }
 
+/// Exit code of [`FILES_WRAPPER`] when the files could not be written.
+pub const FILES_FAILED_EXIT: i64 = 125;
+/// What [`FILES_WRAPPER`] prints on stderr when the files could not be written.
+pub const FILES_FAILED_MARK: &str = "tangram: writing files into /work failed";
+
+/// Runs a command after unpacking the tar archive on its stdin into `/work`, in the same
+/// `docker exec` (one round trip to the daemon instead of two). Used when the action has files
+/// but no stdin of its own; the command then gets an empty stdin.
+pub const FILES_WRAPPER: &str = "tar -x -m --no-same-owner -C /work -f - || { echo \"tangram: writing files into /work failed\" >&2; exit 125; }; exec \"$@\" </dev/null";
+
+/// `argv` wrapped by [`FILES_WRAPPER`].
+pub fn with_files_wrapper(argv: &[String]) -> Vec<String> {
+    let mut out = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        FILES_WRAPPER.to_string(),
+        "tangram-exec".to_string(),
+    ];
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// A tar archive of text files, by relative path.
+pub fn files_archive(files: &BTreeMap<String, String>) -> Result<Vec<u8>, std::io::Error> {
+    let mut archive = tar::Builder::new(Vec::new());
+    for (path, text) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_cksum();
+        archive.append_data(&mut header, path, text.as_bytes())?;
+    }
+    archive.into_inner()
+}
+
 /// A container left behind by an earlier run of this worker.
 #[derive(Debug, Clone)]
 pub struct Leftover {
@@ -261,16 +297,7 @@ impl DockerSandboxes {
         if files.is_empty() {
             return Ok(());
         }
-        let mut archive = tar::Builder::new(Vec::new());
-        for (path, text) in files {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(text.len() as u64);
-            header.set_mode(0o644);
-            header.set_mtime(0);
-            header.set_cksum();
-            archive.append_data(&mut header, path, text.as_bytes())?;
-        }
-        let bytes = archive.into_inner()?;
+        let bytes = files_archive(files)?;
         let argv = [
             "tar",
             "-x",

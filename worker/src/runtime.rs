@@ -541,8 +541,17 @@ impl Worker {
             self.set_cpus(&s, &list, n as i64 * PERIOD_US, true)
                 .await
                 .map_err(|e| infra(InfraCode::Grant, format!("granting cores {list}: {e}")))?;
-            self.docker.write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
-            let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
+            let mut argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
+            // Files ride on the command's own exec when its stdin is free; otherwise they take
+            // an exec of their own first.
+            let inline_files = !exec.files.is_empty() && exec.stdin.is_none();
+            let stdin: Option<Vec<u8>> = if inline_files {
+                argv = crate::docker::with_files_wrapper(&argv);
+                Some(crate::docker::files_archive(&exec.files).map_err(|e| infra(InfraCode::Runtime, format!("packing files: {e}")))?)
+            } else {
+                self.docker.write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
+                exec.stdin.as_ref().map(|t| t.as_bytes().to_vec())
+            };
             let mut env = vec![format!("TANGRAM_CPUS={n}")];
             env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
             let timeout = Duration::from_millis(d.action.timeout_ms);
@@ -551,7 +560,7 @@ impl Worker {
                 &s.container,
                 &argv,
                 &env,
-                exec.stdin.as_deref().map(str::as_bytes),
+                stdin.as_deref(),
                 timeout,
                 self.config.sandbox.output_limit_bytes,
             );
@@ -566,6 +575,13 @@ impl Worker {
             result.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
             result.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             result.truncated = out.truncated;
+            if inline_files
+                && out.exit_code == Some(crate::docker::FILES_FAILED_EXIT)
+                && result.stderr.contains(crate::docker::FILES_FAILED_MARK)
+            {
+                let why = result.stderr.trim().to_string();
+                return Err(infra(InfraCode::Runtime, format!("{why} (is workdir_mb large enough?)")));
+            }
             Ok(match (out.timed_out, out.exit_code) {
                 (true, _) => Outcome::TimedOut,
                 (false, Some(code)) => Outcome::Completed { exit_code: code as i32 },
