@@ -162,6 +162,8 @@ pub struct Greedy<'c, 'm> {
     live: usize,
     free: u32,
     heap: std::collections::BinaryHeap<Step>,
+    /// Claims that received a unit since the last [`Greedy::take_touched`] (may repeat).
+    touched: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -195,6 +197,7 @@ impl<'c, 'm> Greedy<'c, 'm> {
             live: claims.len(),
             free,
             heap: std::collections::BinaryHeap::with_capacity(claims.len()),
+            touched: Vec::new(),
         };
         for j in 0..claims.len() {
             g.push(j);
@@ -228,6 +231,7 @@ impl<'c, 'm> Greedy<'c, 'm> {
             }
             self.alloc[j] += 1;
             self.free -= 1;
+            self.touched.push(j);
             self.push(j);
         }
     }
@@ -240,6 +244,15 @@ impl<'c, 'm> Greedy<'c, 'm> {
         self.live -= 1;
         self.free += self.alloc[self.live];
         self.spend();
+    }
+
+    /// The claims that gained units since the last call (sorted, without repeats), so that a
+    /// caller can update what it derived from the allocation instead of recomputing it.
+    pub fn take_touched(&mut self) -> Vec<usize> {
+        let mut t = std::mem::take(&mut self.touched);
+        t.sort_unstable();
+        t.dedup();
+        t
     }
 
     /// The allocation of the live claims.

@@ -326,22 +326,48 @@ impl Tangram {
             )
         };
         if claims.iter().all(|c| c.model.is_convex(c.min, c.max)) {
-            // Convex: one greedy, kept alive across evictions.
+            // Convex: one greedy, kept alive across evictions, and the durations it implies
+            // updated only where a drop moved units (duration evaluations dominate the cost).
             let Some(mut g) = elastic::Greedy::new(claims, units) else {
                 return fallback();
             };
+            g.take_touched();
+            let mut durs: Vec<f64> = claims
+                .iter()
+                .zip(g.alloc())
+                .map(|(c, &x)| c.model.dur_ms(x))
+                .collect();
+            let mut total: f64 = durs.iter().sum();
             let mut evictions = 0;
             while g.alloc().len() > 1 && evictions < self.depth {
                 let n = g.alloc().len();
                 let last = &claims[n - 1];
-                let with_total = elastic::total_ms(&claims[..n], g.alloc());
                 let mut trial = g.clone();
                 trial.drop_last();
                 if trial.free() >= last.min {
                     break; // it would run beside the others anyway: nothing to gain
                 }
-                if without_estimate(trial.alloc(), last) < with_total {
+                let mut trial_durs = durs[..n - 1].to_vec();
+                let mut trial_total = total - durs[n - 1];
+                for j in trial.take_touched() {
+                    let d = claims[j].model.dur_ms(trial.alloc()[j]);
+                    trial_total += d - trial_durs[j];
+                    trial_durs[j] = d;
+                }
+                // The held-back action starts when the first of the others finishes, with the
+                // units that frees plus any left over.
+                let (first, first_ms) = trial_durs
+                    .iter()
+                    .enumerate()
+                    .min_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(j, &d)| (j, d))
+                    .unwrap_or((0, 0.0));
+                let later = (trial.alloc()[first] + trial.free()).clamp(last.min, last.max);
+                let without_total = trial_total + first_ms + last.model.dur_ms(later);
+                if without_total < total {
                     g = trial;
+                    durs = trial_durs;
+                    total = trial_total;
                     evictions += 1;
                 } else {
                     break;
