@@ -39,6 +39,7 @@ fn queue(n: usize, nodes: usize, rng: &mut Rng) -> Vec<Pending> {
                     t1_ms: rng.lognormal(2000.0, 0.6),
                     speedup: Speedup::Amdahl(p),
                 }),
+                needs: Default::default(),
             }
         })
         .collect()

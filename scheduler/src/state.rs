@@ -408,6 +408,7 @@ impl Scheduler {
                 demand: a.demand(),
                 constraint,
                 model: learn_key(a).and_then(|k| self.learner.model(&k)),
+                needs: Default::default(),
             });
         }
         let snapshot = self.snapshot();

@@ -18,8 +18,9 @@ impl Policy for FcfsFirstFit {
         "fcfs-first-fit"
     }
 
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let workers = snapshot.workers();
+        let mut book = crate::policies::ExtraBook::new(snapshot, now_ms);
         // Free capacity as this cycle books it, indexed like `workers`.
         let mut free: Vec<(u32, u64)> = workers
             .iter()
@@ -57,11 +58,33 @@ impl Policy for FcfsFirstFit {
                 plan.unplaced.push((p.id.clone(), why));
                 continue;
             }
+            let extra = !p.needs.is_empty();
+            let range = match allowed.as_slice() {
+                [one] => *one..*one + 1,
+                _ => 0..workers.len(),
+            };
+            if extra {
+                if let Some(why) = book.never(p, range.clone()) {
+                    plan.unplaced.push((p.id.clone(), Unplaced::NeverFits(why)));
+                    continue;
+                }
+                if let Some(why) = book.rate_wait(p) {
+                    plan.unplaced
+                        .push((p.id.clone(), Unplaced::MayFitLater(why)));
+                    continue;
+                }
+            }
             let fit = allowed.iter().copied().find(|&i| {
-                workers[i].accepting && free[i].0 >= need_cores && free[i].1 >= need_mem
+                workers[i].accepting
+                    && free[i].0 >= need_cores
+                    && free[i].1 >= need_mem
+                    && (!extra || book.fits(p, i))
             });
             match fit {
                 Some(i) => {
+                    if extra {
+                        book.book(p, i);
+                    }
                     let cores = match p.demand.cores {
                         Some(range) => free[i].0.min(range.max),
                         None => 0,
@@ -83,7 +106,17 @@ impl Policy for FcfsFirstFit {
                         .copied()
                         .filter(|&i| workers[i].accepting)
                         .collect();
-                    let why = if accepting.is_empty() {
+                    let core_mem_ok = accepting
+                        .iter()
+                        .any(|&i| free[i].0 >= need_cores && free[i].1 >= need_mem);
+                    let unit_wait = if extra && core_mem_ok {
+                        book.unit_wait(p, range.clone())
+                    } else {
+                        None
+                    };
+                    let why = if let Some(w) = unit_wait {
+                        w
+                    } else if accepting.is_empty() {
                         match &p.constraint {
                             Constraint::OnWorker(id) => WaitReason::NotAccepting(id.clone()),
                             Constraint::Any => WaitReason::NoWorkers,

@@ -16,8 +16,8 @@ pub mod sim;
 pub use elastic::{ElasticModel, Speedup};
 pub use fcfs::FcfsFirstFit;
 pub use model::{
-    Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
-    WorkerView,
+    Constraint, Launch, Needs, NeverReason, Pending, Plan, Policy, Snapshot, TokenBucket, Unplaced,
+    WaitReason, WorkerView,
 };
 pub use policies::{by_name, Tangram};
 

@@ -100,6 +100,120 @@ impl Decisions {
     }
 }
 
+/// Named resources and rate tokens as one selection books them, so that candidates never
+/// share what only one of them can have.
+pub(crate) struct ExtraBook<'s> {
+    snapshot: &'s Snapshot,
+    now_ms: u64,
+    /// Units booked per (worker index, resource).
+    units: std::collections::BTreeMap<(usize, String), u64>,
+    /// Tokens booked per rate resource.
+    tokens: std::collections::BTreeMap<String, f64>,
+}
+
+impl<'s> ExtraBook<'s> {
+    pub(crate) fn new(snapshot: &'s Snapshot, now_ms: u64) -> Self {
+        Self {
+            snapshot,
+            now_ms,
+            units: Default::default(),
+            tokens: Default::default(),
+        }
+    }
+
+    fn free_units(&self, w: usize, name: &str) -> u64 {
+        let id = &self.snapshot.workers()[w].id;
+        let free = self.snapshot.resource(id, name).map_or(0, |r| r.1);
+        free.saturating_sub(self.units.get(&(w, name.to_string())).copied().unwrap_or(0))
+    }
+
+    /// Why `p` can never run on any of `allowed`, if so.
+    pub(crate) fn never(
+        &self,
+        p: &Pending,
+        allowed: std::ops::Range<usize>,
+    ) -> Option<NeverReason> {
+        for (name, &need) in &p.needs.units {
+            let any = allowed.clone().any(|w| {
+                self.snapshot
+                    .resource(&self.snapshot.workers()[w].id, name)
+                    .is_some_and(|r| r.0 >= need)
+            });
+            if !any {
+                return Some(NeverReason::NoSuchResource(name.clone()));
+            }
+        }
+        for name in &p.needs.rates {
+            match self.snapshot.rate(name) {
+                Some(b) if b.ready_in_ms(1.0, self.now_ms).is_some() => {}
+                _ => return Some(NeverReason::NoSuchResource(name.clone())),
+            }
+        }
+        None
+    }
+
+    /// Why `p` has to wait for a rate token, if it does.
+    pub(crate) fn rate_wait(&self, p: &Pending) -> Option<WaitReason> {
+        for name in &p.needs.rates {
+            let b = self.snapshot.rate(name)?;
+            let booked = self.tokens.get(name).copied().unwrap_or(0.0);
+            let have = b.available(self.now_ms) - booked;
+            if have < 1.0 {
+                let mut later = *b;
+                later.tokens = have;
+                later.at_ms = later.at_ms.max(self.now_ms);
+                let ready_in_ms = later.ready_in_ms(1.0, self.now_ms).unwrap_or(u64::MAX);
+                return Some(WaitReason::Rate {
+                    name: name.clone(),
+                    ready_in_ms,
+                });
+            }
+        }
+        None
+    }
+
+    /// True when worker `w` has `p`'s named units free.
+    pub(crate) fn fits(&self, p: &Pending, w: usize) -> bool {
+        p.needs
+            .units
+            .iter()
+            .all(|(name, &need)| self.free_units(w, name) >= need)
+    }
+
+    /// The named resource `p` waits for on `allowed`.
+    pub(crate) fn unit_wait(
+        &self,
+        p: &Pending,
+        allowed: std::ops::Range<usize>,
+    ) -> Option<WaitReason> {
+        for (name, &need) in &p.needs.units {
+            let best_free = allowed
+                .clone()
+                .map(|w| self.free_units(w, name))
+                .max()
+                .unwrap_or(0);
+            if best_free < need {
+                return Some(WaitReason::Resource {
+                    name: name.clone(),
+                    need,
+                    best_free,
+                });
+            }
+        }
+        None
+    }
+
+    /// Books `p`'s needs on worker `w`.
+    pub(crate) fn book(&mut self, p: &Pending, w: usize) {
+        for (name, &need) in &p.needs.units {
+            *self.units.entry((w, name.clone())).or_default() += need;
+        }
+        for name in &p.needs.rates {
+            *self.tokens.entry(name.clone()).or_default() += 1.0;
+        }
+    }
+}
+
 /// Where each pending action may run: `Ok(None)` anywhere, `Ok(Some(w))` only on worker `w`,
 /// `Err(())` on a worker that is gone. Resolved once per call (ids are strings).
 fn resolve(snapshot: &Snapshot, pending: &[Pending]) -> Vec<Result<Option<usize>, ()>> {
@@ -120,15 +234,18 @@ fn resolve(snapshot: &Snapshot, pending: &[Pending]) -> Vec<Result<Option<usize>
 /// is a candidate when its base demand (minimum cores, memory) fits in what the candidates
 /// before it left free on an allowed worker. Everything else is explained in `out`.
 /// `cores_of` decides the cores an action reserves at selection (its minimum, or a fixed DoP).
+#[allow(clippy::too_many_arguments)]
 fn select<'a>(
     snapshot: &Snapshot,
     pending: &'a [Pending],
     where_: &[Result<Option<usize>, ()>],
     order: &[usize],
     cores_of: impl Fn(&Pending) -> u32,
+    now_ms: u64,
     out: &mut Decisions,
 ) -> Vec<Candidate<'a>> {
     let workers = snapshot.workers();
+    let mut book = ExtraBook::new(snapshot, now_ms);
     let mut free: Vec<(u32, u64)> = workers
         .iter()
         .map(|w| (w.free_cores, w.free_mem_mb))
@@ -166,15 +283,30 @@ fn select<'a>(
             out.unplaced.push((i, Unplaced::NeverFits(why)));
             continue;
         }
+        let extra = !p.needs.is_empty();
+        if extra {
+            if let Some(why) = book.never(p, allowed.clone()) {
+                out.unplaced.push((i, Unplaced::NeverFits(why)));
+                continue;
+            }
+            if let Some(why) = book.rate_wait(p) {
+                out.unplaced.push((i, Unplaced::MayFitLater(why)));
+                continue;
+            }
+        }
         // Among allowed workers, the one with the most free cores (spreads elastic work).
         let fit = allowed
             .clone()
             .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem)
+            .filter(|&w| !extra || book.fits(p, w))
             .max_by(|&a, &b| free[a].0.cmp(&free[b].0).then(b.cmp(&a)));
         match fit {
             Some(w) => {
                 free[w].0 -= need_cores;
                 free[w].1 -= need_mem;
+                if extra {
+                    book.book(p, w);
+                }
                 cands.push(Candidate {
                     index: i,
                     pending: p,
@@ -187,7 +319,16 @@ fn select<'a>(
                     .filter(|&w| workers[w].accepting)
                     .map(|w| free[w].0)
                     .max();
+                let core_mem_ok = allowed.clone().any(|w| {
+                    workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem
+                });
+                let unit_wait = if extra && core_mem_ok {
+                    book.unit_wait(p, allowed.clone())
+                } else {
+                    None
+                };
                 let why = match best {
+                    _ if unit_wait.is_some() => unit_wait.unwrap_or(WaitReason::NoWorkers),
                     None => match &p.constraint {
                         Constraint::OnWorker(id) => WaitReason::NotAccepting(id.clone()),
                         Constraint::Any => WaitReason::NoWorkers,
@@ -214,10 +355,11 @@ fn fixed(
     pending: &[Pending],
     order: &[usize],
     cores_of: impl Fn(&Pending) -> u32 + Copy,
+    now_ms: u64,
 ) -> Plan {
     let mut d = Decisions::default();
     let where_ = resolve(snapshot, pending);
-    for c in select(snapshot, pending, &where_, order, cores_of, &mut d) {
+    for c in select(snapshot, pending, &where_, order, cores_of, now_ms, &mut d) {
         d.launch(&c, cores_of(c.pending));
     }
     d.into_plan(snapshot, pending)
@@ -252,14 +394,14 @@ impl Policy for Tangram {
     /// Runs passes until one launches nothing: units a pass leaves idle after its evictions
     /// go to actions further back in the queue, so a plan is complete (re-planning on the
     /// post-plan snapshot launches nothing new).
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let where_ = resolve(snapshot, pending);
         let mut all = Decisions::default();
         let mut snap = snapshot.clone();
         let mut order: Vec<usize> = (0..pending.len()).collect();
         for _ in 0..=pending.len() {
             let mut pass = Decisions::default();
-            self.pass(&snap, pending, &where_, &order, &mut pass);
+            self.pass(&snap, pending, &where_, &order, now_ms, &mut pass);
             if pass.launches.is_empty() {
                 all.unplaced.extend(pass.unplaced);
                 break;
@@ -275,6 +417,7 @@ impl Policy for Tangram {
                 let view = &mut snap.workers_mut()[w];
                 view.free_cores -= cores;
                 view.free_mem_mb -= pending[i].demand.mem_mb;
+                snap.take_needs(w, &pending[i].needs, now_ms);
             }
             all.launches.extend(pass.launches);
             // Nothing more can start when no worker has a core or any memory left.
@@ -406,6 +549,7 @@ impl Tangram {
         pending: &[Pending],
         where_: &[Result<Option<usize>, ()>],
         order: &[usize],
+        now_ms: u64,
         out: &mut Decisions,
     ) {
         let cands = select(
@@ -414,6 +558,7 @@ impl Tangram {
             where_,
             order,
             |p| p.demand.cores.map_or(0, |c| c.min),
+            now_ms,
             out,
         );
         let nworkers = snapshot.workers().len();
@@ -475,16 +620,20 @@ impl Policy for FixedDop {
         self.name
     }
 
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let mut order: Vec<usize> = (0..pending.len()).collect();
         if self.shortest_first {
             let t1: Vec<f64> = pending.iter().map(|p| model_of(p).t1_ms).collect();
             order.sort_by(|&a, &b| t1[a].total_cmp(&t1[b]).then(a.cmp(&b)));
         }
         let dop = self.dop;
-        fixed(snapshot, pending, &order, move |p: &Pending| {
-            p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max))
-        })
+        fixed(
+            snapshot,
+            pending,
+            &order,
+            move |p: &Pending| p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max)),
+            now_ms,
+        )
     }
 }
 
@@ -501,11 +650,15 @@ impl Policy for Static {
     fn name(&self) -> &'static str {
         "static"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let order: Vec<usize> = (0..pending.len()).collect();
-        fixed(snapshot, pending, &order, |p: &Pending| {
-            p.demand.cores.map_or(0, |r| r.min)
-        })
+        fixed(
+            snapshot,
+            pending,
+            &order,
+            |p: &Pending| p.demand.cores.map_or(0, |r| r.min),
+            now_ms,
+        )
     }
     fn per_trajectory_cores(&self) -> Option<u32> {
         Some(self.cores)
@@ -521,11 +674,15 @@ impl Policy for KubeFirstFit {
     fn name(&self) -> &'static str {
         "first-fit"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let order: Vec<usize> = (0..pending.len()).collect();
-        fixed(snapshot, pending, &order, |p: &Pending| {
-            p.demand.cores.map_or(0, |r| r.max)
-        })
+        fixed(
+            snapshot,
+            pending,
+            &order,
+            |p: &Pending| p.demand.cores.map_or(0, |r| r.max),
+            now_ms,
+        )
     }
 }
 
@@ -538,7 +695,7 @@ impl Policy for EqualSplit {
     fn name(&self) -> &'static str {
         "equal-split"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let mut d = Decisions::default();
         let order: Vec<usize> = (0..pending.len()).collect();
         let where_ = resolve(snapshot, pending);
@@ -548,6 +705,7 @@ impl Policy for EqualSplit {
             &where_,
             &order,
             |p| p.demand.cores.map_or(0, |c| c.min),
+            now_ms,
             &mut d,
         );
         for w in 0..snapshot.workers().len() {
@@ -596,12 +754,16 @@ impl Policy for PerTask {
     fn name(&self) -> &'static str {
         "per-task"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let order: Vec<usize> = (0..pending.len()).collect();
         let dop = self.dop;
-        fixed(snapshot, pending, &order, move |p: &Pending| {
-            p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max))
-        })
+        fixed(
+            snapshot,
+            pending,
+            &order,
+            move |p: &Pending| p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max)),
+            now_ms,
+        )
     }
     fn per_task_pools(&self) -> bool {
         true

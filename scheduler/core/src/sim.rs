@@ -354,6 +354,7 @@ pub fn simulate_with(
                     },
                     constraint: Constraint::Any,
                     model: None,
+                    needs: Default::default(),
                 }),
                 (Some(_), Phase::Queued { .. }) => direct.push(t),
                 _ => pending.push(Pending {
@@ -373,6 +374,7 @@ pub fn simulate_with(
                             workload.trajectories[t].job, step.action.tool
                         )),
                     },
+                    needs: Default::default(),
                 }),
             }
         }

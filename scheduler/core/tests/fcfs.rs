@@ -30,6 +30,7 @@ fn exec(id: &str, min: u32, max: u32) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
+        needs: Default::default(),
     }
 }
 
@@ -42,6 +43,7 @@ fn open(id: &str, mem: u64) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
+        needs: Default::default(),
     }
 }
 
