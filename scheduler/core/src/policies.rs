@@ -754,16 +754,15 @@ impl Policy for PerTask {
     fn name(&self) -> &'static str {
         "per-task"
     }
+    /// Inside a job's pool it is FIFO with a fixed DoP; the isolation is in where the
+    /// job's sandboxes live.
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        let order: Vec<usize> = (0..pending.len()).collect();
-        let dop = self.dop;
-        fixed(
-            snapshot,
-            pending,
-            &order,
-            move |p: &Pending| p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max)),
-            now_ms,
-        )
+        FixedDop {
+            name: "per-task",
+            dop: self.dop,
+            shortest_first: false,
+        }
+        .schedule(snapshot, pending, now_ms)
     }
     fn per_task_pools(&self) -> bool {
         true
