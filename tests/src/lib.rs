@@ -539,6 +539,21 @@ pub mod build {
     }
 }
 
+/// Polls `check` until it holds or `timeout` passes; returns whether it held. For state that
+/// settles asynchronously (a restarted worker removing leftovers), never as a sleep.
+pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Counts containers labelled for `worker`.
 pub fn containers_of(worker: &str) -> usize {
     let out = Command::new("docker")
