@@ -684,8 +684,8 @@ impl Scheduler {
         self.reject_message(&q.msg, bad).await;
     }
 
-    /// Publishes the rejection result (when the submitter can be addressed) and the
-    /// dead-letter record, then acks the message.
+    /// Publishes the dead-letter record and then the rejection result (when the submitter
+    /// can be addressed), then acks the message.
     async fn reject_message(&mut self, msg: &jetstream::Message, bad: Bad) {
         m::rejected(bad.rejection.code.as_str());
         info!(subject = %msg.subject, code = bad.rejection.code.as_str(), reason = %bad.rejection.reason, "action rejected");
@@ -695,10 +695,6 @@ impl Scheduler {
                 .zip(JobId::new(job.clone()).ok()),
             _ => None,
         };
-        if let Some((id, job)) = addressable {
-            let result = ActionResult::rejected(id, job, bad.rejection.clone(), unix_us() / 1000);
-            self.publish_result(&result, bad.encoding).await;
-        }
         let mut headers = HeaderMap::new();
         headers.insert(subject::HEADER_DLQ_CODE, bad.rejection.code.as_str());
         // Header values cannot hold line breaks.
@@ -729,6 +725,12 @@ impl Scheduler {
                 }
             }
             Err(e) => warn!(error = %e, "dead-letter publish failed"),
+        }
+        // The record is stored before the submitter hears: whoever sees a rejection can find
+        // it in the dead-letter stream.
+        if let Some((id, job)) = addressable {
+            let result = ActionResult::rejected(id, job, bad.rejection.clone(), unix_us() / 1000);
+            self.publish_result(&result, bad.encoding).await;
         }
         ack(msg).await;
     }
