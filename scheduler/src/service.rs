@@ -40,98 +40,73 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let intake_stop = shutdown.child_token();
 
     // Intake: actions, in stream order.
-    {
-        let tx = tx.clone();
-        let stop = intake_stop.clone();
-        let mut messages = actions.messages().await?;
-        tasks.spawn(
+    let messages = actions.messages().await?;
+    let to_state = tx.clone();
+    tasks.spawn(
+        pump(messages, intake_stop.clone(), move |m| {
+            let tx = to_state.clone();
             async move {
-                loop {
-                    let msg = tokio::select! {
-                        _ = stop.cancelled() => break,
-                        m = messages.next() => m,
-                    };
-                    match msg {
-                        Some(Ok(m)) => {
-                            if tx.send(Event::Action(Box::new(m))).await.is_err() {
-                                break;
-                            }
-                        }
-                        Some(Err(e)) => warn!(error = %e, "action consumer error"),
-                        None => break,
+                match m {
+                    Ok(m) => tx.send(Event::Action(Box::new(m))).await.is_ok(),
+                    Err(e) => {
+                        warn!(error = %e, "action consumer error");
+                        true
                     }
                 }
             }
-            .instrument(tracing::info_span!("intake")),
-        );
-    }
+        })
+        .instrument(tracing::info_span!("intake")),
+    );
     // Results: release capacity. Acked once handed to the state task (release is idempotent).
-    {
-        let tx = tx.clone();
-        let stop = shutdown.clone();
-        let mut messages = results.messages().await?;
-        tasks.spawn(
+    let messages = results.messages().await?;
+    let to_state = tx.clone();
+    tasks.spawn(
+        pump(messages, shutdown.clone(), move |m| {
+            let tx = to_state.clone();
             async move {
-                loop {
-                    let msg = tokio::select! {
-                        _ = stop.cancelled() => break,
-                        m = messages.next() => m,
-                    };
-                    let Some(msg) = msg else { break };
-                    let msg = match msg {
-                        Ok(m) => m,
-                        Err(e) => {
-                            warn!(error = %e, "result consumer error");
-                            continue;
-                        }
-                    };
-                    let enc = content_type(&msg.headers).unwrap_or_default();
-                    match decode::<ActionResult>(&msg.payload, enc) {
-                        Ok(r) => {
-                            if tx.send(Event::Result(Box::new(r))).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            warn!(subject = %msg.subject, error = %e, "undecodable result ignored")
+                let msg = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        warn!(error = %e, "result consumer error");
+                        return true;
+                    }
+                };
+                let enc = content_type(&msg.headers).unwrap_or_default();
+                match decode::<ActionResult>(&msg.payload, enc) {
+                    Ok(r) => {
+                        if tx.send(Event::Result(Box::new(r))).await.is_err() {
+                            return false;
                         }
                     }
-                    if let Err(e) = msg.ack().await {
-                        warn!(error = %e, "acking a result");
+                    Err(e) => {
+                        warn!(subject = %msg.subject, error = %e, "undecodable result ignored")
                     }
                 }
+                if let Err(e) = msg.ack().await {
+                    warn!(error = %e, "acking a result");
+                }
+                true
             }
-            .instrument(tracing::info_span!("results")),
-        );
-    }
+        })
+        .instrument(tracing::info_span!("results")),
+    );
     // Heartbeats (core NATS).
-    {
-        let tx = tx.clone();
-        let stop = shutdown.clone();
-        let mut heartbeats = heartbeats;
-        tasks.spawn(
+    let to_state = tx.clone();
+    tasks.spawn(
+        pump(heartbeats, shutdown.clone(), move |msg| {
+            let tx = to_state.clone();
             async move {
-                loop {
-                    let msg = tokio::select! {
-                        _ = stop.cancelled() => break,
-                        m = heartbeats.next() => m,
-                    };
-                    let Some(msg) = msg else { break };
-                    match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
-                        Ok(hb) => {
-                            if tx.send(Event::Heartbeat(Box::new(hb))).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            warn!(subject = %msg.subject, error = %e, "undecodable heartbeat")
-                        }
+                match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
+                    Ok(hb) => tx.send(Event::Heartbeat(Box::new(hb))).await.is_ok(),
+                    Err(e) => {
+                        warn!(subject = %msg.subject, error = %e, "undecodable heartbeat");
+                        true
                     }
                 }
             }
-            .instrument(tracing::info_span!("heartbeats")),
-        );
-    }
+        })
+        .instrument(tracing::info_span!("heartbeats")),
+    );
     // Ticks: liveness checks and keeping queued actions' acks alive.
     {
         let tx = tx.clone();
@@ -171,6 +146,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _ = tokio::time::timeout(Duration::from_secs(3), client.drain()).await;
     info!("scheduler stopped");
     Ok(())
+}
+
+/// Hands each item of `stream` to `handle` until `stop` is cancelled, the stream ends, or
+/// `handle` returns false (the state task is gone).
+async fn pump<S, F, Fut>(stream: S, stop: CancellationToken, mut handle: F)
+where
+    S: futures::Stream,
+    F: FnMut(S::Item) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let item = tokio::select! {
+            _ = stop.cancelled() => break,
+            item = stream.next() => item,
+        };
+        let Some(item) = item else { break };
+        if !handle(item).await {
+            break;
+        }
+    }
 }
 
 pub(crate) fn content_type(

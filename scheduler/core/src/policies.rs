@@ -365,6 +365,17 @@ fn fixed(
     d.into_plan(snapshot, pending)
 }
 
+/// [`fixed`] in arrival order.
+fn fixed_fifo(
+    snapshot: &Snapshot,
+    pending: &[Pending],
+    cores_of: impl Fn(&Pending) -> u32 + Copy,
+    now_ms: u64,
+) -> Plan {
+    let order: Vec<usize> = (0..pending.len()).collect();
+    fixed(snapshot, pending, &order, cores_of, now_ms)
+}
+
 fn model_of(p: &Pending) -> ElasticModel {
     p.model.clone().unwrap_or_else(ElasticModel::unknown)
 }
@@ -623,7 +634,11 @@ impl Policy for FixedDop {
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         let mut order: Vec<usize> = (0..pending.len()).collect();
         if self.shortest_first {
-            let t1: Vec<f64> = pending.iter().map(|p| model_of(p).t1_ms).collect();
+            let unknown = ElasticModel::unknown().t1_ms;
+            let t1: Vec<f64> = pending
+                .iter()
+                .map(|p| p.model.as_ref().map_or(unknown, |m| m.t1_ms))
+                .collect();
             order.sort_by(|&a, &b| t1[a].total_cmp(&t1[b]).then(a.cmp(&b)));
         }
         let dop = self.dop;
@@ -651,11 +666,9 @@ impl Policy for Static {
         "static"
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        let order: Vec<usize> = (0..pending.len()).collect();
-        fixed(
+        fixed_fifo(
             snapshot,
             pending,
-            &order,
             |p: &Pending| p.demand.cores.map_or(0, |r| r.min),
             now_ms,
         )
@@ -675,11 +688,9 @@ impl Policy for KubeFirstFit {
         "first-fit"
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        let order: Vec<usize> = (0..pending.len()).collect();
-        fixed(
+        fixed_fifo(
             snapshot,
             pending,
-            &order,
             |p: &Pending| p.demand.cores.map_or(0, |r| r.max),
             now_ms,
         )
