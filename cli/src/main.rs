@@ -2,6 +2,7 @@
 //! `status` against a live cluster come with the CLI issue.)
 
 mod bench;
+mod gpu_sim;
 mod svg;
 mod trace;
 
@@ -32,39 +33,47 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
-struct SimulateArgs {
+pub(crate) struct SimulateArgs {
     /// Built-in workload generator: ai-coding.
     #[arg(long, conflicts_with = "trace")]
-    workload: Option<String>,
+    pub(crate) workload: Option<String>,
     /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
     #[arg(long)]
-    trace: Option<PathBuf>,
+    pub(crate) trace: Option<PathBuf>,
     /// Policies, comma-separated; ratios are given to the first.
     #[arg(long, default_value = "tangram,static,fifo-dop-4,first-fit")]
-    policies: String,
+    pub(crate) policies: String,
     /// Trajectories in the batch (built-in workloads).
     #[arg(long, default_value_t = 1280)]
-    batch: usize,
+    pub(crate) batch: usize,
     /// RL jobs sharing the cluster (built-in workloads); job k gets a share of the batch
     /// proportional to 2^-k.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    jobs: u32,
+    pub(crate) jobs: u32,
     /// Seed (built-in workloads).
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Cluster file (JSON); the workload's default cluster otherwise.
     #[arg(long)]
-    cluster: Option<PathBuf>,
+    pub(crate) cluster: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Elasticity models the scheduler sees: oracle (each action's true model), learned
     /// (fitted online per job and tool), or both (adds a `tangram-learned` row).
     #[arg(long, default_value = "both", value_parser = ["oracle", "learned", "both"])]
-    elasticity: String,
+    pub(crate) elasticity: String,
     /// Where to write the picture (SVG).
     #[arg(long, default_value = "simulate.svg")]
-    svg: PathBuf,
+    pub(crate) svg: PathBuf,
+    /// GPU workloads: GPUs in the pooled (Evict-on-Execution) policies' pool; the static
+    /// baseline keeps 4 per service.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) gpus: u32,
+    /// GPU workloads: also run `tangram` at every pool size from 1 GPU up to the static
+    /// baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
+    #[arg(long)]
+    pub(crate) gpu_sweep: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,8 +116,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 AiCoding { batch: args.batch, seed: args.seed, jobs: args.jobs as usize }.generate(),
                 format!("ai-coding, batch {}, seed {}, {} job(s)", args.batch, args.seed, args.jobs),
             ),
-            "deepsearch" | "mopd" => bail!("workload {w:?} needs the GPU and API-quota resource managers, which the simulator does not model yet; ai-coding is available"),
-            other => bail!("unknown workload {other:?}; available: ai-coding"),
+            "mopd" => return gpu_sim::mopd(&args),
+            "deepsearch" => bail!("workload \"deepsearch\" needs the API-quota manager, which the simulator does not model yet; ai-coding and mopd are available"),
+            other => bail!("unknown workload {other:?}; available: ai-coding, mopd"),
         },
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

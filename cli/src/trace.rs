@@ -5,7 +5,7 @@ use anyhow::{bail, Context as _};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use tangram_core::sim::{SimAction, SimStep, SimTrajectory};
-use tangram_core::Speedup;
+use tangram_core::{ServiceSpec, Speedup};
 use tangram_shared::CpuRange;
 
 #[derive(Debug, Deserialize)]
@@ -143,9 +143,70 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
 struct ClusterFile {
     nodes: Vec<NodeGroup>,
     #[serde(default)]
-    services: Vec<serde_json::Value>,
+    services: Vec<ServiceEntry>,
     #[serde(default)]
     providers: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceEntry {
+    name: String,
+    #[serde(default = "one")]
+    gpus: u32,
+    #[serde(default = "restore_default")]
+    restore_s: f64,
+    #[serde(default = "slots_default")]
+    slots: u32,
+}
+
+fn restore_default() -> f64 {
+    0.2
+}
+fn slots_default() -> u32 {
+    8
+}
+
+/// Parses a cluster file for a GPU workload: per node, its GPUs as NVLink groups of up to 8,
+/// and the services when the file declares any.
+pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<(Vec<Vec<u8>>, Option<Vec<ServiceSpec>>)> {
+    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+    let mut nodes = Vec::new();
+    for g in c.nodes {
+        let mut groups = Vec::new();
+        let mut left = g.gpu;
+        while left > 0 {
+            let take = [8u32, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1);
+            groups.push(take as u8);
+            left -= take;
+        }
+        for _ in 0..g.count {
+            if !groups.is_empty() {
+                nodes.push(groups.clone());
+            }
+        }
+    }
+    if nodes.is_empty() {
+        bail!("the cluster has no GPUs");
+    }
+    let services = if c.services.is_empty() {
+        None
+    } else {
+        let mut out = Vec::new();
+        for s in c.services {
+            if ![1, 2, 4, 8].contains(&s.gpus) {
+                bail!("service {:?}: gpus must be 1, 2, 4 or 8, not {}", s.name, s.gpus);
+            }
+            out.push(ServiceSpec {
+                name: s.name,
+                gpus: s.gpus as u8,
+                restore_ms: (s.restore_s.max(0.0) * 1e3) as u64,
+                slots: s.slots.max(1),
+            });
+        }
+        Some(out)
+    };
+    Ok((nodes, services))
 }
 
 #[derive(Debug, Deserialize)]
@@ -153,6 +214,7 @@ struct ClusterFile {
 struct NodeGroup {
     #[serde(default = "one")]
     count: u32,
+    #[serde(default)]
     cpu: u32,
     #[serde(default)]
     mem_mb: u64,
@@ -170,7 +232,7 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
     let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
     let mut notes = Vec::new();
     if !c.services.is_empty() || !c.providers.is_empty() {
-        notes.push("services and providers in the cluster file are not modelled yet (GPU and API quota come later)".into());
+        notes.push("services and providers in the cluster file are read by the GPU workloads (mopd); ai-coding and CPU traces use the nodes' cores only".into());
     }
     let mut nodes = Vec::new();
     for g in c.nodes {

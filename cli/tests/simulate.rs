@@ -158,7 +158,35 @@ fn traces_and_cluster_files_are_read_and_bad_input_is_explained() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("magic") && err.contains("fifo-dop-4"), "{err}");
-    let (code, _, err) = tangram(&["simulate", "--workload", "mopd"]);
+    let (code, _, err) = tangram(&["simulate", "--workload", "deepsearch"]);
     assert_eq!(code, 2);
     assert!(err.contains("not model"), "{err}");
+}
+
+#[test]
+fn simulate_mopd_compares_evict_on_execution_with_static_and_finds_the_fewest_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("mopd.svg");
+    let (code, out, err) = tangram(&[
+        "simulate", "--workload", "mopd", "--batch", "400", "--policies", "tangram,static",
+        "--gpus", "6", "--gpu-sweep", "--json", "--svg", svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let p = v["policies"].as_array().unwrap();
+    assert_eq!(p[0]["name"], "tangram@6gpu");
+    assert_eq!(p[1]["name"], "static@36gpu");
+    assert!(p[0]["restores"].as_u64().unwrap() >= 6, "{}", p[0]);
+    assert_eq!(p[1]["restores"], 0);
+    assert!(p[1]["reserved_resource_seconds"]["gpu"].as_f64().unwrap() > p[0]["reserved_resource_seconds"]["gpu"].as_f64().unwrap());
+    let fewest = v["fewest_gpus_matching_static"].as_u64().expect("a match within 36 GPUs");
+    assert!((1..=36).contains(&fewest));
+    let sweep = v["gpu_sweep"].as_array().unwrap();
+    let row = sweep.iter().find(|r| r["gpus"] == fewest).unwrap();
+    assert_eq!(row["matches_static"], true);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // A CPU-only policy has no GPU side and says so.
+    let (code, _, err) = tangram(&["simulate", "--workload", "mopd", "--policies", "fifo-dop-4", "--svg", svg.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no GPU side"), "{err}");
 }

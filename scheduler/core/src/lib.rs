@@ -8,13 +8,16 @@
 
 pub mod elastic;
 mod fcfs;
+pub mod gpu;
 pub mod learn;
 mod model;
 pub mod policies;
 pub mod sim;
+pub mod sim_gpu;
 
 pub use elastic::{ElasticModel, Speedup};
 pub use fcfs::FcfsFirstFit;
+pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
     Constraint, Launch, Needs, NeverReason, Pending, Plan, Policy, Snapshot, TokenBucket, Unplaced,
     WaitReason, WorkerView,

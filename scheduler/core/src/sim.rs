@@ -64,7 +64,9 @@ pub struct ActionRecord {
     pub queue_ms: f64,
     /// Execution, ms.
     pub exec_ms: f64,
-    /// Cores it ran with.
+    /// System overhead (a GPU service's restore), ms.
+    pub overhead_ms: f64,
+    /// Cores (CPU) or GPUs it ran with.
     pub cores: u32,
 }
 
@@ -84,8 +86,10 @@ pub struct SimReport {
     pub used_core_ms: f64,
     /// (time ms, fraction of the pool's cores held), sampled at events.
     pub utilisation: Vec<(f64, f64)>,
-    /// Total cores in the pool.
+    /// Total cores (or GPUs) in the pool.
     pub pool_cores: u32,
+    /// The pooled resource: `cpu` (cores) or `gpu`.
+    pub unit: &'static str,
 }
 
 impl SimReport {
@@ -94,7 +98,7 @@ impl SimReport {
         let mut v: Vec<f64> = self
             .actions
             .iter()
-            .map(|a| a.queue_ms + a.exec_ms)
+            .map(|a| a.queue_ms + a.overhead_ms + a.exec_ms)
             .collect();
         v.sort_by(f64::total_cmp);
         v
@@ -238,6 +242,7 @@ pub fn simulate_with(
         used_core_ms: 0.0,
         utilisation: Vec::new(),
         pool_cores: pool,
+        unit: "cpu",
     };
     let first_start = workload
         .trajectories
@@ -288,6 +293,7 @@ pub fn simulate_with(
                     report.actions.push(ActionRecord {
                         queue_ms: queued_ms,
                         exec_ms: now - started_ms,
+                        overhead_ms: 0.0,
                         cores,
                     });
                     report.used_core_ms += action.t1_ms;
@@ -661,14 +667,16 @@ pub struct Summary {
     pub mean_queue_s: f64,
     /// Mean execution.
     pub mean_exec_s: f64,
-    /// Mean overhead (the simulator charges none).
+    /// Mean overhead (GPU restores; CPU actions are charged none).
     pub mean_overhead_s: f64,
     /// Step time (rollout phase).
     pub step_time_s: f64,
-    /// Core-seconds held.
+    /// Core-seconds (or GPU-seconds, see `unit`) held.
     pub reserved_cpu_s: f64,
-    /// Core-seconds of useful work.
+    /// Core-seconds (or GPU-seconds) of useful work.
     pub used_cpu_s: f64,
+    /// `cpu` or `gpu`.
+    pub unit: &'static str,
     /// Actions simulated.
     pub actions: usize,
 }
@@ -685,10 +693,11 @@ impl SimReport {
             p99_act_s: quantile(&acts, 0.99) / 1e3,
             mean_queue_s: self.actions.iter().map(|a| a.queue_ms).sum::<f64>() / n / 1e3,
             mean_exec_s: self.actions.iter().map(|a| a.exec_ms).sum::<f64>() / n / 1e3,
-            mean_overhead_s: 0.0,
+            mean_overhead_s: self.actions.iter().map(|a| a.overhead_ms).sum::<f64>() / n / 1e3,
             step_time_s: self.step_time_ms / 1e3,
             reserved_cpu_s: self.reserved_core_ms / 1e3,
             used_cpu_s: self.used_core_ms / 1e3,
+            unit: self.unit,
             actions: self.actions.len(),
         }
     }

@@ -1,0 +1,169 @@
+//! `tangram simulate --workload mopd`: GPU services under Evict-on-Execution (`tangram`) and
+//! static deployment (`static`, 4 GPUs per service), side by side.
+
+use crate::{svg, trace, SimulateArgs};
+use anyhow::{bail, Context as _};
+use serde_json::json;
+use tangram_core::sim::{SimReport, Summary};
+use tangram_core::sim_gpu::{simulate_gpu, GpuMode, GpuStats, GpuWorkload, Mopd};
+
+/// Within this share of static's mean ACT counts as matching it.
+const MATCH_TOLERANCE: f64 = 0.10;
+
+pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
+    let mut w: GpuWorkload = Mopd { batch: args.batch, seed: args.seed }.generate();
+    if let Some(path) = &args.cluster {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let (nodes, services) = trace::parse_gpu_cluster(&text)?;
+        w.nodes = nodes;
+        if let Some(s) = services {
+            let have: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+            if let Some(missing) = w.services.iter().find(|x| !have.contains(&x.name.as_str())) {
+                bail!("the cluster file's services must include every mopd teacher; {:?} is missing", missing.name);
+            }
+            w.services = s;
+        }
+    }
+    let label = format!("mopd, batch {}, seed {}", args.batch, args.seed);
+    let per_service = (Mopd::STATIC_GPUS_PER_TEACHER / Mopd::GPUS_PER_TEACHER as u32).max(1);
+    let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
+    for name in args.policies.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mode = match name {
+            "tangram" => GpuMode::Pooled { gpus: args.gpus },
+            "static" => GpuMode::Static { per_service },
+            other => bail!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
+        };
+        let label = match mode {
+            GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
+            GpuMode::Static { .. } => format!("{name}@{}gpu", per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()),
+        };
+        runs.push(simulate_gpu(&w, mode, &label));
+    }
+    if runs.is_empty() {
+        bail!("--policies is empty");
+    }
+    let sums: Vec<Summary> = runs.iter().map(|r| r.0.summary()).collect();
+    let base = &sums[0];
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+
+    // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT.
+    let mut sweep = Vec::new();
+    let mut fewest = None;
+    if args.gpu_sweep {
+        let (st, _) = simulate_gpu(&w, GpuMode::Static { per_service }, "static");
+        let target = st.summary().mean_act_s;
+        let max = (per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()).min(w.total_gpus());
+        for g in 1..=max {
+            let (r, stats) = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "tangram");
+            let s = r.summary();
+            let ok = stats.unserved == 0 && s.mean_act_s <= target * (1.0 + MATCH_TOLERANCE);
+            if ok && fewest.is_none() {
+                fewest = Some(g);
+            }
+            sweep.push(json!({
+                "gpus": g, "mean_act_s": s.mean_act_s, "p99_act_s": s.p99_act_s,
+                "mean_queue_s": s.mean_queue_s, "mean_overhead_s": s.mean_overhead_s,
+                "restore_share_of_act": ratio(s.mean_overhead_s, s.mean_act_s),
+                "restores": stats.restores, "unserved": stats.unserved, "matches_static": ok,
+            }));
+            // Past the match point, a few more rows show the curve flattening; stop there.
+            if fewest.is_some_and(|f| g >= f + 4) {
+                break;
+            }
+        }
+        sweep.push(json!({"static_mean_act_s": target, "tolerance": MATCH_TOLERANCE}));
+    }
+
+    let reports: Vec<SimReport> = runs.iter().map(|r| r.0.clone()).collect();
+    std::fs::write(&args.svg, svg::render(&format!("Tangram simulator: {label}"), &reports))
+        .with_context(|| format!("writing {}", args.svg.display()))?;
+    if args.json {
+        let policies: Vec<_> = sums
+            .iter()
+            .zip(&runs)
+            .map(|(s, (_, st))| {
+                json!({
+                    "name": s.name,
+                    "gpus": st.gpus,
+                    "mean_act_s": s.mean_act_s,
+                    "p50_act_s": s.p50_act_s,
+                    "p99_act_s": s.p99_act_s,
+                    "mean_queue_s": s.mean_queue_s,
+                    "mean_exec_s": s.mean_exec_s,
+                    "mean_overhead_s": s.mean_overhead_s,
+                    "restore_share_of_act": ratio(s.mean_overhead_s, s.mean_act_s),
+                    "restores": st.restores,
+                    "evictions": st.evictions,
+                    "step_time_s": s.step_time_s,
+                    "reserved_resource_seconds": {"cpu": 0.0, "gpu": s.reserved_cpu_s},
+                    "used_resource_seconds": {"cpu": 0.0, "gpu": s.used_cpu_s},
+                    "actions": s.actions,
+                    "vs_first": {
+                        "mean_act": ratio(s.mean_act_s, base.mean_act_s),
+                        "p99_act": ratio(s.p99_act_s, base.p99_act_s),
+                        "step_time": ratio(s.step_time_s, base.step_time_s),
+                    },
+                })
+            })
+            .collect();
+        let out = json!({
+            "workload": label,
+            "gpus": w.total_gpus(),
+            "trajectories": w.trajectories.len(),
+            "policies": policies,
+            "gpu_sweep": sweep,
+            "fewest_gpus_matching_static": fewest,
+            "svg": args.svg.display().to_string(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let calls: usize = w.trajectories.iter().map(|t| t.steps.len()).sum();
+    println!(
+        "{label}: {} trajectories, {calls} teacher calls, {} services, cluster {} GPUs",
+        w.trajectories.len(),
+        w.services.len(),
+        w.total_gpus()
+    );
+    println!(
+        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9}",
+        "policy", "mean ACT", "p50", "p99", "queue", "restore", "exec", "restore%", "restores", "GPU-s held", "ACT ratio"
+    );
+    for (s, (_, st)) in sums.iter().zip(&runs) {
+        println!(
+            "{:<16} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.1}% {:>8} {:>10.0} {:>8.2}x",
+            s.name,
+            s.mean_act_s,
+            s.p50_act_s,
+            s.p99_act_s,
+            s.mean_queue_s,
+            s.mean_overhead_s,
+            s.mean_exec_s,
+            100.0 * ratio(s.mean_overhead_s, s.mean_act_s),
+            st.restores,
+            s.reserved_cpu_s,
+            ratio(s.mean_act_s, base.mean_act_s)
+        );
+    }
+    if args.gpu_sweep {
+        println!("\ntangram pool size sweep (static mean ACT as the target, within {:.0}%):", MATCH_TOLERANCE * 100.0);
+        println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "GPUs", "mean ACT", "p99", "queue", "restore", "matches");
+        for row in sweep.iter().filter(|r| r.get("gpus").is_some()) {
+            println!(
+                "{:>5} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>9}",
+                row["gpus"],
+                row["mean_act_s"].as_f64().unwrap_or(0.0),
+                row["p99_act_s"].as_f64().unwrap_or(0.0),
+                row["mean_queue_s"].as_f64().unwrap_or(0.0),
+                row["mean_overhead_s"].as_f64().unwrap_or(0.0),
+                if row["matches_static"].as_bool() == Some(true) { "yes" } else { "no" }
+            );
+        }
+        match fewest {
+            Some(g) => println!("fewest GPUs matching static's mean ACT: {g}"),
+            None => println!("no pool size up to static's GPU count matched static's mean ACT"),
+        }
+    }
+    println!("picture: {}", args.svg.display());
+    Ok(())
+}
