@@ -38,6 +38,8 @@ pub enum ActionSpec {
     SandboxExec(SandboxExec),
     /// Remove the trajectory's container.
     SandboxClose(SandboxClose),
+    /// Score a batch of inputs with a reward or teacher model service on GPUs.
+    Reward(Reward),
 }
 
 /// The kinds of action, as they appear in subjects, messages and metric labels.
@@ -50,14 +52,17 @@ pub enum ActionKind {
     SandboxExec,
     /// See [`ActionSpec::SandboxClose`].
     SandboxClose,
+    /// See [`ActionSpec::Reward`].
+    Reward,
 }
 
 impl ActionKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ActionKind; 3] = [
+    pub const ALL: [ActionKind; 4] = [
         ActionKind::SandboxOpen,
         ActionKind::SandboxExec,
         ActionKind::SandboxClose,
+        ActionKind::Reward,
     ];
 
     /// The kind's wire name (`sandbox_exec`).
@@ -66,6 +71,7 @@ impl ActionKind {
             ActionKind::SandboxOpen => "sandbox_open",
             ActionKind::SandboxExec => "sandbox_exec",
             ActionKind::SandboxClose => "sandbox_close",
+            ActionKind::Reward => "reward",
         }
     }
 
@@ -110,6 +116,20 @@ impl Default for SandboxOpen {
             env: BTreeMap::new(),
         }
     }
+}
+
+/// `reward`: score a batch of inputs with a declared reward or teacher service. The
+/// scheduler routes it to a resident replica of the service, restoring one first when none
+/// is resident (Evict-on-Execution); the result carries one score per input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// The service, as declared in the fleet's config.
+    pub service: String,
+    /// The texts to score, in order.
+    pub inputs: Vec<String>,
+    /// Options passed through to the service (engine-specific, e.g. `"model"`).
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
 }
 
 /// An elastic range of cores, inclusive.
@@ -170,6 +190,8 @@ pub struct Limits {
     pub max_timeout_ms: u64,
     /// Most files one exec may carry.
     pub max_files: usize,
+    /// Most inputs one reward action may carry.
+    pub max_reward_inputs: usize,
 }
 
 impl Default for Limits {
@@ -177,6 +199,7 @@ impl Default for Limits {
         Self {
             max_timeout_ms: 3_600_000,
             max_files: 1024,
+            max_reward_inputs: 4096,
         }
     }
 }
@@ -188,6 +211,7 @@ impl Action {
             ActionSpec::SandboxOpen(_) => ActionKind::SandboxOpen,
             ActionSpec::SandboxExec(_) => ActionKind::SandboxExec,
             ActionSpec::SandboxClose(_) => ActionKind::SandboxClose,
+            ActionSpec::Reward(_) => ActionKind::Reward,
         }
     }
 
@@ -202,7 +226,7 @@ impl Action {
                 cores: Some(e.cpus),
                 mem_mb: 0,
             },
-            ActionSpec::SandboxClose(_) => Demand::default(),
+            ActionSpec::SandboxClose(_) | ActionSpec::Reward(_) => Demand::default(),
         }
     }
 
@@ -269,6 +293,21 @@ impl Action {
                 check_env(&e.env).map_err(invalid)?;
             }
             ActionSpec::SandboxClose(_) => {}
+            ActionSpec::Reward(r) => {
+                if r.service.is_empty() || r.service.len() > 128 {
+                    return Err(invalid("service must be a name of 1 to 128 characters".into()));
+                }
+                if r.inputs.is_empty() {
+                    return Err(invalid("inputs is empty; a reward action scores at least one input".into()));
+                }
+                if r.inputs.len() > limits.max_reward_inputs {
+                    return Err(invalid(format!(
+                        "{} inputs; the limit is {}",
+                        r.inputs.len(),
+                        limits.max_reward_inputs
+                    )));
+                }
+            }
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 
 use crate::action::Action;
 use crate::codec::Encoding;
+use crate::heartbeat::ChunkRef;
 use serde::{Deserialize, Serialize};
 
 /// What the scheduler granted.
@@ -32,4 +33,30 @@ pub struct Dispatch {
     /// Encoding the submitter used; the result is written in the same one.
     #[serde(default)]
     pub result_encoding: Encoding,
+    /// `reward`: the replica to use, and what to evict first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuRoute>,
+}
+
+/// The scheduler's Evict-on-Execution decision for one reward action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRoute {
+    /// The service.
+    pub service: String,
+    /// The replica's GPUs on the worker.
+    pub chunk: ChunkRef,
+    /// True when the replica is evicted and this action restores it.
+    pub restore: bool,
+    /// Replicas on the same worker to put to sleep first, least recently used first.
+    #[serde(default)]
+    pub evict: Vec<Evict>,
+}
+
+/// A replica to evict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evict {
+    /// Its service.
+    pub service: String,
+    /// Its GPUs.
+    pub chunk: ChunkRef,
 }

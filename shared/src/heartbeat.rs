@@ -39,4 +39,61 @@ pub struct Heartbeat {
     /// True when the worker takes no new work (shutting down).
     #[serde(default)]
     pub draining: bool,
+    /// GPUs, when the worker has any (from NVML, or declared in its config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<GpuInventory>,
+    /// Model services the worker serves, with their replicas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceReport>,
+}
+
+/// A worker's GPUs: NVLink groups of up to 8, as GPU indices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInventory {
+    /// Where the inventory came from: `nvml` or `declared`.
+    pub source: String,
+    /// Groups of GPUs connected by NVLink (a GPU alone is a group of one), each a list of
+    /// GPU indices; chunks of 1, 2, 4 or 8 are carved from a group, aligned to their size.
+    pub groups: Vec<Vec<u32>>,
+    /// Per GPU index: its name and memory, for people (`"NVIDIA H200, 143771 MiB"`).
+    #[serde(default)]
+    pub devices: Vec<String>,
+}
+
+/// Where a replica lives: GPUs `start .. start + len` of NVLink group `group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// Group index in [`GpuInventory::groups`].
+    pub group: u16,
+    /// First GPU, counted inside the group.
+    pub start: u8,
+    /// GPUs: 1, 2, 4 or 8.
+    pub len: u8,
+}
+
+/// A model service a worker serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServiceReport {
+    /// The name reward actions use.
+    pub name: String,
+    /// GPUs per replica.
+    pub gpus: u8,
+    /// Expected restore time, ms.
+    pub restore_ms: u64,
+    /// Requests one replica serves at once.
+    pub slots: u32,
+    /// Replicas deployed now (their state in host memory at least).
+    #[serde(default)]
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// One deployed replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaReport {
+    /// Its GPUs.
+    pub chunk: ChunkRef,
+    /// On the GPUs now.
+    pub resident: bool,
+    /// Answering its health check.
+    pub healthy: bool,
 }

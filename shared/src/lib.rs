@@ -17,11 +17,13 @@ pub mod result;
 pub mod subject;
 
 pub use action::{
-    Action, ActionKind, ActionSpec, CpuRange, Demand, Limits, SandboxClose, SandboxExec,
+    Action, ActionKind, ActionSpec, CpuRange, Demand, Limits, Reward, SandboxClose, SandboxExec,
     SandboxOpen,
 };
 pub use codec::{DecodeFailure, Encoding};
-pub use dispatch::{Dispatch, Grant};
-pub use heartbeat::{Heartbeat, SandboxRef};
+pub use dispatch::{Dispatch, Evict, GpuRoute, Grant};
+pub use heartbeat::{ChunkRef, GpuInventory, Heartbeat, ReplicaReport, SandboxRef, ServiceReport};
 pub use ids::{ActionId, IdError, JobId, TrajectoryId, WorkerId};
-pub use result::{ActionResult, InfraCode, Outcome, Placement, RejectCode, Rejection, Timing};
+pub use result::{
+    ActionResult, InfraCode, Outcome, Placement, RejectCode, Rejection, ServiceUse, Timing,
+};

@@ -63,6 +63,8 @@ pub enum RejectCode {
     Unsatisfiable,
     /// An exec or close names a trajectory that has no open sandbox.
     NoSandbox,
+    /// A reward action names a service the fleet does not declare.
+    UnknownService,
     /// An open names a trajectory that already has a sandbox.
     SandboxExists,
     /// The subject, header and body disagree (job or action id).
@@ -79,6 +81,7 @@ impl RejectCode {
             RejectCode::Oversized => "oversized",
             RejectCode::Unsatisfiable => "unsatisfiable",
             RejectCode::NoSandbox => "no_sandbox",
+            RejectCode::UnknownService => "unknown_service",
             RejectCode::SandboxExists => "sandbox_exists",
             RejectCode::Mismatch => "mismatch",
         }
@@ -93,6 +96,8 @@ pub enum InfraCode {
     Runtime,
     /// The worker running the action stopped or went silent.
     WorkerLost,
+    /// A model service replica failed (crashed, did not restore, answered with an error).
+    Service,
     /// The sandbox container disappeared (worker restart, removed by hand).
     SandboxLost,
     /// Cores could not be granted or parked.
@@ -204,6 +209,27 @@ pub struct ActionResult {
     /// When the result was produced, in Unix milliseconds.
     #[serde(default)]
     pub finished_at_ms: u64,
+    /// `reward`: one score per input, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scores: Option<Vec<f64>>,
+    /// `reward`: the replica that served it and whether it had to be restored first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceUse>,
+}
+
+/// How a `reward` action used its service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceUse {
+    /// The service.
+    pub service: String,
+    /// The GPUs of the replica, as indices on the worker.
+    pub gpus: Vec<u32>,
+    /// True when the replica was evicted and had to be restored for this action (its time is
+    /// in `timing.overhead_us`).
+    pub restored: bool,
+    /// Replicas evicted to make room, as service names.
+    #[serde(default)]
+    pub evicted: Vec<String>,
 }
 
 impl ActionResult {
@@ -227,6 +253,8 @@ impl ActionResult {
             timing: Timing::default(),
             attempt: 0,
             finished_at_ms,
+            scores: None,
+            service: None,
         }
     }
 

@@ -99,6 +99,8 @@ fn results() {
         timing: Timing::new(1200, 350, 980_000),
         attempt: 1,
         finished_at_ms: 1_790_000_000_000,
+        scores: None,
+        service: None,
     };
     golden("result_completed", &done);
     golden(
@@ -142,6 +144,50 @@ fn dispatch_and_heartbeat() {
             },
             submitted_at_us: 1_790_000_000_000_000,
             result_encoding: Encoding::Json,
+            gpu: None,
+        },
+    );
+    golden(
+        "dispatch_reward",
+        &Dispatch {
+            epoch: 3,
+            attempt: 1,
+            action: reward_action(),
+            grant: Grant::default(),
+            submitted_at_us: 1_790_000_000_000_000,
+            result_encoding: Encoding::Msgpack,
+            gpu: Some(GpuRoute {
+                service: "judge".into(),
+                chunk: ChunkRef { group: 0, start: 1, len: 1 },
+                restore: true,
+                evict: vec![Evict { service: "teacher-3".into(), chunk: ChunkRef { group: 0, start: 1, len: 1 } }],
+            }),
+        },
+    );
+    golden(
+        "heartbeat_gpu",
+        &Heartbeat {
+            worker: WorkerId::new("gpu-0").unwrap(),
+            instance: "77aa".into(),
+            seq: 1,
+            interval_ms: 1000,
+            cores: 0,
+            mem_mb: 0,
+            running: vec![],
+            sandboxes: vec![],
+            draining: false,
+            gpus: Some(GpuInventory {
+                source: "declared".into(),
+                groups: vec![vec![0, 1]],
+                devices: vec![],
+            }),
+            services: vec![ServiceReport {
+                name: "judge".into(),
+                gpus: 1,
+                restore_ms: 200,
+                slots: 8,
+                replicas: vec![ReplicaReport { chunk: ChunkRef { group: 0, start: 0, len: 1 }, resident: false, healthy: true }],
+            }],
         },
     );
     golden(
@@ -160,8 +206,47 @@ fn dispatch_and_heartbeat() {
                 mem_mb: 512,
             }],
             draining: false,
+            gpus: None,
+            services: vec![],
         },
     );
+}
+
+fn reward_action() -> Action {
+    Action {
+        id: ActionId::new("r-1").unwrap(),
+        job: JobId::new("job1").unwrap(),
+        trajectory: TrajectoryId::new("t17").unwrap(),
+        timeout_ms: 30_000,
+        spec: ActionSpec::Reward(Reward {
+            service: "judge".into(),
+            inputs: vec!["def add(a, b): return a + b".into()],
+            options: BTreeMap::from([("model".into(), "judge-small".into())]),
+        }),
+    }
+}
+
+#[test]
+fn reward_action_and_result() {
+    golden("action_reward", &reward_action());
+    let mut done = ActionResult::new(
+        ActionId::new("r-1").unwrap(),
+        JobId::new("job1").unwrap(),
+        Outcome::Completed { exit_code: 0 },
+        1_790_000_000_123,
+    )
+    .for_action(&reward_action(), 1);
+    done.scores = Some(vec![0.25, -1.5]);
+    done.service = Some(ServiceUse { service: "judge".into(), gpus: vec![1], restored: true, evicted: vec!["teacher-3".into()] });
+    done.timing = Timing::new(1_000, 200_000, 30_000);
+    golden("result_reward", &done);
+    // An unknown service is a rejection with its own code.
+    assert_eq!(RejectCode::UnknownService.as_str(), "unknown_service");
+    let mut bad = reward_action();
+    if let ActionSpec::Reward(r) = &mut bad.spec {
+        r.inputs.clear();
+    }
+    assert_eq!(bad.validate(&Limits::default()).unwrap_err().code, RejectCode::InvalidField);
 }
 
 #[test]
