@@ -11,15 +11,23 @@ use tangram_core::sim_gpu::{simulate_gpu, GpuMode, GpuStats, GpuWorkload, Mopd};
 const MATCH_TOLERANCE: f64 = 0.10;
 
 pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
-    let mut w: GpuWorkload = Mopd { batch: args.batch, seed: args.seed }.generate();
+    let mut w: GpuWorkload = Mopd {
+        batch: args.batch,
+        seed: args.seed,
+    }
+    .generate();
     if let Some(path) = &args.cluster {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let (nodes, services) = trace::parse_gpu_cluster(&text)?;
         w.nodes = nodes;
         if let Some(s) = services {
             let have: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
             if let Some(missing) = w.services.iter().find(|x| !have.contains(&x.name.as_str())) {
-                bail!("the cluster file's services must include every mopd teacher; {:?} is missing", missing.name);
+                bail!(
+                    "the cluster file's services must include every mopd teacher; {:?} is missing",
+                    missing.name
+                );
             }
             w.services = s;
         }
@@ -27,7 +35,12 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let label = format!("mopd, batch {}, seed {}", args.batch, args.seed);
     let per_service = (Mopd::STATIC_GPUS_PER_TEACHER / Mopd::GPUS_PER_TEACHER as u32).max(1);
     let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
-    for name in args.policies.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for name in args
+        .policies
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         let mode = match name {
             "tangram" => GpuMode::Pooled { gpus: args.gpus },
             "static" => GpuMode::Static { per_service },
@@ -35,7 +48,10 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         };
         let label = match mode {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
-            GpuMode::Static { .. } => format!("{name}@{}gpu", per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()),
+            GpuMode::Static { .. } => format!(
+                "{name}@{}gpu",
+                per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()
+            ),
         };
         runs.push(simulate_gpu(&w, mode, &label));
     }
@@ -52,7 +68,8 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     if args.gpu_sweep {
         let (st, _) = simulate_gpu(&w, GpuMode::Static { per_service }, "static");
         let target = st.summary().mean_act_s;
-        let max = (per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()).min(w.total_gpus());
+        let max = (per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>())
+            .min(w.total_gpus());
         for g in 1..=max {
             let (r, stats) = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "tangram");
             let s = r.summary();
@@ -75,8 +92,11 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     }
 
     let reports: Vec<SimReport> = runs.iter().map(|r| r.0.clone()).collect();
-    std::fs::write(&args.svg, svg::render(&format!("Tangram simulator: {label}"), &reports))
-        .with_context(|| format!("writing {}", args.svg.display()))?;
+    std::fs::write(
+        &args.svg,
+        svg::render(&format!("Tangram simulator: {label}"), &reports),
+    )
+    .with_context(|| format!("writing {}", args.svg.display()))?;
     if args.json {
         let policies: Vec<_> = sums
             .iter()
@@ -127,7 +147,17 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     );
     println!(
         "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9}",
-        "policy", "mean ACT", "p50", "p99", "queue", "restore", "exec", "restore%", "restores", "GPU-s held", "ACT ratio"
+        "policy",
+        "mean ACT",
+        "p50",
+        "p99",
+        "queue",
+        "restore",
+        "exec",
+        "restore%",
+        "restores",
+        "GPU-s held",
+        "ACT ratio"
     );
     for (s, (_, st)) in sums.iter().zip(&runs) {
         println!(
@@ -146,8 +176,14 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         );
     }
     if args.gpu_sweep {
-        println!("\ntangram pool size sweep (static mean ACT as the target, within {:.0}%):", MATCH_TOLERANCE * 100.0);
-        println!("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "GPUs", "mean ACT", "p99", "queue", "restore", "matches");
+        println!(
+            "\ntangram pool size sweep (static mean ACT as the target, within {:.0}%):",
+            MATCH_TOLERANCE * 100.0
+        );
+        println!(
+            "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "GPUs", "mean ACT", "p99", "queue", "restore", "matches"
+        );
         for row in sweep.iter().filter(|r| r.get("gpus").is_some()) {
             println!(
                 "{:>5} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>9}",
@@ -156,7 +192,11 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
                 row["p99_act_s"].as_f64().unwrap_or(0.0),
                 row["mean_queue_s"].as_f64().unwrap_or(0.0),
                 row["mean_overhead_s"].as_f64().unwrap_or(0.0),
-                if row["matches_static"].as_bool() == Some(true) { "yes" } else { "no" }
+                if row["matches_static"].as_bool() == Some(true) {
+                    "yes"
+                } else {
+                    "no"
+                }
             );
         }
         match fewest {

@@ -169,14 +169,20 @@ fn slots_default() -> u32 {
 
 /// Parses a cluster file for a GPU workload: per node, its GPUs as NVLink groups of up to 8,
 /// and the services when the file declares any.
-pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<(Vec<Vec<u8>>, Option<Vec<ServiceSpec>>)> {
+pub type GpuCluster = (Vec<Vec<u8>>, Option<Vec<ServiceSpec>>);
+
+/// Parses a cluster file for a GPU workload (see [`GpuCluster`]).
+pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<GpuCluster> {
     let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
     let mut nodes = Vec::new();
     for g in c.nodes {
         let mut groups = Vec::new();
         let mut left = g.gpu;
         while left > 0 {
-            let take = [8u32, 4, 2, 1].into_iter().find(|&c| c <= left).unwrap_or(1);
+            let take = [8u32, 4, 2, 1]
+                .into_iter()
+                .find(|&c| c <= left)
+                .unwrap_or(1);
             groups.push(take as u8);
             left -= take;
         }
@@ -195,7 +201,11 @@ pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<(Vec<Vec<u8>>, Option<Vec
         let mut out = Vec::new();
         for s in c.services {
             if ![1, 2, 4, 8].contains(&s.gpus) {
-                bail!("service {:?}: gpus must be 1, 2, 4 or 8, not {}", s.name, s.gpus);
+                bail!(
+                    "service {:?}: gpus must be 1, 2, 4 or 8, not {}",
+                    s.name,
+                    s.gpus
+                );
             }
             out.push(ServiceSpec {
                 name: s.name,

@@ -168,8 +168,19 @@ fn simulate_mopd_compares_evict_on_execution_with_static_and_finds_the_fewest_gp
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("mopd.svg");
     let (code, out, err) = tangram(&[
-        "simulate", "--workload", "mopd", "--batch", "400", "--policies", "tangram,static",
-        "--gpus", "6", "--gpu-sweep", "--json", "--svg", svg.to_str().unwrap(),
+        "simulate",
+        "--workload",
+        "mopd",
+        "--batch",
+        "400",
+        "--policies",
+        "tangram,static",
+        "--gpus",
+        "6",
+        "--gpu-sweep",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -178,15 +189,28 @@ fn simulate_mopd_compares_evict_on_execution_with_static_and_finds_the_fewest_gp
     assert_eq!(p[1]["name"], "static@36gpu");
     assert!(p[0]["restores"].as_u64().unwrap() >= 6, "{}", p[0]);
     assert_eq!(p[1]["restores"], 0);
-    assert!(p[1]["reserved_resource_seconds"]["gpu"].as_f64().unwrap() > p[0]["reserved_resource_seconds"]["gpu"].as_f64().unwrap());
-    let fewest = v["fewest_gpus_matching_static"].as_u64().expect("a match within 36 GPUs");
+    assert!(
+        p[1]["reserved_resource_seconds"]["gpu"].as_f64().unwrap()
+            > p[0]["reserved_resource_seconds"]["gpu"].as_f64().unwrap()
+    );
+    let fewest = v["fewest_gpus_matching_static"]
+        .as_u64()
+        .expect("a match within 36 GPUs");
     assert!((1..=36).contains(&fewest));
     let sweep = v["gpu_sweep"].as_array().unwrap();
     let row = sweep.iter().find(|r| r["gpus"] == fewest).unwrap();
     assert_eq!(row["matches_static"], true);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     // A CPU-only policy has no GPU side and says so.
-    let (code, _, err) = tangram(&["simulate", "--workload", "mopd", "--policies", "fifo-dop-4", "--svg", svg.to_str().unwrap()]);
+    let (code, _, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "mopd",
+        "--policies",
+        "fifo-dop-4",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("no GPU side"), "{err}");
 }

@@ -27,6 +27,12 @@ pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
 pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
 /// Time from arrival to dispatch publish acknowledged.
 pub const QUEUE_SECONDS: &str = "tangram_scheduler_queue_wait_seconds";
+/// Reward actions routed, by service and whether the route restores the replica.
+pub const GPU_ROUTES: &str = "tangram_scheduler_gpu_routes_total";
+/// Replicas the scheduler decided to evict, by the service that needed the room.
+pub const GPU_EVICTIONS: &str = "tangram_scheduler_gpu_evictions_total";
+/// GPUs known in the fleet and GPUs held by resident replicas.
+pub const GPUS: &str = "tangram_scheduler_gpus";
 
 const CYCLE_BUCKETS: &[f64] = &[1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2];
 const QUEUE_BUCKETS: &[f64] = &[1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 30.0];
@@ -65,4 +71,14 @@ pub(crate) fn cycle(seconds: f64, queued: usize, running: usize, alive: usize) {
     gauge!(QUEUE_DEPTH).set(queued as f64);
     gauge!(RUNNING).set(running as f64);
     gauge!(WORKERS_ALIVE).set(alive as f64);
+}
+pub(crate) fn gpu_route(service: &str, restore: bool, evictions: usize) {
+    counter!(GPU_ROUTES, "service" => service.to_string(), "restore" => if restore { "true" } else { "false" }).increment(1);
+    if evictions > 0 {
+        counter!(GPU_EVICTIONS, "service" => service.to_string()).increment(evictions as u64);
+    }
+}
+pub(crate) fn gpus(_worker: &tangram_shared::WorkerId, (total, resident): (u32, u32)) {
+    gauge!(GPUS, "state" => "total").set(total as f64);
+    gauge!(GPUS, "state" => "resident").set(resident as f64);
 }

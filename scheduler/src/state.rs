@@ -10,8 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tangram_core::{Constraint, Pending, Snapshot, Unplaced, WorkerView};
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{
-    subject, Action, ActionId, ActionKind, ActionResult, Dispatch, Grant, Heartbeat, InfraCode,
-    JobId, Limits, Outcome, RejectCode, Rejection, TrajectoryId, WorkerId,
+    subject, Action, ActionId, ActionKind, ActionResult, ChunkRef, Dispatch, Evict, GpuRoute,
+    Grant, Heartbeat, InfraCode, JobId, Limits, Outcome, RejectCode, Rejection, TrajectoryId,
+    WorkerId,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +72,23 @@ struct Running {
     attempt: u32,
     /// Learned-elasticity key of an exec (`job/tool`).
     learn_key: Option<String>,
+    /// A reward action's replica: service and chunk (on `worker`).
+    gpu: Option<(String, tangram_core::Chunk)>,
+}
+
+fn chunk_of(c: ChunkRef) -> tangram_core::Chunk {
+    tangram_core::Chunk {
+        group: c.group,
+        start: c.start,
+        len: c.len,
+    }
+}
+fn chunk_ref(c: tangram_core::Chunk) -> ChunkRef {
+    ChunkRef {
+        group: c.group,
+        start: c.start,
+        len: c.len,
+    }
 }
 
 /// The key under which an exec's elasticity is learned: its job and the program it runs
@@ -107,6 +125,8 @@ pub(crate) struct Scheduler {
     queue: Vec<Queued>,
     running: HashMap<ActionId, Running>,
     sandboxes: HashMap<SandboxKey, Sandbox>,
+    /// GPU services: residency, routing, LRU eviction (Evict-on-Execution).
+    eoe: tangram_core::Eoe,
     dirty: bool,
     /// False until `config.settle` has passed since start: until then nothing is rejected for
     /// want of a sandbox or a big enough worker, since heartbeats may still be on their way.
@@ -146,6 +166,7 @@ impl Scheduler {
             queue: Vec::new(),
             running: HashMap::new(),
             sandboxes: HashMap::new(),
+            eoe: tangram_core::Eoe::new(Vec::new()),
             dirty: false,
             settled: false,
         }
@@ -356,10 +377,72 @@ impl Scheduler {
         let mut pending = Vec::with_capacity(self.queue.len());
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        // Reward actions: Evict-on-Execution routing, in queue order.
+        let mut backlog: HashMap<&str, u32> = HashMap::new();
+        for q in &self.queue {
+            if let tangram_shared::ActionSpec::Reward(r) = &q.action.spec {
+                *backlog.entry(r.service.as_str()).or_default() += 1;
+            }
+        }
+        let mut routes: Vec<(ActionId, WorkerId, GpuRoute)> = Vec::new();
+        let mut busy_services: HashSet<String> = HashSet::new();
+        for q in &self.queue {
+            let tangram_shared::ActionSpec::Reward(r) = &q.action.spec else {
+                continue;
+            };
+            if busy_services.contains(&r.service) {
+                continue;
+            }
+            let left = backlog.get(r.service.as_str()).copied().unwrap_or(1);
+            match self.eoe.route_with_backlog(&r.service, now_ms, left) {
+                Ok(route) => {
+                    if let Some(b) = backlog.get_mut(r.service.as_str()) {
+                        *b = b.saturating_sub(1);
+                    }
+                    routes.push((
+                        q.action.id.clone(),
+                        route.node.clone(),
+                        GpuRoute {
+                            service: r.service.clone(),
+                            chunk: chunk_ref(route.chunk),
+                            restore: route.restore,
+                            evict: route
+                                .evict
+                                .iter()
+                                .map(|e| Evict {
+                                    service: e.service.clone(),
+                                    chunk: chunk_ref(e.chunk),
+                                })
+                                .collect(),
+                        },
+                    ));
+                }
+                Err(tangram_core::Unrouted::Busy { .. }) => {
+                    busy_services.insert(r.service.clone());
+                }
+                Err(why) if self.settled => {
+                    let code = match why {
+                        tangram_core::Unrouted::UnknownService(_) => RejectCode::UnknownService,
+                        _ => RejectCode::Unsatisfiable,
+                    };
+                    let known: Vec<String> = self.eoe.services().map(|s| s.name.clone()).collect();
+                    let reason = if known.is_empty() {
+                        format!("{why}; no worker serves any model service")
+                    } else {
+                        format!("{why}; services: {}", known.join(", "))
+                    };
+                    rejections.push((q.action.id.clone(), Rejection::new(code, reason)));
+                }
+                // Settling: the worker serving it may not have reported yet.
+                Err(_) => {}
+            }
+        }
         for q in &self.queue {
             let a = &q.action;
             let key = (a.job.clone(), a.trajectory.clone());
             let constraint = match a.kind() {
+                ActionKind::Reward => continue,
                 ActionKind::SandboxOpen => {
                     if self.sandboxes.contains_key(&key) || !queued_opens.insert(key) {
                         rejections.push((
@@ -412,7 +495,6 @@ impl Scheduler {
             });
         }
         let snapshot = self.snapshot();
-        let now_ms = self.started.elapsed().as_millis() as u64;
         let plan = self.policy.schedule(&snapshot, &pending, now_ms);
         let core_s = t0.elapsed().as_secs_f64();
 
@@ -434,7 +516,15 @@ impl Scheduler {
             }
         }
         for launch in plan.launches {
-            self.launch(launch).await;
+            self.launch(launch, None).await;
+        }
+        for (id, worker, route) in routes {
+            let launch = tangram_core::Launch {
+                id,
+                worker,
+                grant: Grant::default(),
+            };
+            self.launch(launch, Some(route)).await;
         }
         m::cycle(
             core_s,
@@ -444,9 +534,18 @@ impl Scheduler {
         );
     }
 
-    async fn launch(&mut self, launch: tangram_core::Launch) {
+    async fn launch(&mut self, launch: tangram_core::Launch, gpu: Option<GpuRoute>) {
         let Some(pos) = self.queue.iter().position(|q| q.action.id == launch.id) else {
             return;
+        };
+        // A reward route booked a slot (and maybe evictions) in the manager: if the dispatch
+        // cannot be made durable, the booking is given back.
+        let unbook = |eoe: &mut tangram_core::Eoe, route: &Option<GpuRoute>| {
+            if let Some(r) = route {
+                if let Some(i) = eoe.find(&r.service, &launch.worker, chunk_of(r.chunk)) {
+                    eoe.finish(i, 0);
+                }
+            }
         };
         let q = self.queue.remove(pos);
         let dispatch = Dispatch {
@@ -456,11 +555,13 @@ impl Scheduler {
             grant: launch.grant,
             submitted_at_us: q.submitted_at_us,
             result_encoding: q.encoding,
+            gpu: gpu.clone(),
         };
         let payload = match codec::encode(&dispatch, Encoding::Msgpack) {
             Ok(p) => p,
             Err(e) => {
                 warn!(action = %launch.id, error = %e, "encoding a dispatch");
+                unbook(&mut self.eoe, &gpu);
                 self.queue.insert(pos, q);
                 return;
             }
@@ -485,6 +586,7 @@ impl Scheduler {
         if let Err(e) = published {
             // Not durably dispatched: keep it queued in its place and try again next cycle.
             warn!(action = %launch.id, error = %e, "dispatch publish failed; will retry");
+            unbook(&mut self.eoe, &gpu);
             self.queue.insert(pos, q);
             self.dirty = true;
             return;
@@ -507,7 +609,10 @@ impl Scheduler {
                     s.phase = SandboxPhase::Closing;
                 }
             }
-            ActionKind::SandboxExec => {}
+            ActionKind::SandboxExec | ActionKind::Reward => {}
+        }
+        if let Some(r) = &gpu {
+            m::gpu_route(&r.service, r.restore, r.evict.len());
         }
         self.running.insert(
             q.action.id.clone(),
@@ -520,6 +625,7 @@ impl Scheduler {
                 encoding: q.encoding,
                 attempt: dispatch.attempt,
                 learn_key: learn_key(&q.action),
+                gpu: gpu.map(|r| (r.service, chunk_of(r.chunk))),
             },
         );
         m::dispatched(kind.as_str(), q.arrived.elapsed().as_secs_f64());
@@ -541,6 +647,26 @@ impl Scheduler {
             self.learner
                 .observe(k, p.cores, r.timing.exec_us as f64 / 1e3);
         }
+        if let Some((service, chunk)) = &run.gpu {
+            let now_ms = self.started.elapsed().as_millis() as u64;
+            if let Some(i) = self.eoe.find(service, &run.worker, *chunk) {
+                self.eoe.finish(i, now_ms);
+                if matches!(
+                    r.outcome,
+                    Outcome::InfraError {
+                        code: InfraCode::Service,
+                        ..
+                    }
+                ) {
+                    // The replica failed; the worker restarts it asleep.
+                    self.eoe.mark_evicted(i);
+                }
+            }
+            if r.service.as_ref().is_some_and(|u| u.restored) {
+                self.eoe
+                    .observe_restore(service, r.timing.overhead_us / 1000);
+            }
+        }
         let key = (run.job.clone(), run.trajectory.clone());
         match (run.kind, &r.outcome) {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
@@ -560,7 +686,7 @@ impl Scheduler {
             ) => {
                 self.sandboxes.remove(&key);
             }
-            (ActionKind::SandboxExec, _) => {}
+            (ActionKind::SandboxExec, _) | (ActionKind::Reward, _) => {}
         }
         self.dirty = true;
     }
@@ -586,6 +712,7 @@ impl Scheduler {
             });
             info!(worker = %hb.worker, "worker restarted");
         }
+        self.on_gpu_report(&hb, restarted || !self.workers.contains_key(&hb.worker));
         if !self.workers.contains_key(&hb.worker) {
             info!(worker = %hb.worker, cores = hb.cores, mem_mb = hb.mem_mb, "worker joined");
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
@@ -607,6 +734,41 @@ impl Scheduler {
             },
         );
         self.dirty = true;
+    }
+
+    /// GPU inventory and services from a heartbeat. The scheduler's view of residency is
+    /// authoritative while a worker instance lives; a new instance's report replaces it.
+    fn on_gpu_report(&mut self, hb: &Heartbeat, fresh: bool) {
+        for s in &hb.services {
+            self.eoe.declare(tangram_core::ServiceSpec {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                slots: s.slots.max(1),
+            });
+        }
+        let Some(inv) = &hb.gpus else {
+            if fresh {
+                self.eoe.remove_node(&hb.worker);
+            }
+            return;
+        };
+        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
+        if fresh {
+            self.eoe.remove_node(&hb.worker);
+        }
+        self.eoe.set_node(&hb.worker, &sizes, !hb.draining);
+        if fresh {
+            let now_ms = self.started.elapsed().as_millis() as u64;
+            for s in &hb.services {
+                for r in &s.replicas {
+                    self.eoe
+                        .adopt(&s.name, &hb.worker, chunk_of(r.chunk), r.resident, now_ms);
+                }
+            }
+            info!(worker = %hb.worker, gpus = sizes.iter().map(|&g| g as u32).sum::<u32>(), services = hb.services.len(), "GPU worker reported");
+        }
+        m::gpus(&hb.worker, self.eoe.gpus());
     }
 
     async fn on_tick(&mut self) {
@@ -643,6 +805,7 @@ impl Scheduler {
         m::worker_lost();
         self.workers.remove(worker);
         self.sandboxes.retain(|_, s| &s.worker != worker);
+        self.eoe.remove_node(worker);
         let ids: Vec<ActionId> = self
             .running
             .iter()

@@ -295,10 +295,14 @@ impl Action {
             ActionSpec::SandboxClose(_) => {}
             ActionSpec::Reward(r) => {
                 if r.service.is_empty() || r.service.len() > 128 {
-                    return Err(invalid("service must be a name of 1 to 128 characters".into()));
+                    return Err(invalid(
+                        "service must be a name of 1 to 128 characters".into(),
+                    ));
                 }
                 if r.inputs.is_empty() {
-                    return Err(invalid("inputs is empty; a reward action scores at least one input".into()));
+                    return Err(invalid(
+                        "inputs is empty; a reward action scores at least one input".into(),
+                    ));
                 }
                 if r.inputs.len() > limits.max_reward_inputs {
                     return Err(invalid(format!(

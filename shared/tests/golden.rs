@@ -158,9 +158,20 @@ fn dispatch_and_heartbeat() {
             result_encoding: Encoding::Msgpack,
             gpu: Some(GpuRoute {
                 service: "judge".into(),
-                chunk: ChunkRef { group: 0, start: 1, len: 1 },
+                chunk: ChunkRef {
+                    group: 0,
+                    start: 1,
+                    len: 1,
+                },
                 restore: true,
-                evict: vec![Evict { service: "teacher-3".into(), chunk: ChunkRef { group: 0, start: 1, len: 1 } }],
+                evict: vec![Evict {
+                    service: "teacher-3".into(),
+                    chunk: ChunkRef {
+                        group: 0,
+                        start: 1,
+                        len: 1,
+                    },
+                }],
             }),
         },
     );
@@ -186,7 +197,15 @@ fn dispatch_and_heartbeat() {
                 gpus: 1,
                 restore_ms: 200,
                 slots: 8,
-                replicas: vec![ReplicaReport { chunk: ChunkRef { group: 0, start: 0, len: 1 }, resident: false, healthy: true }],
+                replicas: vec![ReplicaReport {
+                    chunk: ChunkRef {
+                        group: 0,
+                        start: 0,
+                        len: 1,
+                    },
+                    resident: false,
+                    healthy: true,
+                }],
             }],
         },
     );
@@ -237,7 +256,12 @@ fn reward_action_and_result() {
     )
     .for_action(&reward_action(), 1);
     done.scores = Some(vec![0.25, -1.5]);
-    done.service = Some(ServiceUse { service: "judge".into(), gpus: vec![1], restored: true, evicted: vec!["teacher-3".into()] });
+    done.service = Some(ServiceUse {
+        service: "judge".into(),
+        gpus: vec![1],
+        restored: true,
+        evicted: vec!["teacher-3".into()],
+    });
     done.timing = Timing::new(1_000, 200_000, 30_000);
     golden("result_reward", &done);
     // An unknown service is a rejection with its own code.
@@ -246,7 +270,10 @@ fn reward_action_and_result() {
     if let ActionSpec::Reward(r) = &mut bad.spec {
         r.inputs.clear();
     }
-    assert_eq!(bad.validate(&Limits::default()).unwrap_err().code, RejectCode::InvalidField);
+    assert_eq!(
+        bad.validate(&Limits::default()).unwrap_err().code,
+        RejectCode::InvalidField
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _};
 use async_nats::jetstream;
 use futures::StreamExt;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tangram_shared::codec::{self, Encoding};
@@ -191,6 +191,78 @@ impl WorkerSpec {
     }
 }
 
+/// The reference replica's command for a service, small enough for tests.
+pub fn reference_replica_command() -> Vec<String> {
+    let script = repo_root().join("services/reference-replica/replica.py");
+    [
+        "python3",
+        script.to_str().expect("utf-8 path"),
+        "--service",
+        "{service}",
+        "--port",
+        "{port}",
+        "--vocab",
+        "4096",
+        "--dim",
+        "16",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// A GPU worker's validated config: declared GPUs, reference replicas, no sandboxes.
+pub fn gpu_worker_config(
+    id: &str,
+    nats_url: &str,
+    gpus: u32,
+    services: &[&str],
+    state_dir: &Path,
+) -> anyhow::Result<tangram_worker::Config> {
+    use tangram_worker::services::{Driver, ServiceConfig};
+    let raw = tangram_worker::config::RawConfig {
+        id: Some(id.into()),
+        nats_url: Some(nats_url.into()),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        sandboxes: Some(false),
+        state_dir: Some(state_dir.display().to_string()),
+        gpu: Some(tangram_worker::config::RawGpu {
+            nvml: Some(tangram_worker::gpu::NvmlMode::Off),
+            groups: None,
+            count: Some(gpus),
+        }),
+        service: Some(
+            services
+                .iter()
+                .map(|name| ServiceConfig {
+                    name: name.to_string(),
+                    driver: Driver::Reference,
+                    command: reference_replica_command(),
+                    gpus: 1,
+                    host_mem_mb: 1,
+                    restore_ms: 50,
+                    slots: 1,
+                    start_timeout_ms: 30_000,
+                    model: None,
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    raw.validate().map_err(|e| anyhow::anyhow!(e.0))
+}
+
+/// Pids of reference replica processes serving `service`.
+pub fn replica_pids(service: &str) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("replica.py --service {service} ")])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
 /// NATS, the scheduler and workers, in this process.
 #[derive(Debug)]
 pub struct Cluster {
@@ -269,6 +341,41 @@ impl Cluster {
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((w.id, token, handle));
+        Ok(())
+    }
+
+    /// Starts a GPU worker (no sandboxes) that declares `gpus` GPUs (one NVLink group) and
+    /// serves `services` (1 GPU, one request at a time each) with the reference replica.
+    pub fn start_gpu_worker(
+        &mut self,
+        id: &str,
+        gpus: u32,
+        services: &[&str],
+        state_dir: &Path,
+    ) -> anyhow::Result<()> {
+        self.start_gpu_worker_dim(id, gpus, services, state_dir, 16)
+    }
+
+    /// [`Cluster::start_gpu_worker`] with the scoring model's embedding width (wider is slower).
+    pub fn start_gpu_worker_dim(
+        &mut self,
+        id: &str,
+        gpus: u32,
+        services: &[&str],
+        state_dir: &Path,
+        dim: u32,
+    ) -> anyhow::Result<()> {
+        let mut config = gpu_worker_config(id, &self.nats.url(), gpus, services, state_dir)?;
+        for s in &mut config.services {
+            for a in &mut s.command {
+                if a == "16" {
+                    *a = dim.to_string();
+                }
+            }
+        }
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
+        self.workers.push((id.to_string(), token, handle));
         Ok(())
     }
 
@@ -526,6 +633,19 @@ pub mod build {
                 files: BTreeMap::new(),
                 env: BTreeMap::new(),
                 stdin: None,
+            }),
+        )
+    }
+    /// `reward` on `service`.
+    pub fn reward(id: &str, job: &str, traj: &str, service: &str, inputs: &[&str]) -> Action {
+        action(
+            id,
+            job,
+            traj,
+            ActionSpec::Reward(tangram_shared::Reward {
+                service: service.into(),
+                inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                options: BTreeMap::new(),
             }),
         )
     }

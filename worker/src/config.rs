@@ -3,6 +3,8 @@
 //! would weaken sandbox isolation are refused here, with the reason.
 
 use crate::cpuset;
+use crate::gpu::NvmlMode;
+use crate::services::ServiceConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -68,6 +70,28 @@ pub struct RawConfig {
     pub metrics_addr: Option<String>,
     /// Container settings.
     pub sandbox: Option<RawSandbox>,
+    /// False on GPU hosts: no sandboxes (model-generated code never runs there), no Docker.
+    pub sandboxes: Option<bool>,
+    /// Where the worker keeps its own state (replica pid files), default
+    /// `$TMPDIR/tangram-worker-<id>`.
+    pub state_dir: Option<String>,
+    /// GPUs.
+    pub gpu: Option<RawGpu>,
+    /// Model services served by this worker.
+    pub service: Option<Vec<ServiceConfig>>,
+}
+
+/// The `[gpu]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    /// `auto` (default), `off` or `required`.
+    pub nvml: Option<NvmlMode>,
+    /// GPUs declared explicitly, as NVLink groups of indices (`[[0, 1]]`): used only when
+    /// NVML is off or absent.
+    pub groups: Option<Vec<Vec<u32>>>,
+    /// Shorthand for `groups`: this many GPUs, in groups of up to 8.
+    pub count: Option<u32>,
 }
 
 /// Validated sandbox settings.
@@ -110,6 +134,16 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// Container settings.
     pub sandbox: SandboxConfig,
+    /// Runs sandboxes (CPU host) or not (GPU host).
+    pub sandboxes: bool,
+    /// The worker's state directory.
+    pub state_dir: std::path::PathBuf,
+    /// How GPUs are found.
+    pub nvml: NvmlMode,
+    /// Declared GPU groups.
+    pub gpu_groups: Vec<Vec<u32>>,
+    /// Model services.
+    pub services: Vec<ServiceConfig>,
 }
 
 /// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
@@ -151,6 +185,10 @@ impl RawConfig {
             shutdown_grace_ms: over.shutdown_grace_ms.or(self.shutdown_grace_ms),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             sandbox: over.sandbox.or(self.sandbox),
+            sandboxes: over.sandboxes.or(self.sandboxes),
+            state_dir: over.state_dir.or(self.state_dir),
+            gpu: over.gpu.or(self.gpu),
+            service: over.service.or(self.service),
         }
     }
 
@@ -192,7 +230,48 @@ impl RawConfig {
             })?),
         };
         let sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
+        let gpu = self.gpu.unwrap_or_default();
+        let gpu_groups = match (gpu.groups, gpu.count) {
+            (Some(_), Some(_)) => {
+                return err("gpu.groups and gpu.count are alternatives; give one")
+            }
+            (Some(g), None) => g,
+            (None, Some(n)) => (0..n)
+                .collect::<Vec<u32>>()
+                .chunks(8)
+                .map(<[u32]>::to_vec)
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &gpu_groups {
+            if g.is_empty() || g.len() > 8 {
+                return err(format!("gpu.groups: group {g:?} must hold 1 to 8 GPUs"));
+            }
+            for i in g {
+                if !seen.insert(*i) {
+                    return err(format!("gpu.groups: GPU {i} is listed twice"));
+                }
+            }
+        }
+        let services = self.service.unwrap_or_default();
+        let mut names = std::collections::BTreeSet::new();
+        for s in &services {
+            s.check().map_err(ConfigError)?;
+            if !names.insert(s.name.clone()) {
+                return err(format!("service {:?} is declared twice", s.name));
+            }
+        }
+        let state_dir = self
+            .state_dir
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("tangram-worker-{id}")));
         Ok(Config {
+            sandboxes: self.sandboxes.unwrap_or(true),
+            state_dir,
+            nvml: gpu.nvml.unwrap_or(NvmlMode::Auto),
+            gpu_groups,
+            services,
             id,
             nats_url,
             cores,

@@ -5,14 +5,20 @@
 //! Each `sandbox_exec` is granted its cores (cpuset and CFS quota) just before the command
 //! starts and parked again right after; the grant goes through the cgroup files directly or
 //! Docker's update API (`grant_mode`).
+//!
+//! On GPU hosts the same binary serves model services instead (`sandboxes = false`, a
+//! `[gpu]` table and `[[service]]` entries): replicas deployed asleep, restored and evicted
+//! as the scheduler's Evict-on-Execution routes say, scoring `reward` actions.
 #![forbid(unsafe_code)]
 
 pub mod cgroup;
 pub mod config;
 pub mod cpuset;
 pub mod docker;
+pub mod gpu;
 pub mod metrics;
 mod runtime;
+pub mod services;
 
 pub use config::Config;
 pub use runtime::run;

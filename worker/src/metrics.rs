@@ -18,6 +18,14 @@ pub const SANDBOXES: &str = "tangram_worker_sandboxes";
 pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
 /// Dispatches refused because their scheduler epoch is stale.
 pub const STALE: &str = "tangram_worker_stale_dispatches_total";
+/// Replica processes started, by service.
+pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
+/// Replica processes found dead, by service.
+pub const REPLICAS_CRASHED: &str = "tangram_worker_replicas_crashed_total";
+/// Replicas put to sleep to make room, by service.
+pub const EVICTIONS: &str = "tangram_worker_evictions_total";
+/// Time to restore (wake) a replica, by service.
+pub const RESTORE_SECONDS: &str = "tangram_worker_restore_duration_seconds";
 
 const FAST: &[f64] = &[
     5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
@@ -33,6 +41,7 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         .set_buckets_for_metric(Matcher::Full(GRANT_SECONDS.into()), FAST)?
         .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FAST)?
         .set_buckets_for_metric(Matcher::Full(EXEC_SECONDS.into()), SLOW)?
+        .set_buckets_for_metric(Matcher::Full(RESTORE_SECONDS.into()), SLOW)?
         .install()?;
     Ok(())
 }
@@ -40,7 +49,7 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
 pub(crate) fn action(kind: &'static str, outcome: &'static str, overhead_s: f64, exec_s: f64) {
     counter!(ACTIONS, "kind" => kind, "outcome" => outcome).increment(1);
     histogram!(OVERHEAD_SECONDS).record(overhead_s);
-    if kind == "sandbox_exec" {
+    if kind == "sandbox_exec" || kind == "reward" {
         histogram!(EXEC_SECONDS).record(exec_s);
     }
 }
@@ -55,4 +64,16 @@ pub(crate) fn leftovers(n: usize) {
 }
 pub(crate) fn stale() {
     counter!(STALE).increment(1);
+}
+pub(crate) fn replica_started(service: &str) {
+    counter!(REPLICAS_STARTED, "service" => service.to_string()).increment(1);
+}
+pub(crate) fn replica_crashed(service: &str) {
+    counter!(REPLICAS_CRASHED, "service" => service.to_string()).increment(1);
+}
+pub(crate) fn eviction(service: &str) {
+    counter!(EVICTIONS, "service" => service.to_string()).increment(1);
+}
+pub(crate) fn restore(service: &str, seconds: f64) {
+    histogram!(RESTORE_SECONDS, "service" => service.to_string()).record(seconds);
 }

@@ -5,6 +5,7 @@ use crate::config::{Config, GrantMode};
 use crate::cpuset::{self, CoreAllocator};
 use crate::docker::{us_since, DockerError, DockerSandboxes, PARKED_QUOTA_US};
 use crate::metrics as m;
+use crate::services::{ServiceError, Services};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -13,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{
-    subject, ActionId, ActionResult, ActionSpec, Dispatch, Heartbeat, InfraCode, Outcome,
-    Placement, RejectCode, SandboxRef, Timing,
+    subject, ActionId, ActionResult, ActionSpec, Dispatch, GpuInventory, Heartbeat, InfraCode,
+    Outcome, Placement, RejectCode, SandboxRef, Timing,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,22 +47,19 @@ struct State {
 
 struct Worker {
     config: Config,
-    docker: DockerSandboxes,
+    /// Absent on workers that run no sandboxes (GPU hosts).
+    docker: Option<DockerSandboxes>,
+    /// Model services, on GPU hosts.
+    services: Option<Arc<Services>>,
     js: jetstream::Context,
     state: Mutex<State>,
     /// Cancelled when the drain deadline passes: running commands are killed.
     hard_stop: CancellationToken,
+    /// GPUs, when the worker has any.
+    inventory: Option<GpuInventory>,
 }
 
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-/// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn connect_docker(config: &Config) -> anyhow::Result<DockerSandboxes> {
     let docker = DockerSandboxes::connect(config.id.as_str(), config.sandbox.clone())
         .await
         .context("connecting to the Docker daemon")?;
@@ -85,6 +83,36 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "removed leftover sandboxes of an earlier run"
         );
     }
+    Ok(docker)
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let docker = if config.sandboxes {
+        Some(connect_docker(&config).await?)
+    } else {
+        None
+    };
+    let inventory = crate::gpu::discover(config.nvml, &config.gpu_groups)?;
+    let services = match (&inventory, config.services.is_empty()) {
+        (_, true) => None,
+        (None, false) => anyhow::bail!(
+            "{} service(s) are configured but this worker has no GPUs: NVML found none and the config declares none ([gpu] groups or count)",
+            config.services.len()
+        ),
+        (Some(inv), false) => {
+            let s = Arc::new(Services::new(config.services.clone(), inv.clone(), config.state_dir.clone()));
+            s.start().await.context("deploying model services")?;
+            Some(s)
+        }
+    };
 
     let client = async_nats::ConnectOptions::new()
         .name(format!("tangram-worker-{}", config.id))
@@ -106,6 +134,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }),
         config,
         docker,
+        services: services.clone(),
+        inventory,
         js,
         hard_stop: CancellationToken::new(),
     });
@@ -120,6 +150,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         instance.clone(),
         heartbeat_stop.clone(),
     ));
+
+    if let Some(svc) = services.clone() {
+        let stop = heartbeat_stop.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => svc.check_health().await,
+                }
+            }
+        });
+    }
 
     // Intake until shutdown.
     let actions = TaskTracker::new();
@@ -168,8 +211,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .drain()
         .map(|(_, s)| s)
         .collect();
-    for s in sandboxes {
-        let _ = worker.docker.remove(&s.container).await;
+    if let Some(docker) = &worker.docker {
+        for s in sandboxes {
+            let _ = docker.remove(&s.container).await;
+        }
+    }
+    if let Some(svc) = &worker.services {
+        svc.stop_all();
     }
     heartbeat_stop.cancel();
     tasks.close();
@@ -236,11 +284,25 @@ async fn send_heartbeat(
             instance: instance.to_string(),
             seq,
             interval_ms: worker.config.heartbeat.as_millis() as u64,
-            cores: worker.config.cores.len() as u32,
-            mem_mb: worker.config.mem_mb,
+            cores: if worker.docker.is_some() {
+                worker.config.cores.len() as u32
+            } else {
+                0
+            },
+            mem_mb: if worker.docker.is_some() {
+                worker.config.mem_mb
+            } else {
+                0
+            },
             running,
             sandboxes,
             draining,
+            gpus: worker.inventory.clone(),
+            services: worker
+                .services
+                .as_ref()
+                .map(|s| s.report())
+                .unwrap_or_default(),
         }
     };
     match codec::encode(&hb, Encoding::Msgpack) {
@@ -257,6 +319,68 @@ async fn send_heartbeat(
 }
 
 impl Worker {
+    /// The Docker client; sandbox actions are refused before reaching here on workers
+    /// without one.
+    fn dk(&self) -> &DockerSandboxes {
+        self.docker
+            .as_ref()
+            .expect("sandbox actions never run on a worker without Docker")
+    }
+
+    async fn reward(
+        &self,
+        d: &Dispatch,
+        reward: &tangram_shared::Reward,
+        queued_us: u64,
+        result: &mut ActionResult,
+    ) {
+        let Some(services) = &self.services else {
+            result.outcome = Outcome::Rejected {
+                code: RejectCode::UnknownService,
+                reason: format!("worker {} serves no model services", self.config.id),
+            };
+            return;
+        };
+        let Some(route) = &d.gpu else {
+            result.outcome = infra(
+                InfraCode::Service,
+                "a reward dispatch came without a GPU route".to_string(),
+            );
+            return;
+        };
+        let timeout = Duration::from_millis(d.action.timeout_ms);
+        let served = tokio::select! {
+            r = services.serve(route, &reward.inputs, &reward.options, timeout) => r,
+            _ = tokio::time::sleep(timeout + Duration::from_secs(1)) => {
+                result.outcome = Outcome::TimedOut;
+                return;
+            }
+            _ = self.hard_stop.cancelled() => {
+                result.outcome = infra(InfraCode::Shutdown, format!("worker {} stopped", self.config.id));
+                return;
+            }
+        };
+        match served {
+            Ok(s) => {
+                result.timing = Timing::new(queued_us, s.overhead_us, s.exec_us);
+                result.scores = Some(s.scores);
+                result.service = Some(tangram_shared::ServiceUse {
+                    service: route.service.clone(),
+                    gpus: s.gpus,
+                    restored: s.restored,
+                    evicted: s.evicted,
+                });
+            }
+            Err(ServiceError::Unknown(name)) => {
+                result.outcome = Outcome::Rejected {
+                    code: RejectCode::UnknownService,
+                    reason: format!("worker {} serves no service named {name:?}", self.config.id),
+                };
+            }
+            Err(e) => result.outcome = infra(InfraCode::Service, e.to_string()),
+        }
+    }
+
     /// Decodes a dispatch and decides whether to run it. Acks and drops stale, duplicate
     /// and undecodable ones.
     async fn admit(&self, msg: &jetstream::Message) -> Option<Dispatch> {
@@ -385,7 +509,16 @@ impl Worker {
         });
         result.timing = Timing::new(queued_us, 0, 0);
         let t0 = Instant::now();
+        if self.docker.is_none() && !matches!(a.spec, ActionSpec::Reward(_)) {
+            result.outcome = Outcome::Rejected {
+                code: RejectCode::InvalidField,
+                reason: format!("worker {} runs no sandboxes (a GPU host)", self.config.id),
+            };
+            result.finished_at_ms = unix_us() / 1000;
+            return result;
+        }
         match &a.spec {
+            ActionSpec::Reward(reward) => self.reward(d, reward, queued_us, &mut result).await,
             ActionSpec::SandboxOpen(open) => {
                 result.outcome = self.open(&key, open, d.grant.mem_mb).await;
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
@@ -399,7 +532,7 @@ impl Worker {
                     .remove(&key);
                 if let Some(s) = sandbox {
                     let _guard = s.lock.lock().await;
-                    if let Err(e) = self.docker.remove(&s.container).await {
+                    if let Err(e) = self.dk().remove(&s.container).await {
                         result.outcome =
                             infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
                     }
@@ -425,7 +558,7 @@ impl Worker {
             return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
         }
         let created = self
-            .docker
+            .dk()
             .create(&key.0, &key.1, open, &self.config.parking_cores)
             .await;
         let created = match created {
@@ -446,7 +579,7 @@ impl Worker {
             GrantMode::Cgroup => match CgroupCpu::for_pid(created.pid) {
                 Ok(c) => Some(c),
                 Err(e) => {
-                    let _ = self.docker.remove(&created.id).await;
+                    let _ = self.dk().remove(&created.id).await;
                     return infra(
                         InfraCode::Grant,
                         format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
@@ -485,7 +618,7 @@ impl Worker {
             ),
             None => (
                 "docker",
-                self.docker
+                self.dk()
                     .update_cpus(&s.container, cpus, quota_us)
                     .await
                     .map_err(|e| e.to_string()),
@@ -549,14 +682,14 @@ impl Worker {
                 argv = crate::docker::with_files_wrapper(&argv);
                 Some(crate::docker::files_archive(&exec.files).map_err(|e| infra(InfraCode::Runtime, format!("packing files: {e}")))?)
             } else {
-                self.docker.write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
+                self.dk().write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
                 exec.stdin.as_ref().map(|t| t.as_bytes().to_vec())
             };
             let mut env = vec![format!("TANGRAM_CPUS={n}")];
             env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
             let timeout = Duration::from_millis(d.action.timeout_ms);
             let t_exec = Instant::now();
-            let run = self.docker.run(
+            let run = self.dk().run(
                 &s.container,
                 &argv,
                 &env,
@@ -567,7 +700,7 @@ impl Worker {
             let out = tokio::select! {
                 r = run => r.map_err(|e| docker_outcome(e, "running the command"))?,
                 _ = self.hard_stop.cancelled() => {
-                    self.docker.kill_all(&s.container).await;
+                    self.dk().kill_all(&s.container).await;
                     return Err(infra(InfraCode::Shutdown, "the worker stopped before the command finished".to_string()));
                 }
             };

@@ -72,7 +72,8 @@ impl GpuGroup {
                 let mut block = len * 2;
                 while block <= 8 {
                     let b = s - s % block;
-                    let used = (self.used & mask(b, block.min(self.size.saturating_sub(b)))).count_ones();
+                    let used =
+                        (self.used & mask(b, block.min(self.size.saturating_sub(b)))).count_ones();
                     score = score * 16 + used;
                     block *= 2;
                 }
@@ -245,6 +246,20 @@ impl Eoe {
         }
     }
 
+    /// Declares a service, or updates its shape (GPUs per replica, slots); a restore-time
+    /// estimate already refined by measurements is kept.
+    pub fn declare(&mut self, spec: ServiceSpec) {
+        match self.services.get_mut(&spec.name) {
+            Some(s) => {
+                s.gpus = spec.gpus;
+                s.slots = spec.slots;
+            }
+            None => {
+                self.services.insert(spec.name.clone(), spec);
+            }
+        }
+    }
+
     /// The declared services.
     pub fn services(&self) -> impl Iterator<Item = &ServiceSpec> {
         self.services.values()
@@ -270,11 +285,22 @@ impl Eoe {
         let changed = self
             .nodes
             .get(node)
-            .map(|n| n.groups.iter().map(|g| g.size).ne(fresh.iter().map(|g| g.size)))
+            .map(|n| {
+                n.groups
+                    .iter()
+                    .map(|g| g.size)
+                    .ne(fresh.iter().map(|g| g.size))
+            })
             .unwrap_or(true);
         if changed {
             self.replicas.retain(|r| &r.node != node);
-            self.nodes.insert(node.clone(), Node { groups: fresh, accepting });
+            self.nodes.insert(
+                node.clone(),
+                Node {
+                    groups: fresh,
+                    accepting,
+                },
+            );
         } else if let Some(n) = self.nodes.get_mut(node) {
             n.accepting = accepting;
         }
@@ -293,17 +319,29 @@ impl Eoe {
 
     /// GPUs in the fleet and GPUs held by resident replicas.
     pub fn gpus(&self) -> (u32, u32) {
-        self.nodes.values().flat_map(|n| &n.groups).fold((0, 0), |(t, u), g| {
-            (t + g.size as u32, u + g.used() as u32)
-        })
+        self.nodes
+            .values()
+            .flat_map(|n| &n.groups)
+            .fold((0, 0), |(t, u), g| (t + g.size as u32, u + g.used() as u32))
     }
 
     /// Records a replica deployed ahead (evicted, state in host memory) on `chunk`, or
     /// resident when `resident`; used when a worker reports what it holds. Returns false when
     /// the chunk does not exist, or is taken while `resident` is asked.
-    pub fn adopt(&mut self, service: &str, node: &WorkerId, chunk: Chunk, resident: bool, now_ms: u64) -> bool {
-        let Some(n) = self.nodes.get_mut(node) else { return false };
-        let Some(g) = n.groups.get_mut(chunk.group as usize) else { return false };
+    pub fn adopt(
+        &mut self,
+        service: &str,
+        node: &WorkerId,
+        chunk: Chunk,
+        resident: bool,
+        now_ms: u64,
+    ) -> bool {
+        let Some(n) = self.nodes.get_mut(node) else {
+            return false;
+        };
+        let Some(g) = n.groups.get_mut(chunk.group as usize) else {
+            return false;
+        };
         if let Some(i) = self
             .replicas
             .iter()
@@ -359,7 +397,7 @@ impl Eoe {
                             resident: true,
                             ready_at_ms: 0,
                             busy: 0,
-                    draining: false,
+                            draining: false,
                             last_used_ms: 0,
                         });
                     }
@@ -392,7 +430,11 @@ impl Eoe {
             }
             for (gi, g) in n.groups.iter().enumerate() {
                 if let Some(start) = g.best_fit(len) {
-                    let chunk = Chunk { group: gi as u16, start, len };
+                    let chunk = Chunk {
+                        group: gi as u16,
+                        start,
+                        len,
+                    };
                     return Some((id.clone(), chunk, None));
                 }
             }
@@ -404,15 +446,25 @@ impl Eoe {
     /// aligned chunks on accepting nodes whose every resident occupant is idle and ready, the
     /// one whose most recently used occupant is the oldest (fewest evictions on ties).
     /// `min_idle_ms` excludes occupants used more recently than that.
-    fn evictable_chunk(&self, len: u8, now_ms: u64, min_idle_ms: u64) -> Option<(WorkerId, Chunk, Vec<usize>)> {
-        let mut best: Option<((u64, usize), WorkerId, Chunk, Vec<usize>)> = None;
+    fn evictable_chunk(
+        &self,
+        len: u8,
+        now_ms: u64,
+        min_idle_ms: u64,
+    ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
+        type Candidate = ((u64, usize), WorkerId, Chunk, Vec<usize>);
+        let mut best: Option<Candidate> = None;
         for (id, n) in &self.nodes {
             if !n.accepting {
                 continue;
             }
             for (gi, g) in n.groups.iter().enumerate() {
                 for start in g.starts(len) {
-                    let chunk = Chunk { group: gi as u16, start, len };
+                    let chunk = Chunk {
+                        group: gi as u16,
+                        start,
+                        len,
+                    };
                     let mut victims = Vec::new();
                     let mut newest = 0u64;
                     let mut ok = true;
@@ -452,7 +504,12 @@ impl Eoe {
 
     /// [`Eoe::route`], told how many actions of `service` wait (this one included), which
     /// decides whether scaling out by eviction is worth a restore.
-    pub fn route_with_backlog(&mut self, service: &str, now_ms: u64, backlog: u32) -> Result<Route, Unrouted> {
+    pub fn route_with_backlog(
+        &mut self,
+        service: &str,
+        now_ms: u64,
+        backlog: u32,
+    ) -> Result<Route, Unrouted> {
         let spec = self
             .services
             .get(service)
@@ -465,7 +522,11 @@ impl Eoe {
             .max()
             .unwrap_or(0);
         if spec.gpus > largest || !CHUNK_SIZES.contains(&spec.gpus) {
-            return Err(Unrouted::NeverFits { service: service.to_string(), gpus: spec.gpus, largest_group: largest });
+            return Err(Unrouted::NeverFits {
+                service: service.to_string(),
+                gpus: spec.gpus,
+                largest_group: largest,
+            });
         }
         // 1. A resident replica with a free slot: the least busy, earliest ready.
         let accepting = |r: &Replica| self.nodes.get(&r.node).is_some_and(|n| n.accepting);
@@ -474,7 +535,11 @@ impl Eoe {
             .iter()
             .enumerate()
             .filter(|(_, r)| {
-                r.resident && !r.draining && r.service == service && r.busy < spec.slots && accepting(r)
+                r.resident
+                    && !r.draining
+                    && r.service == service
+                    && r.busy < spec.slots
+                    && accepting(r)
             })
             .min_by_key(|(i, r)| (r.busy, r.ready_at_ms, *i))
             .map(|(i, _)| i);
@@ -492,31 +557,39 @@ impl Eoe {
             });
         }
         if !self.elastic {
-            return Err(Unrouted::Busy { service: service.to_string() });
+            return Err(Unrouted::Busy {
+                service: service.to_string(),
+            });
         }
-        let has_resident = self.replicas.iter().any(|r| r.resident && r.service == service);
+        let has_resident = self
+            .replicas
+            .iter()
+            .any(|r| r.resident && r.service == service);
         // 2. A free chunk. 3. Evict idle replicas, least recently used first; a service that
         // already has a resident replica only takes chunks idle for a while (no thrash).
-        let (node, chunk, reuse, victims) = if let Some((n, c, reuse)) = self.free_chunk(spec.gpus, service) {
-            (n, c, reuse, Vec::new())
-        } else {
-            let found = if !has_resident {
-                self.evictable_chunk(spec.gpus, now_ms, 0)
-            } else if backlog >= self.scale_out_backlog {
-                self.evictable_chunk(spec.gpus, now_ms, spec.restore_ms)
+        let (node, chunk, reuse, victims) =
+            if let Some((n, c, reuse)) = self.free_chunk(spec.gpus, service) {
+                (n, c, reuse, Vec::new())
             } else {
-                None
-            };
-            match found {
-                Some((n, c, v)) => (n, c, None, v),
-                None => {
-                    if !has_resident {
-                        self.drain_for(spec.gpus, now_ms);
+                let found = if !has_resident {
+                    self.evictable_chunk(spec.gpus, now_ms, 0)
+                } else if backlog >= self.scale_out_backlog {
+                    self.evictable_chunk(spec.gpus, now_ms, spec.restore_ms)
+                } else {
+                    None
+                };
+                match found {
+                    Some((n, c, v)) => (n, c, None, v),
+                    None => {
+                        if !has_resident {
+                            self.drain_for(spec.gpus, now_ms);
+                        }
+                        return Err(Unrouted::Busy {
+                            service: service.to_string(),
+                        });
                     }
-                    return Err(Unrouted::Busy { service: service.to_string() });
                 }
-            }
-        };
+            };
         let mut victims = victims;
         victims.sort_by_key(|&i| (self.replicas[i].last_used_ms, i));
         let mut evict = Vec::with_capacity(victims.len());
@@ -526,14 +599,19 @@ impl Eoe {
             r.draining = false;
             self.nodes.get_mut(&r.node).expect("node").groups[r.chunk.group as usize]
                 .release(r.chunk.start, r.chunk.len);
-            evict.push(Eviction { service: r.service.clone(), node: r.node.clone(), chunk: r.chunk });
+            evict.push(Eviction {
+                service: r.service.clone(),
+                node: r.node.clone(),
+                chunk: r.chunk,
+            });
         }
-        self.nodes.get_mut(&node).expect("node").groups[chunk.group as usize].take(chunk.start, chunk.len);
+        self.nodes.get_mut(&node).expect("node").groups[chunk.group as usize]
+            .take(chunk.start, chunk.len);
         let ready_at_ms = now_ms + spec.restore_ms;
         let existing = reuse.or_else(|| {
-            self.replicas
-                .iter()
-                .position(|r| !r.resident && r.service == service && r.node == node && r.chunk == chunk)
+            self.replicas.iter().position(|r| {
+                !r.resident && r.service == service && r.node == node && r.chunk == chunk
+            })
         });
         let i = match existing {
             Some(i) => i,
@@ -556,18 +634,34 @@ impl Eoe {
         r.ready_at_ms = ready_at_ms;
         r.busy = 1;
         r.last_used_ms = now_ms;
-        Ok(Route { replica: i, node, chunk, restore: true, evict, ready_at_ms })
+        Ok(Route {
+            replica: i,
+            node,
+            chunk,
+            restore: true,
+            evict,
+            ready_at_ms,
+        })
     }
 
     /// A service with no resident replica found no chunk to free: unless enough chunks are
     /// already draining, marks the least recently used chunk of `len` GPUs whose occupants are
     /// all ready and not yet draining as draining, so that it empties and can be evicted.
     fn drain_for(&mut self, len: u8, now_ms: u64) {
-        let draining = self.replicas.iter().filter(|r| r.resident && r.draining).count();
+        let draining = self
+            .replicas
+            .iter()
+            .filter(|r| r.resident && r.draining)
+            .count();
         let starving = self
             .services
             .values()
-            .filter(|s| !self.replicas.iter().any(|r| r.resident && r.service == s.name))
+            .filter(|s| {
+                !self
+                    .replicas
+                    .iter()
+                    .any(|r| r.resident && r.service == s.name)
+            })
             .count();
         if draining >= starving {
             return;
@@ -579,7 +673,11 @@ impl Eoe {
             }
             for (gi, g) in n.groups.iter().enumerate() {
                 for start in g.starts(len) {
-                    let chunk = Chunk { group: gi as u16, start, len };
+                    let chunk = Chunk {
+                        group: gi as u16,
+                        start,
+                        len,
+                    };
                     let mut victims = Vec::new();
                     let mut newest = 0;
                     let mut ok = true;
@@ -646,7 +744,12 @@ mod tests {
     use super::*;
 
     fn svc(name: &str, gpus: u8) -> ServiceSpec {
-        ServiceSpec { name: name.into(), gpus, restore_ms: 200, slots: 1 }
+        ServiceSpec {
+            name: name.into(),
+            gpus,
+            restore_ms: 200,
+            slots: 1,
+        }
     }
     fn w(s: &str) -> WorkerId {
         WorkerId::new(s).unwrap()
@@ -686,19 +789,34 @@ mod tests {
         // c evicts the least recently used: b (last used at 700), not a (900).
         let rc = e.route("c", 1000).unwrap();
         assert!(rc.restore);
-        assert_eq!(rc.evict.iter().map(|v| v.service.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            rc.evict
+                .iter()
+                .map(|v| v.service.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
         // Busy replicas are never evicted.
         let ra3 = e.route("a", 1100).unwrap();
         assert!(!ra3.restore);
         assert!(matches!(e.route("b", 1200), Err(Unrouted::Busy { .. })));
-        assert!(matches!(e.route("zzz", 0), Err(Unrouted::UnknownService(_))));
+        assert!(matches!(
+            e.route("zzz", 0),
+            Err(Unrouted::UnknownService(_))
+        ));
     }
 
     #[test]
     fn a_service_larger_than_every_group_never_fits() {
         let mut e = Eoe::new([svc("big", 8)]);
         e.set_node(&w("g0"), &[4], true);
-        assert!(matches!(e.route("big", 0), Err(Unrouted::NeverFits { largest_group: 4, .. })));
+        assert!(matches!(
+            e.route("big", 0),
+            Err(Unrouted::NeverFits {
+                largest_group: 4,
+                ..
+            })
+        ));
     }
 
     #[test]

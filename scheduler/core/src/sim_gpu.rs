@@ -109,7 +109,10 @@ impl PartialOrd for Ev {
 }
 impl Ord for Ev {
     fn cmp(&self, other: &Self) -> Ordering {
-        other.at_ms.total_cmp(&self.at_ms).then(other.seq.cmp(&self.seq))
+        other
+            .at_ms
+            .total_cmp(&self.at_ms)
+            .then(other.seq.cmp(&self.seq))
     }
 }
 
@@ -136,7 +139,11 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
         GpuMode::Static { .. } => w.nodes.clone(),
     };
     for (i, groups) in nodes.iter().enumerate() {
-        eoe.set_node(&WorkerId::new(format!("g{i:03}")).expect("valid id"), groups, true);
+        eoe.set_node(
+            &WorkerId::new(format!("g{i:03}")).expect("valid id"),
+            groups,
+            true,
+        );
     }
     let pool: u32 = match mode {
         GpuMode::Pooled { .. } => nodes.iter().flatten().map(|&g| g as u32).sum(),
@@ -145,14 +152,22 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
             eoe.gpus().1
         }
     };
-    let slots: BTreeMap<&str, u32> = w.services.iter().map(|s| (s.name.as_str(), s.slots)).collect();
+    let slots: BTreeMap<&str, u32> = w
+        .services
+        .iter()
+        .map(|s| (s.name.as_str(), s.slots))
+        .collect();
     let mut heap = BinaryHeap::new();
     let mut seq = 0u64;
     let mut next = vec![0usize; w.trajectories.len()];
     let mut due = vec![0f64; w.trajectories.len()];
     for (i, t) in w.trajectories.iter().enumerate() {
         if let Some(s) = t.steps.first() {
-            heap.push(Ev { at_ms: t.start_ms + s.think_ms, seq, kind: EvKind::Arrive(i) });
+            heap.push(Ev {
+                at_ms: t.start_ms + s.think_ms,
+                seq,
+                kind: EvKind::Arrive(i),
+            });
             seq += 1;
         }
     }
@@ -168,11 +183,24 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
         pool_cores: pool,
         unit: "gpu",
     };
-    let mut stats = GpuStats { restores: 0, evictions: 0, gpus: pool, unserved: 0 };
-    let first = w.trajectories.iter().map(|t| t.start_ms).fold(f64::INFINITY, f64::min);
+    let mut stats = GpuStats {
+        restores: 0,
+        evictions: 0,
+        gpus: pool,
+        unserved: 0,
+    };
+    let first = w
+        .trajectories
+        .iter()
+        .map(|t| t.start_ms)
+        .fold(f64::INFINITY, f64::min);
     let mut last_end = 0f64;
     let mut last_t = if first.is_finite() { first } else { 0.0 };
-    let mut held = if matches!(mode, GpuMode::Static { .. }) { pool } else { 0 };
+    let mut held = if matches!(mode, GpuMode::Static { .. }) {
+        pool
+    } else {
+        0
+    };
     while let Some(ev) = heap.pop() {
         let now = ev.at_ms;
         report.reserved_core_ms += held as f64 * (now - last_t);
@@ -193,7 +221,11 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
                     next[t] += 1;
                     let tr = &w.trajectories[t];
                     if let Some(s) = tr.steps.get(next[t]) {
-                        heap.push(Ev { at_ms: now + s.think_ms, seq, kind: EvKind::Arrive(t) });
+                        heap.push(Ev {
+                            at_ms: now + s.think_ms,
+                            seq,
+                            kind: EvKind::Arrive(t),
+                        });
                         seq += 1;
                     } else {
                         last_end = last_end.max(now);
@@ -228,7 +260,10 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
                         heap.push(Ev {
                             at_ms: now + overhead + step.exec_ms,
                             seq,
-                            kind: EvKind::Done { t, replica: r.replica },
+                            kind: EvKind::Done {
+                                t,
+                                replica: r.replica,
+                            },
                         });
                         seq += 1;
                     }
@@ -249,7 +284,11 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
             report.utilisation.push((now, held as f64 / pool as f64));
         }
     }
-    report.step_time_ms = if first.is_finite() { last_end - first } else { 0.0 };
+    report.step_time_ms = if first.is_finite() {
+        last_end - first
+    } else {
+        0.0
+    };
     (report, stats)
 }
 
@@ -327,7 +366,11 @@ impl Mopd {
                 }
             })
             .collect();
-        GpuWorkload { trajectories, services: Self::services(), nodes: Self::nodes() }
+        GpuWorkload {
+            trajectories,
+            services: Self::services(),
+            nodes: Self::nodes(),
+        }
     }
 }
 
@@ -337,7 +380,11 @@ mod tests {
 
     #[test]
     fn same_seed_same_report_and_static_never_restores() {
-        let w = Mopd { batch: 300, seed: 3 }.generate();
+        let w = Mopd {
+            batch: 300,
+            seed: 3,
+        }
+        .generate();
         let a = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         let b = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         assert_eq!(a, b);
@@ -353,9 +400,15 @@ mod tests {
 
     #[test]
     fn fewer_gpus_never_help() {
-        let w = Mopd { batch: 600, seed: 1 }.generate();
+        let w = Mopd {
+            batch: 600,
+            seed: 1,
+        }
+        .generate();
         let mean = |g| {
-            let r = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "t").0.summary();
+            let r = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "t")
+                .0
+                .summary();
             r.mean_act_s
         };
         assert!(mean(2) > mean(12));

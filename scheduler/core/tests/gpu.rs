@@ -10,13 +10,23 @@ fn check(e: &Eoe) {
     let res: Vec<_> = e.replicas().iter().filter(|r| r.resident).collect();
     for (i, a) in res.iter().enumerate() {
         assert_eq!(a.chunk.start % a.chunk.len, 0, "unaligned chunk {a:?}");
-        assert!(a.busy <= e.service(&a.service).unwrap().slots, "over-booked {a:?}");
+        assert!(
+            a.busy <= e.service(&a.service).unwrap().slots,
+            "over-booked {a:?}"
+        );
         for b in &res[i + 1..] {
-            assert!(a.node != b.node || !a.chunk.overlaps(&b.chunk), "{a:?} overlaps {b:?}");
+            assert!(
+                a.node != b.node || !a.chunk.overlaps(&b.chunk),
+                "{a:?} overlaps {b:?}"
+            );
         }
     }
     let held: u32 = res.iter().map(|r| r.chunk.len as u32).sum();
-    assert_eq!(e.gpus().1, held, "bitmap disagrees with the resident replicas");
+    assert_eq!(
+        e.gpus().1,
+        held,
+        "bitmap disagrees with the resident replicas"
+    );
 }
 
 proptest! {

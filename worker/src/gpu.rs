@@ -1,0 +1,152 @@
+//! GPU inventory: from NVML when a driver is present, else only what the config declares.
+//!
+//! NVLink topology becomes groups: GPUs joined by NVLink form one group (up to 8, the
+//! largest chunk); a GPU without NVLink peers is a group of one. Chunks of 1, 2, 4 or 8 are
+//! carved from a group, aligned to their size, by the scheduler's allocator.
+
+use nvml_wrapper::Nvml;
+use tangram_shared::GpuInventory;
+use tracing::{info, warn};
+
+/// How the worker finds its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NvmlMode {
+    /// Use NVML when it loads; fall back to the declared inventory.
+    Auto,
+    /// Never load NVML; use the declared inventory only.
+    Off,
+    /// Fail to start without NVML.
+    Required,
+}
+
+/// Finds the inventory. `declared` is the config's explicit groups of GPU indices.
+pub fn discover(mode: NvmlMode, declared: &[Vec<u32>]) -> anyhow::Result<Option<GpuInventory>> {
+    if mode != NvmlMode::Off {
+        match from_nvml() {
+            Ok(inv) => {
+                if !declared.is_empty() && declared != inv.groups.as_slice() {
+                    warn!(?declared, found = ?inv.groups, "NVML found a different GPU layout than the config declares; using NVML's");
+                }
+                info!(groups = ?inv.groups, devices = ?inv.devices, "GPU inventory from NVML");
+                return Ok(Some(inv));
+            }
+            Err(e) if mode == NvmlMode::Required => {
+                anyhow::bail!("gpu.nvml = \"required\" but NVML is not usable: {e}")
+            }
+            Err(e) => info!(reason = %e, "NVML not available"),
+        }
+    }
+    if declared.is_empty() {
+        return Ok(None);
+    }
+    info!(groups = ?declared, "GPU inventory declared in the config (no NVML)");
+    Ok(Some(GpuInventory {
+        source: "declared".into(),
+        groups: declared.to_vec(),
+        devices: Vec::new(),
+    }))
+}
+
+fn from_nvml() -> anyhow::Result<GpuInventory> {
+    let nvml = Nvml::init()?;
+    let count = nvml.device_count()?;
+    if count == 0 {
+        anyhow::bail!("NVML reports no GPUs");
+    }
+    let mut devices = Vec::new();
+    let mut peers: Vec<Vec<u32>> = vec![Vec::new(); count as usize];
+    for i in 0..count {
+        let d = nvml.device_by_index(i)?;
+        let name = d.name().unwrap_or_else(|_| "unknown".into());
+        let mem = d.memory_info().map(|m| m.total >> 20).unwrap_or(0);
+        devices.push(format!("{name}, {mem} MiB"));
+        let pci_i = d.pci_info().ok().map(|p| p.bus_id);
+        // Each active NVLink link that leads to another GPU of this host joins them.
+        for link in 0..18u32 {
+            let l = d.link_wrapper_for(link);
+            if !l.is_active().unwrap_or(false) {
+                continue;
+            }
+            let Ok(remote) = l.remote_pci_info() else {
+                continue;
+            };
+            for j in 0..count {
+                if j == i {
+                    continue;
+                }
+                let other = nvml.device_by_index(j)?.pci_info().ok().map(|p| p.bus_id);
+                if other.is_some() && other == Some(remote.bus_id.clone()) && pci_i.is_some() {
+                    peers[i as usize].push(j);
+                }
+            }
+        }
+    }
+    Ok(GpuInventory {
+        source: "nvml".into(),
+        groups: groups_from_peers(&peers),
+        devices,
+    })
+}
+
+/// Connected components of the NVLink graph, split into aligned runs of at most 8, in index
+/// order. An NVSwitch system (every GPU reaches every other) gives groups of 8.
+pub fn groups_from_peers(peers: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let n = peers.len();
+    let mut comp = vec![usize::MAX; n];
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    for start in 0..n {
+        if comp[start] != usize::MAX {
+            continue;
+        }
+        let id = groups.len();
+        let mut stack = vec![start];
+        let mut members = Vec::new();
+        comp[start] = id;
+        while let Some(v) = stack.pop() {
+            members.push(v as u32);
+            for &p in &peers[v] {
+                let p = p as usize;
+                if p < n && comp[p] == usize::MAX {
+                    comp[p] = id;
+                    stack.push(p);
+                }
+            }
+        }
+        members.sort_unstable();
+        groups.push(members);
+    }
+    groups
+        .into_iter()
+        .flat_map(|g| g.chunks(8).map(<[u32]>::to_vec).collect::<Vec<_>>())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvlink_components_become_groups_of_at_most_eight() {
+        // 0-1 linked, 2 alone, 3-4 linked.
+        let peers = vec![vec![1], vec![0], vec![], vec![4], vec![3]];
+        assert_eq!(
+            groups_from_peers(&peers),
+            vec![vec![0, 1], vec![2], vec![3, 4]]
+        );
+        // An NVSwitch box of 16: two groups of 8.
+        let all: Vec<Vec<u32>> = (0..16)
+            .map(|i| (0..16).filter(|&j| j != i).collect())
+            .collect();
+        assert_eq!(groups_from_peers(&all).len(), 2);
+    }
+
+    #[test]
+    fn without_nvml_only_declared_gpus_are_advertised() {
+        // NVML is off: nothing declared means no GPUs, never invented ones.
+        assert_eq!(discover(NvmlMode::Off, &[]).unwrap(), None);
+        let inv = discover(NvmlMode::Off, &[vec![0, 1]]).unwrap().unwrap();
+        assert_eq!(inv.source, "declared");
+        assert_eq!(inv.groups, vec![vec![0, 1]]);
+    }
+}
