@@ -40,6 +40,10 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
+    /// Print the GPU inventory this worker would advertise (NVML, else the config's
+    /// declared GPUs) as JSON, and exit.
+    #[arg(long)]
+    print_gpus: bool,
 }
 
 fn parse_mode(s: &str) -> Result<GrantMode, String> {
@@ -75,6 +79,18 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    if args.print_gpus {
+        return match tangram_worker::gpu::discover(config.nvml, &config.gpu_groups) {
+            Ok(inv) => {
+                println!("{}", serde_json::json!({ "gpus": inv }));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tangram-worker: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if args.log_json {
