@@ -33,7 +33,12 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         }
     }
     let label = format!("mopd, batch {}, seed {}", args.batch, args.seed);
-    let per_service = (Mopd::STATIC_GPUS_PER_TEACHER / Mopd::GPUS_PER_TEACHER as u32).max(1);
+    let per_service = Mopd::STATIC_GPUS_PER_TEACHER;
+    let static_total: u32 = w
+        .services
+        .iter()
+        .map(|s| (per_service / s.gpus as u32).max(1) * s.gpus as u32)
+        .sum();
     let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
     for name in args
         .policies
@@ -43,15 +48,12 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     {
         let mode = match name {
             "tangram" => GpuMode::Pooled { gpus: args.gpus },
-            "static" => GpuMode::Static { per_service },
+            "static" => GpuMode::Static { gpus_per_service: per_service },
             other => bail!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
         };
         let label = match mode {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
-            GpuMode::Static { .. } => format!(
-                "{name}@{}gpu",
-                per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>()
-            ),
+            GpuMode::Static { .. } => format!("{name}@{static_total}gpu"),
         };
         runs.push(simulate_gpu(&w, mode, &label));
     }
@@ -66,10 +68,9 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let mut sweep = Vec::new();
     let mut fewest = None;
     if args.gpu_sweep {
-        let (st, _) = simulate_gpu(&w, GpuMode::Static { per_service }, "static");
+        let (st, _) = simulate_gpu(&w, GpuMode::Static { gpus_per_service: per_service }, "static");
         let target = st.summary().mean_act_s;
-        let max = (per_service * w.services.iter().map(|s| s.gpus as u32).sum::<u32>())
-            .min(w.total_gpus());
+        let max = static_total.min(w.total_gpus());
         for g in 1..=max {
             let (r, stats) = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "tangram");
             let s = r.summary();

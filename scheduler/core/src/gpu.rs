@@ -377,15 +377,17 @@ impl Eoe {
         true
     }
 
-    /// Static deployment: places `per_service` resident replicas of every service (in name
-    /// order, best fit), then freezes residency: nothing is evicted or restored afterwards.
-    /// Returns the services that did not get all their replicas.
-    pub fn pin(&mut self, per_service: u32) -> Vec<String> {
+    /// Static deployment: gives every service `gpus_per_service` GPUs as resident replicas
+    /// (at least one replica; in name order, best fit), then freezes residency: nothing is
+    /// evicted or restored afterwards. Returns the services that did not get all their
+    /// replicas.
+    pub fn pin(&mut self, gpus_per_service: u32) -> Vec<String> {
         let names: Vec<String> = self.services.keys().cloned().collect();
         let mut short = Vec::new();
         for name in names {
             let len = self.services[&name].gpus;
-            for _ in 0..per_service {
+            let replicas = (gpus_per_service / len as u32).max(1);
+            for _ in 0..replicas {
                 match self.free_chunk(len, &name) {
                     Some((node, chunk, _)) => {
                         self.nodes.get_mut(&node).expect("node").groups[chunk.group as usize]
@@ -823,7 +825,7 @@ mod tests {
     fn static_pinning_never_evicts() {
         let mut e = Eoe::new(["a", "b"].map(|n| svc(n, 1)));
         e.set_node(&w("g0"), &[4], true);
-        assert!(e.pin(2).is_empty());
+        assert!(e.pin(2).is_empty(), "2 GPUs each: 2 one-GPU replicas each");
         let r = e.route("a", 0).unwrap();
         assert!(!r.restore);
         let r2 = e.route("a", 0).unwrap();

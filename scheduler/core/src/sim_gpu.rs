@@ -53,10 +53,10 @@ pub enum GpuMode {
         /// GPUs in the pool.
         gpus: u32,
     },
-    /// Each service holds `per_service` resident replicas for the whole run.
+    /// Each service holds `gpus_per_service` GPUs of resident replicas for the whole run.
     Static {
-        /// Replicas per service.
-        per_service: u32,
+        /// GPUs per service.
+        gpus_per_service: u32,
     },
 }
 
@@ -147,8 +147,8 @@ pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, G
     }
     let pool: u32 = match mode {
         GpuMode::Pooled { .. } => nodes.iter().flatten().map(|&g| g as u32).sum(),
-        GpuMode::Static { per_service } => {
-            let _short = eoe.pin(per_service);
+        GpuMode::Static { gpus_per_service } => {
+            let _short = eoe.pin(gpus_per_service);
             eoe.gpus().1
         }
     };
@@ -388,7 +388,7 @@ mod tests {
         let a = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         let b = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         assert_eq!(a, b);
-        let s = simulate_gpu(&w, GpuMode::Static { per_service: 1 }, "static");
+        let s = simulate_gpu(&w, GpuMode::Static { gpus_per_service: 1 }, "static");
         assert_eq!(s.1.restores, 0);
         assert_eq!(s.1.gpus, 9);
         assert!(a.1.restores >= 9, "every teacher is restored at least once");
