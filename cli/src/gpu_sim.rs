@@ -68,7 +68,13 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let mut sweep = Vec::new();
     let mut fewest = None;
     if args.gpu_sweep {
-        let (st, _) = simulate_gpu(&w, GpuMode::Static { gpus_per_service: per_service }, "static");
+        let (st, _) = simulate_gpu(
+            &w,
+            GpuMode::Static {
+                gpus_per_service: per_service,
+            },
+            "static",
+        );
         let target = st.summary().mean_act_s;
         let max = static_total.min(w.total_gpus());
         for g in 1..=max {

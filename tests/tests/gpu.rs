@@ -278,3 +278,67 @@ async fn leftover_replicas_of_an_earlier_run_are_stopped_when_the_worker_starts(
     cluster.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containerised_replica_serves_and_is_removed_when_the_worker_stops() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let nats = tangram_tests::NatsServer::start();
+    let mut config =
+        tangram_tests::gpu_worker_config("gpu-ctr", &nats.url(), 1, &["ctr-judge"], dir.path())?;
+    let script_dir = tangram_tests::repo_root().join("services/reference-replica");
+    let s = &mut config.services[0];
+    s.command.clear();
+    s.image = Some("tangram/sandbox:py3-v1".into());
+    s.args = [
+        "python3",
+        "/opt/replica/replica.py",
+        "--service",
+        "{service}",
+        "--port",
+        "{port}",
+        "--vocab",
+        "4096",
+        "--dim",
+        "16",
+        "--no-parent-watch",
+    ]
+    .map(String::from)
+    .to_vec();
+    s.mounts = vec![format!("{}:/opt/replica:ro", script_dir.display())];
+    let sched = tokio::spawn(tangram_scheduler::run(
+        tangram_scheduler::Config::with_nats_url(nats.url()),
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(tangram_worker::run(config, stop.clone()));
+    let c = tangram_tests::Client::connect(&nats.url(), "rl").await?;
+    c.wait_for_workers(&["gpu-ctr"], T).await?;
+    let containers = || {
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-q", "--filter", "label=tangram.replica-of=gpu-ctr"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0);
+        out
+    };
+    assert_eq!(
+        containers(),
+        1,
+        "the service is deployed ahead as one container"
+    );
+    let r = c
+        .run(&reward("c1", "rl", "t", "ctr-judge", &["print(1)", "x"]), T)
+        .await?;
+    completed(&r);
+    assert_eq!(r.scores.as_ref().map(Vec::len), Some(2));
+    assert!(used(&r).0);
+    stop.cancel();
+    worker.await??;
+    assert!(
+        eventually(Duration::from_secs(20), || containers() == 0).await,
+        "replica container left behind"
+    );
+    sched.abort();
+    Ok(())
+}

@@ -108,7 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             config.services.len()
         ),
         (Some(inv), false) => {
-            let s = Arc::new(Services::new(config.services.clone(), inv.clone(), config.state_dir.clone()));
+            let s = Arc::new(Services::new(config.id.as_str(), config.services.clone(), inv.clone(), config.state_dir.clone()));
             s.start().await.context("deploying model services")?;
             Some(s)
         }

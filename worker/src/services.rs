@@ -7,6 +7,7 @@
 //! home chunk, its state in host memory; the scheduler's routes name the chunk, and a route to
 //! a chunk where the service has no process yet starts one there first.
 
+use crate::docker::ReplicaContainers;
 use crate::metrics as m;
 use anyhow::{anyhow, bail, Context as _};
 use serde::Deserialize;
@@ -40,9 +41,21 @@ pub struct ServiceConfig {
     pub name: String,
     /// Serving engine.
     pub driver: Driver,
-    /// How to start a replica; `{port}`, `{service}` and `{gpus}` are replaced. The process
-    /// also gets `CUDA_VISIBLE_DEVICES` set to its chunk's GPUs.
+    /// How to start a replica as a process; `{port}`, `{service}` and `{gpus}` are
+    /// replaced. The process also gets `CUDA_VISIBLE_DEVICES` set to its chunk's GPUs.
+    #[serde(default)]
     pub command: Vec<String>,
+    /// Or: a container image (present locally) that runs a replica, with `args` as its
+    /// command (placeholders as in `command`). It runs with host networking; the chunk's GPUs
+    /// are passed through a Docker device request when NVML found them.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// The container's command, with `image`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Bind mounts for the container (`host:container[:ro]`), with `image`.
+    #[serde(default)]
+    pub mounts: Vec<String>,
     /// GPUs per replica: 1, 2, 4 or 8.
     #[serde(default = "one")]
     pub gpus: u8,
@@ -104,6 +117,17 @@ impl ServiceConfig {
     }
 }
 
+/// How a replica runs.
+#[derive(Debug)]
+enum Proc {
+    Child(tokio::process::Child),
+    Container {
+        id: String,
+        gone: Arc<std::sync::atomic::AtomicBool>,
+        docker: ReplicaContainers,
+    },
+}
+
 /// A replica process.
 #[derive(Debug)]
 struct Replica {
@@ -111,7 +135,7 @@ struct Replica {
     chunk: ChunkRef,
     gpus: Vec<u32>,
     port: u16,
-    child: Mutex<Option<tokio::process::Child>>,
+    child: Mutex<Option<Proc>>,
     awake: Mutex<bool>,
     healthy: Mutex<bool>,
     /// Sleep, wake and restart happen one at a time per replica.
@@ -126,12 +150,21 @@ impl Replica {
         let mut c = self.child.lock().expect("child lock");
         match c.as_mut() {
             None => true,
-            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            Some(Proc::Child(child)) => !matches!(child.try_wait(), Ok(None)),
+            Some(Proc::Container { gone, .. }) => gone.load(std::sync::atomic::Ordering::SeqCst),
         }
     }
     fn kill(&self) {
-        if let Some(mut child) = self.child.lock().expect("child lock").take() {
-            let _ = child.start_kill();
+        match self.child.lock().expect("child lock").take() {
+            Some(Proc::Child(mut child)) => {
+                let _ = child.start_kill();
+            }
+            Some(Proc::Container { id, docker, .. }) => {
+                tokio::spawn(async move {
+                    let _ = docker.remove(&id).await;
+                });
+            }
+            None => {}
         }
     }
 }
@@ -175,6 +208,8 @@ pub struct Services {
     replicas: Mutex<BTreeMap<(String, ChunkRef), Arc<Replica>>>,
     http: reqwest::Client,
     state_dir: PathBuf,
+    worker: String,
+    containers: tokio::sync::OnceCell<ReplicaContainers>,
 }
 
 /// A port free now on loopback, for a new replica.
@@ -185,7 +220,12 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl Services {
     /// Builds the manager; nothing starts until [`Services::start`].
-    pub fn new(configs: Vec<ServiceConfig>, inventory: GpuInventory, state_dir: PathBuf) -> Self {
+    pub fn new(
+        worker: &str,
+        configs: Vec<ServiceConfig>,
+        inventory: GpuInventory,
+        state_dir: PathBuf,
+    ) -> Self {
         Self {
             configs: configs.into_iter().map(|c| (c.name.clone(), c)).collect(),
             inventory,
@@ -196,7 +236,19 @@ impl Services {
                 .build()
                 .expect("building the HTTP client"),
             state_dir,
+            worker: worker.to_string(),
+            containers: tokio::sync::OnceCell::new(),
         }
+    }
+
+    async fn containers(&self) -> anyhow::Result<&ReplicaContainers> {
+        self.containers
+            .get_or_try_init(|| async {
+                ReplicaContainers::connect(&self.worker)
+                    .await
+                    .context("connecting to Docker for replica containers")
+            })
+            .await
     }
 
     /// The GPUs of a chunk, or why the route is wrong.
@@ -331,8 +383,12 @@ impl Services {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let argv: Vec<String> = c
-            .command
+        let template = if c.image.is_some() {
+            &c.args
+        } else {
+            &c.command
+        };
+        let argv: Vec<String> = template
             .iter()
             .map(|a| {
                 a.replace("{port}", &port.to_string())
@@ -340,38 +396,61 @@ impl Services {
                     .replace("{gpus}", &gpu_list)
             })
             .collect();
-        let mut cmd = tokio::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..])
-            .env("CUDA_VISIBLE_DEVICES", &gpu_list)
-            .env("TANGRAM_SERVICE", service)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting a replica of {service:?} ({})", argv.join(" ")))?;
-        if let Some(pid) = child.id() {
-            let _ = std::fs::write(self.pid_file(port), format!("{pid}\n{}\n", argv.join(" ")));
-            // (The check at the next start compares the arguments after the program: launchers
-            // such as pyenv shims rewrite the program path.)
-        }
-        // Forward the replica's stdout lines to the log.
-        if let Some(out) = child.stdout.take() {
-            let svc = service.to_string();
-            tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    info!(service = %svc, "replica: {line}");
+        let proc = match &c.image {
+            Some(image) => {
+                let docker = self.containers().await?.clone();
+                let real = self.inventory.source == "nvml";
+                let id = docker
+                    .start(service, port, image, &argv, &c.mounts, &gpus, real)
+                    .await
+                    .with_context(|| {
+                        format!("starting a replica container of {service:?} from {image}")
+                    })?;
+                let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (d, g, i) = (docker.clone(), gone.clone(), id.clone());
+                tokio::spawn(async move {
+                    d.wait(&i).await;
+                    g.store(true, std::sync::atomic::Ordering::SeqCst);
+                });
+                Proc::Container { id, gone, docker }
+            }
+            None => {
+                let mut cmd = tokio::process::Command::new(&argv[0]);
+                cmd.args(&argv[1..])
+                    .env("CUDA_VISIBLE_DEVICES", &gpu_list)
+                    .env("TANGRAM_SERVICE", service)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .kill_on_drop(true);
+                let mut child = cmd.spawn().with_context(|| {
+                    format!("starting a replica of {service:?} ({})", argv.join(" "))
+                })?;
+                if let Some(pid) = child.id() {
+                    // The check at the next start compares the arguments after the program:
+                    // launchers such as pyenv shims rewrite the program path.
+                    let _ =
+                        std::fs::write(self.pid_file(port), format!("{pid}\n{}\n", argv.join(" ")));
                 }
-            });
-        }
+                // Forward the replica's stdout lines to the log.
+                if let Some(out) = child.stdout.take() {
+                    let svc = service.to_string();
+                    tokio::spawn(async move {
+                        let mut lines = tokio::io::BufReader::new(out).lines();
+                        while let Ok(Some(line)) = lines.next_line().await {
+                            info!(service = %svc, "replica: {line}");
+                        }
+                    });
+                }
+                Proc::Child(child)
+            }
+        };
         let replica = Arc::new(Replica {
             service: service.to_string(),
             chunk,
             gpus,
             port,
-            child: Mutex::new(Some(child)),
+            child: Mutex::new(Some(proc)),
             awake: Mutex::new(false),
             healthy: Mutex::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
@@ -748,12 +827,16 @@ impl Services {
 
     /// Pid of the replica of `service` on `chunk` (tests kill it to simulate a crash).
     pub fn replica_pid(&self, service: &str, chunk: ChunkRef) -> Option<u32> {
-        self.replica(service, chunk)?
+        match self
+            .replica(service, chunk)?
             .child
             .lock()
             .expect("child lock")
             .as_ref()?
-            .id()
+        {
+            Proc::Child(c) => c.id(),
+            Proc::Container { .. } => None,
+        }
     }
 }
 

@@ -388,7 +388,13 @@ mod tests {
         let a = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         let b = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
         assert_eq!(a, b);
-        let s = simulate_gpu(&w, GpuMode::Static { gpus_per_service: 1 }, "static");
+        let s = simulate_gpu(
+            &w,
+            GpuMode::Static {
+                gpus_per_service: 1,
+            },
+            "static",
+        );
         assert_eq!(s.1.restores, 0);
         assert_eq!(s.1.gpus, 9);
         assert!(a.1.restores >= 9, "every teacher is restored at least once");
