@@ -582,6 +582,7 @@ impl ReplicaContainers {
 
     /// Starts a replica container. `gpus` are passed through a device request when `real_gpus`
     /// (NVML found them); declared GPUs (tests, CPU-only hosts) only set `CUDA_VISIBLE_DEVICES`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         &self,
         service: &str,
