@@ -25,6 +25,8 @@ pub struct RawConfig {
     /// After start, how long to wait for worker heartbeats before rejecting actions as
     /// `no_sandbox` or `unsatisfiable`, in milliseconds.
     pub settle_ms: Option<u64>,
+    /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
+    pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// The validated configuration.
@@ -44,6 +46,8 @@ pub struct Config {
     pub policy: String,
     /// Wait for heartbeats after start before rejecting on cluster knowledge.
     pub settle: Duration,
+    /// Jobs' weights for shares of external API quota.
+    pub job_weights: std::collections::BTreeMap<String, f64>,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -86,6 +90,7 @@ impl RawConfig {
                 .or(self.worker_missed_heartbeats),
             policy: over.policy.or(self.policy),
             settle_ms: over.settle_ms.or(self.settle_ms),
+            job_weights: over.job_weights.or(self.job_weights),
         }
     }
 
@@ -130,7 +135,12 @@ impl RawConfig {
                 tangram_core::policies::NAMES.join(", ")
             )));
         }
+        let job_weights = self.job_weights.unwrap_or_default();
+        if let Some((job, w)) = job_weights.iter().find(|(_, w)| !(**w > 0.0 && w.is_finite())) {
+            return Err(ConfigError(format!("job_weights.{job} is {w}; weights must be above 0")));
+        }
         Ok(Config {
+            job_weights,
             nats_url,
             metrics_addr,
             max_action_bytes: max_action_bytes as usize,

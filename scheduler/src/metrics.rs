@@ -31,6 +31,14 @@ pub const QUEUE_SECONDS: &str = "tangram_scheduler_queue_wait_seconds";
 pub const GPU_ROUTES: &str = "tangram_scheduler_gpu_routes_total";
 /// Replicas the scheduler decided to evict, by the service that needed the room.
 pub const GPU_EVICTIONS: &str = "tangram_scheduler_gpu_evictions_total";
+/// A provider's adaptive rate in force, requests per second.
+pub const PROVIDER_RATE: &str = "tangram_scheduler_provider_effective_rate";
+/// A provider's requests in flight.
+pub const PROVIDER_INFLIGHT: &str = "tangram_scheduler_provider_inflight";
+/// A provider's requests waiting for quota.
+pub const PROVIDER_WAITING: &str = "tangram_scheduler_provider_waiting";
+/// Api actions admitted, by provider and job.
+pub const API_ADMITTED: &str = "tangram_scheduler_api_admitted_total";
 /// GPUs known in the fleet and GPUs held by resident replicas.
 pub const GPUS: &str = "tangram_scheduler_gpus";
 
@@ -81,4 +89,12 @@ pub(crate) fn gpu_route(service: &str, restore: bool, evictions: usize) {
 pub(crate) fn gpus(_worker: &tangram_shared::WorkerId, (total, resident): (u32, u32)) {
     gauge!(GPUS, "state" => "total").set(total as f64);
     gauge!(GPUS, "state" => "resident").set(resident as f64);
+}
+pub(crate) fn provider(name: &str, rate: f64, inflight: u32, waiting: usize) {
+    gauge!(PROVIDER_RATE, "provider" => name.to_string()).set(rate);
+    gauge!(PROVIDER_INFLIGHT, "provider" => name.to_string()).set(inflight as f64);
+    gauge!(PROVIDER_WAITING, "provider" => name.to_string()).set(waiting as f64);
+}
+pub(crate) fn api_admitted(provider: &str, job: &str) {
+    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job.to_string()).increment(1);
 }

@@ -5,7 +5,7 @@ use crate::metrics as m;
 use crate::service::content_type;
 use async_nats::jetstream::{self, AckKind};
 use async_nats::HeaderMap;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tangram_core::{Constraint, Pending, Snapshot, Unplaced, WorkerView};
 use tangram_shared::codec::{self, Encoding};
@@ -25,6 +25,8 @@ pub(crate) enum Event {
     Result(Box<ActionResult>),
     Heartbeat(Box<Heartbeat>),
     Tick,
+    /// A rate-limited action may go now.
+    Wake,
 }
 
 /// How often queued actions get an in-progress ack, well inside the consumer's 10 s ack wait
@@ -74,6 +76,15 @@ struct Running {
     learn_key: Option<String>,
     /// A reward action's replica: service and chunk (on `worker`).
     gpu: Option<(String, tangram_core::Chunk)>,
+    /// An api action's provider.
+    provider: Option<String>,
+}
+
+/// An external API provider: its pooled quota, what may be called, who can call it.
+struct Provider {
+    quota: tangram_core::quota::Quota,
+    report: tangram_shared::ProviderReport,
+    workers: BTreeSet<WorkerId>,
 }
 
 fn chunk_of(c: ChunkRef) -> tangram_core::Chunk {
@@ -127,6 +138,10 @@ pub(crate) struct Scheduler {
     sandboxes: HashMap<SandboxKey, Sandbox>,
     /// GPU services: residency, routing, LRU eviction (Evict-on-Execution).
     eoe: tangram_core::Eoe,
+    /// External API providers, pooled quota per provider.
+    providers: BTreeMap<String, Provider>,
+    /// When a rate-limited action can go next: the run loop wakes then.
+    pub(crate) wake_at: Option<Instant>,
     dirty: bool,
     /// False until `config.settle` has passed since start: until then nothing is rejected for
     /// want of a sandbox or a big enough worker, since heartbeats may still be on their way.
@@ -167,6 +182,8 @@ impl Scheduler {
             running: HashMap::new(),
             sandboxes: HashMap::new(),
             eoe: tangram_core::Eoe::new(Vec::new()),
+            providers: BTreeMap::new(),
+            wake_at: None,
             dirty: false,
             settled: false,
         }
@@ -174,9 +191,20 @@ impl Scheduler {
 
     pub(crate) async fn run(&mut self, mut rx: mpsc::Receiver<Event>, shutdown: CancellationToken) {
         loop {
+            let wake = self.wake_at;
             let event = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 e = rx.recv() => match e { Some(e) => e, None => break },
+                _ = async {
+                    match wake {
+                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    self.wake_at = None;
+                    self.dirty = true;
+                    Event::Wake
+                }
             };
             self.handle(event).await;
             // Coalesce a burst: drain what is already waiting before planning once.
@@ -203,6 +231,7 @@ impl Scheduler {
             Event::Result(r) => self.on_result(*r),
             Event::Heartbeat(hb) => self.on_heartbeat(*hb),
             Event::Tick => self.on_tick().await,
+            Event::Wake => {}
         }
     }
 
@@ -438,11 +467,12 @@ impl Scheduler {
                 Err(_) => {}
             }
         }
+        let api_routes = self.plan_api(now_ms, &mut rejections);
         for q in &self.queue {
             let a = &q.action;
             let key = (a.job.clone(), a.trajectory.clone());
             let constraint = match a.kind() {
-                ActionKind::Reward => continue,
+                ActionKind::Reward | ActionKind::Api => continue,
                 ActionKind::SandboxOpen => {
                     if self.sandboxes.contains_key(&key) || !queued_opens.insert(key) {
                         rejections.push((
@@ -526,12 +556,132 @@ impl Scheduler {
             };
             self.launch(launch, Some(route)).await;
         }
+        for (id, worker, provider) in api_routes {
+            let launch = tangram_core::Launch {
+                id,
+                worker,
+                grant: Grant::default(),
+            };
+            self.launch_api(launch, provider).await;
+        }
         m::cycle(
             core_s,
             self.queue.len(),
             self.running.len(),
             self.workers.len(),
         );
+    }
+
+    /// Admits api actions under their providers' pooled quotas: per provider, while a token
+    /// and a concurrency slot are free, the next action by weighted fair share between jobs.
+    /// Sets `wake_at` to when the next token comes for a provider with actions waiting.
+    fn plan_api(&mut self, now_ms: u64, rejections: &mut Vec<(ActionId, Rejection)>) -> Vec<(ActionId, WorkerId, String)> {
+        let mut waiting: BTreeMap<String, Vec<(usize, String)>> = BTreeMap::new();
+        for (i, q) in self.queue.iter().enumerate() {
+            let tangram_shared::ActionSpec::Api(api) = &q.action.spec else {
+                continue;
+            };
+            let Some(p) = self.providers.get(&api.provider) else {
+                if self.settled {
+                    let known: Vec<&str> = self.providers.keys().map(String::as_str).collect();
+                    rejections.push((
+                        q.action.id.clone(),
+                        Rejection::new(
+                            RejectCode::UnknownProvider,
+                            if known.is_empty() {
+                                format!("no worker calls a provider named {:?}; none are declared", api.provider)
+                            } else {
+                                format!("no worker calls a provider named {:?}; providers: {}", api.provider, known.join(", "))
+                            },
+                        ),
+                    ));
+                }
+                continue;
+            };
+            if !p.report.allows(&api.method, &api.path) {
+                rejections.push((
+                    q.action.id.clone(),
+                    Rejection::new(
+                        RejectCode::NotAllowed,
+                        format!("{} {} is not allowed for provider {:?} (allowed: {})", api.method, api.path, api.provider, p.report.allow.join(", ")),
+                    ),
+                ));
+                continue;
+            }
+            if let Some(h) = api.headers.keys().find(|h| !p.report.allow_headers.contains(&h.to_ascii_lowercase())) {
+                rejections.push((
+                    q.action.id.clone(),
+                    Rejection::new(RejectCode::NotAllowed, format!("header {h:?} is not allowed for provider {:?}", api.provider)),
+                ));
+                continue;
+            }
+            waiting.entry(api.provider.clone()).or_default().push((i, q.action.job.0.clone()));
+        }
+        let mut routes = Vec::new();
+        let mut next_ms: Option<u64> = None;
+        let mut load: HashMap<WorkerId, usize> = HashMap::new();
+        for r in self.running.values() {
+            if r.provider.is_some() {
+                *load.entry(r.worker.clone()).or_default() += 1;
+            }
+        }
+        for (name, mut list) in waiting {
+            let Some(p) = self.providers.get_mut(&name) else { continue };
+            let accepting: Vec<WorkerId> = p
+                .workers
+                .iter()
+                .filter(|w| self.workers.get(*w).is_some_and(|s| !s.hb.draining))
+                .cloned()
+                .collect();
+            if accepting.is_empty() {
+                continue;
+            }
+            while !list.is_empty() {
+                match p.quota.ready_in_ms(now_ms) {
+                    Some(0) => {
+                        let view: Vec<(usize, &str)> = list.iter().map(|(i, j)| (*i, j.as_str())).collect();
+                        let Some(idx) = p.quota.pick(&view) else { break };
+                        let pos = list.iter().position(|(i, _)| *i == idx).expect("picked from the list");
+                        let (i, job) = list.remove(pos);
+                        let weight = self.config.job_weights.get(&job).copied().unwrap_or(1.0);
+                        p.quota.take(&job, weight, now_ms);
+                        let worker = accepting
+                            .iter()
+                            .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))
+                            .expect("not empty")
+                            .clone();
+                        *load.entry(worker.clone()).or_default() += 1;
+                        routes.push((self.queue[i].action.id.clone(), worker, name.clone()));
+                    }
+                    Some(ms) => {
+                        next_ms = Some(next_ms.map_or(ms, |n: u64| n.min(ms)));
+                        break;
+                    }
+                    None => break, // at the concurrency cap: a reply will wake us
+                }
+            }
+            m::provider(&name, p.quota.effective_rate(), p.quota.inflight(), list.len());
+        }
+        self.wake_at = next_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        routes
+    }
+
+    async fn launch_api(&mut self, launch: tangram_core::Launch, provider: String) {
+        let id = launch.id.clone();
+        self.launch(launch, None).await;
+        match self.running.get_mut(&id) {
+            Some(r) => {
+                r.provider = Some(provider.clone());
+                m::api_admitted(&provider, r.job.as_str());
+            }
+            // Not durably dispatched: it stays queued; give the token's slot back.
+            None => {
+                let now_ms = self.started.elapsed().as_millis() as u64;
+                if let Some(p) = self.providers.get_mut(&provider) {
+                    p.quota.finish(now_ms, None, 0);
+                }
+            }
+        }
     }
 
     async fn launch(&mut self, launch: tangram_core::Launch, gpu: Option<GpuRoute>) {
@@ -609,7 +759,7 @@ impl Scheduler {
                     s.phase = SandboxPhase::Closing;
                 }
             }
-            ActionKind::SandboxExec | ActionKind::Reward => {}
+            ActionKind::SandboxExec | ActionKind::Reward | ActionKind::Api => {}
         }
         if let Some(r) = &gpu {
             m::gpu_route(&r.service, r.restore, r.evict.len());
@@ -626,6 +776,7 @@ impl Scheduler {
                 attempt: dispatch.attempt,
                 learn_key: learn_key(&q.action),
                 gpu: gpu.map(|r| (r.service, chunk_of(r.chunk))),
+                provider: None,
             },
         );
         m::dispatched(kind.as_str(), q.arrived.elapsed().as_secs_f64());
@@ -646,6 +797,16 @@ impl Scheduler {
         {
             self.learner
                 .observe(k, p.cores, r.timing.exec_us as f64 / 1e3);
+        }
+        if let Some(provider) = &run.provider {
+            let now_ms = self.started.elapsed().as_millis() as u64;
+            if let Some(p) = self.providers.get_mut(provider) {
+                let status = match &r.outcome {
+                    Outcome::TimedOut => Some(429), // a provider that does not answer is overloaded
+                    _ => r.http.as_ref().map(|h| h.status),
+                };
+                p.quota.finish(now_ms, status, r.timing.exec_us / 1000);
+            }
         }
         if let Some((service, chunk)) = &run.gpu {
             let now_ms = self.started.elapsed().as_millis() as u64;
@@ -686,7 +847,7 @@ impl Scheduler {
             ) => {
                 self.sandboxes.remove(&key);
             }
-            (ActionKind::SandboxExec, _) | (ActionKind::Reward, _) => {}
+            (ActionKind::SandboxExec, _) | (ActionKind::Reward, _) | (ActionKind::Api, _) => {}
         }
         self.dirty = true;
     }
@@ -713,6 +874,7 @@ impl Scheduler {
             info!(worker = %hb.worker, "worker restarted");
         }
         self.on_gpu_report(&hb, restarted || !self.workers.contains_key(&hb.worker));
+        self.on_providers(&hb);
         if !self.workers.contains_key(&hb.worker) {
             info!(worker = %hb.worker, cores = hb.cores, mem_mb = hb.mem_mb, "worker joined");
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
@@ -738,6 +900,33 @@ impl Scheduler {
 
     /// GPU inventory and services from a heartbeat. The scheduler's view of residency is
     /// authoritative while a worker instance lives; a new instance's report replaces it.
+    fn on_providers(&mut self, hb: &Heartbeat) {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        for p in self.providers.values_mut() {
+            p.workers.remove(&hb.worker);
+        }
+        for r in &hb.providers {
+            let spec = tangram_core::quota::ProviderQuota {
+                name: r.name.clone(),
+                rate_per_s: r.rate_per_s,
+                burst: r.burst,
+                concurrency: r.concurrency,
+                slow_ms: r.slow_ms,
+            };
+            let p = self.providers.entry(r.name.clone()).or_insert_with(|| {
+                info!(provider = %r.name, rate = r.rate_per_s, burst = r.burst, concurrency = r.concurrency, "provider declared");
+                Provider {
+                    quota: tangram_core::quota::Quota::new(spec.clone(), now_ms),
+                    report: r.clone(),
+                    workers: BTreeSet::new(),
+                }
+            });
+            p.quota.redeclare(spec, now_ms);
+            p.report = r.clone();
+            p.workers.insert(hb.worker.clone());
+        }
+    }
+
     fn on_gpu_report(&mut self, hb: &Heartbeat, fresh: bool) {
         for s in &hb.services {
             self.eoe.declare(tangram_core::ServiceSpec {
@@ -806,6 +995,9 @@ impl Scheduler {
         self.workers.remove(worker);
         self.sandboxes.retain(|_, s| &s.worker != worker);
         self.eoe.remove_node(worker);
+        for p in self.providers.values_mut() {
+            p.workers.remove(worker);
+        }
         let ids: Vec<ActionId> = self
             .running
             .iter()
@@ -816,6 +1008,14 @@ impl Scheduler {
             let Some(run) = self.running.remove(&id) else {
                 continue;
             };
+            if let Some(p) = run.provider.as_ref().and_then(|p| self.providers.get_mut(p)) {
+                p.quota.finish(self.started.elapsed().as_millis() as u64, None, 0);
+            }
+            if let Some((service, chunk)) = &run.gpu {
+                if let Some(i) = self.eoe.find(service, worker, *chunk) {
+                    self.eoe.finish(i, 0);
+                }
+            }
             let outcome = Outcome::InfraError {
                 code: InfraCode::WorkerLost,
                 reason: format!(

@@ -40,6 +40,8 @@ pub enum ActionSpec {
     SandboxClose(SandboxClose),
     /// Score a batch of inputs with a reward or teacher model service on GPUs.
     Reward(Reward),
+    /// Call an external API through the fleet's quota and credentials.
+    Api(Api),
 }
 
 /// The kinds of action, as they appear in subjects, messages and metric labels.
@@ -54,15 +56,18 @@ pub enum ActionKind {
     SandboxClose,
     /// See [`ActionSpec::Reward`].
     Reward,
+    /// See [`ActionSpec::Api`].
+    Api,
 }
 
 impl ActionKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ActionKind; 4] = [
+    pub const ALL: [ActionKind; 5] = [
         ActionKind::SandboxOpen,
         ActionKind::SandboxExec,
         ActionKind::SandboxClose,
         ActionKind::Reward,
+        ActionKind::Api,
     ];
 
     /// The kind's wire name (`sandbox_exec`).
@@ -72,6 +77,7 @@ impl ActionKind {
             ActionKind::SandboxExec => "sandbox_exec",
             ActionKind::SandboxClose => "sandbox_close",
             ActionKind::Reward => "reward",
+            ActionKind::Api => "api",
         }
     }
 
@@ -130,6 +136,71 @@ pub struct Reward {
     /// Options passed through to the service (engine-specific, e.g. `"model"`).
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+/// `api`: one HTTP call to an external provider declared in the fleet's config. The
+/// scheduler admits it under the provider's pooled quota (rate, burst, concurrency, fair
+/// shares between jobs); a worker makes the call with the fleet's credentials, which
+/// rollouts never see.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Api {
+    /// The provider, as declared in the fleet's config.
+    pub provider: String,
+    /// HTTP method, upper case (`GET`, `POST`, ...).
+    #[serde(default = "Api::default_method")]
+    pub method: String,
+    /// Path under the provider's base URL, starting with `/`.
+    pub path: String,
+    /// Query parameters.
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+    /// Request body (UTF-8), for methods that take one.
+    #[serde(default)]
+    pub body: Option<String>,
+    /// Request headers; only those the provider's config allows are accepted.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Api {
+    fn default_method() -> String {
+        "GET".into()
+    }
+
+    /// Checks what can be checked without the provider's config: a method token, and a path
+    /// that stays under the base URL.
+    pub fn check(&self) -> Result<(), String> {
+        if self.provider.is_empty() || self.provider.len() > 128 {
+            return Err("provider must be a name of 1 to 128 characters".into());
+        }
+        if self.method.is_empty() || !self.method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "method {:?} is not an upper-case HTTP method",
+                self.method
+            ));
+        }
+        let p = &self.path;
+        if !p.starts_with('/')
+            || p.starts_with("//")
+            || p.contains("..")
+            || p.contains("://")
+            || p.contains(['@', '?', '#', '\\'])
+            || p.chars().any(|c| c.is_control() || c == ' ')
+        {
+            return Err(format!(
+                "path {p:?} must start with one '/', and hold no '..', '@', '?', '#', spaces or control characters (put query parameters in query)"
+            ));
+        }
+        for (k, v) in &self.headers {
+            if k.is_empty()
+                || k.chars().any(|c| c.is_control() || c == ':' || c == ' ')
+                || v.chars().any(char::is_control)
+            {
+                return Err(format!("header {k:?} is not a valid name: value pair"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An elastic range of cores, inclusive.
@@ -212,6 +283,7 @@ impl Action {
             ActionSpec::SandboxExec(_) => ActionKind::SandboxExec,
             ActionSpec::SandboxClose(_) => ActionKind::SandboxClose,
             ActionSpec::Reward(_) => ActionKind::Reward,
+            ActionSpec::Api(_) => ActionKind::Api,
         }
     }
 
@@ -226,7 +298,9 @@ impl Action {
                 cores: Some(e.cpus),
                 mem_mb: 0,
             },
-            ActionSpec::SandboxClose(_) | ActionSpec::Reward(_) => Demand::default(),
+            ActionSpec::SandboxClose(_) | ActionSpec::Reward(_) | ActionSpec::Api(_) => {
+                Demand::default()
+            }
         }
     }
 
@@ -293,6 +367,7 @@ impl Action {
                 check_env(&e.env).map_err(invalid)?;
             }
             ActionSpec::SandboxClose(_) => {}
+            ActionSpec::Api(api) => api.check().map_err(invalid)?,
             ActionSpec::Reward(r) => {
                 if r.service.is_empty() || r.service.len() > 128 {
                     return Err(invalid(

@@ -45,6 +45,48 @@ pub struct Heartbeat {
     /// Model services the worker serves, with their replicas.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceReport>,
+    /// External API providers the worker can call (never their credentials).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderReport>,
+}
+
+/// An external API provider as the scheduler needs to know it: its quota and what may be
+/// called.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderReport {
+    /// Name `api` actions use.
+    pub name: String,
+    /// Requests per second allowed, for the whole fleet.
+    pub rate_per_s: f64,
+    /// Requests that may be sent at once after a quiet period.
+    pub burst: u32,
+    /// Requests in flight at most, for the whole fleet.
+    pub concurrency: u32,
+    /// What a rollout may call: `"METHOD /path"`, a trailing `*` matching any rest of the path.
+    pub allow: Vec<String>,
+    /// Request headers a rollout may set (lower case).
+    #[serde(default)]
+    pub allow_headers: Vec<String>,
+    /// A reply slower than this counts as a sign of overload (like a 429), ms.
+    #[serde(default)]
+    pub slow_ms: Option<u64>,
+}
+
+impl ProviderReport {
+    /// True when `method path` matches one of the allow rules.
+    pub fn allows(&self, method: &str, path: &str) -> bool {
+        self.allow.iter().any(|rule| {
+            let Some((m, p)) = rule.split_once(' ') else {
+                return false;
+            };
+            let method_ok = m == "*" || m.eq_ignore_ascii_case(method);
+            let path_ok = match p.strip_suffix('*') {
+                Some(prefix) => path.starts_with(prefix),
+                None => p == path,
+            };
+            method_ok && path_ok
+        })
+    }
 }
 
 /// A worker's GPUs: NVLink groups of up to 8, as GPU indices.

@@ -17,13 +17,16 @@ pub mod result;
 pub mod subject;
 
 pub use action::{
-    Action, ActionKind, ActionSpec, CpuRange, Demand, Limits, Reward, SandboxClose, SandboxExec,
-    SandboxOpen,
+    Action, ActionKind, ActionSpec, Api, CpuRange, Demand, Limits, Reward, SandboxClose,
+    SandboxExec, SandboxOpen,
 };
 pub use codec::{DecodeFailure, Encoding};
 pub use dispatch::{Dispatch, Evict, GpuRoute, Grant};
-pub use heartbeat::{ChunkRef, GpuInventory, Heartbeat, ReplicaReport, SandboxRef, ServiceReport};
+pub use heartbeat::{
+    ChunkRef, GpuInventory, Heartbeat, ProviderReport, ReplicaReport, SandboxRef, ServiceReport,
+};
 pub use ids::{ActionId, IdError, JobId, TrajectoryId, WorkerId};
 pub use result::{
-    ActionResult, InfraCode, Outcome, Placement, RejectCode, Rejection, ServiceUse, Timing,
+    ActionResult, HttpReply, InfraCode, Outcome, Placement, RejectCode, Rejection, ServiceUse,
+    Timing,
 };

@@ -65,6 +65,10 @@ pub enum RejectCode {
     NoSandbox,
     /// A reward action names a service the fleet does not declare.
     UnknownService,
+    /// An api action names a provider the fleet does not declare.
+    UnknownProvider,
+    /// An api action's method, path or header is not allowed by its provider's config.
+    NotAllowed,
     /// An open names a trajectory that already has a sandbox.
     SandboxExists,
     /// The subject, header and body disagree (job or action id).
@@ -82,6 +86,8 @@ impl RejectCode {
             RejectCode::Unsatisfiable => "unsatisfiable",
             RejectCode::NoSandbox => "no_sandbox",
             RejectCode::UnknownService => "unknown_service",
+            RejectCode::UnknownProvider => "unknown_provider",
+            RejectCode::NotAllowed => "not_allowed",
             RejectCode::SandboxExists => "sandbox_exists",
             RejectCode::Mismatch => "mismatch",
         }
@@ -98,6 +104,8 @@ pub enum InfraCode {
     WorkerLost,
     /// A model service replica failed (crashed, did not restore, answered with an error).
     Service,
+    /// An external API could not be reached (connection refused, TLS or DNS failure).
+    Provider,
     /// The sandbox container disappeared (worker restart, removed by hand).
     SandboxLost,
     /// Cores could not be granted or parked.
@@ -215,6 +223,25 @@ pub struct ActionResult {
     /// `reward`: the replica that served it and whether it had to be restored first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceUse>,
+    /// `api`: the provider's reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpReply>,
+}
+
+/// An external API's reply to an `api` action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpReply {
+    /// HTTP status code.
+    pub status: u16,
+    /// The reply headers the provider's config lets through, names in lower case.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The body (UTF-8, invalid bytes replaced), up to the provider's cap.
+    #[serde(default)]
+    pub body: String,
+    /// True when the body was cut at the cap.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// How a `reward` action used its service.
@@ -255,6 +282,7 @@ impl ActionResult {
             finished_at_ms,
             scores: None,
             service: None,
+            http: None,
         }
     }
 

@@ -101,6 +101,7 @@ fn results() {
         finished_at_ms: 1_790_000_000_000,
         scores: None,
         service: None,
+        http: None,
     };
     golden("result_completed", &done);
     golden(
@@ -207,6 +208,15 @@ fn dispatch_and_heartbeat() {
                     healthy: true,
                 }],
             }],
+            providers: vec![ProviderReport {
+                name: "search".into(),
+                rate_per_s: 20.0,
+                burst: 5,
+                concurrency: 4,
+                allow: vec!["GET /search".into()],
+                allow_headers: vec!["accept".into()],
+                slow_ms: Some(2000),
+            }],
         },
     );
     golden(
@@ -227,8 +237,63 @@ fn dispatch_and_heartbeat() {
             draining: false,
             gpus: None,
             services: vec![],
+            providers: vec![],
         },
     );
+}
+
+fn api_action() -> Action {
+    Action {
+        id: ActionId::new("q-1").unwrap(),
+        job: JobId::new("job1").unwrap(),
+        trajectory: TrajectoryId::new("t17").unwrap(),
+        timeout_ms: 5_000,
+        spec: ActionSpec::Api(Api {
+            provider: "search".into(),
+            method: "GET".into(),
+            path: "/search".into(),
+            query: BTreeMap::from([("q".into(), "rust async".into())]),
+            body: None,
+            headers: BTreeMap::from([("Accept".into(), "application/json".into())]),
+        }),
+    }
+}
+
+#[test]
+fn api_action_and_result() {
+    golden("action_api", &api_action());
+    let mut done = ActionResult::new(
+        ActionId::new("q-1").unwrap(),
+        JobId::new("job1").unwrap(),
+        Outcome::Completed { exit_code: 0 },
+        1_790_000_000_456,
+    )
+    .for_action(&api_action(), 1);
+    done.http = Some(HttpReply {
+        status: 200,
+        headers: BTreeMap::from([("content-type".into(), "application/json".into())]),
+        body: "{\"hits\": []}".into(),
+        truncated: false,
+    });
+    golden("result_api", &done);
+    for bad in ["search", "//evil.example/x", "/a/../b", "/a?b=1", "/a b", "/x@y"] {
+        let mut a = api_action();
+        if let ActionSpec::Api(api) = &mut a.spec {
+            api.path = bad.into();
+        }
+        assert_eq!(a.validate(&Limits::default()).unwrap_err().code, RejectCode::InvalidField, "{bad}");
+    }
+    let p = ProviderReport {
+        name: "s".into(),
+        rate_per_s: 1.0,
+        burst: 1,
+        concurrency: 1,
+        allow: vec!["GET /search".into(), "POST /v1/*".into()],
+        allow_headers: vec![],
+        slow_ms: None,
+    };
+    assert!(p.allows("GET", "/search") && p.allows("POST", "/v1/chat/completions"));
+    assert!(!p.allows("POST", "/search") && !p.allows("GET", "/search/x") && !p.allows("GET", "/v1/x"));
 }
 
 fn reward_action() -> Action {

@@ -4,6 +4,7 @@
 
 use crate::cpuset;
 use crate::gpu::NvmlMode;
+use crate::providers::ProviderConfig;
 use crate::services::ServiceConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -79,6 +80,8 @@ pub struct RawConfig {
     pub gpu: Option<RawGpu>,
     /// Model services served by this worker.
     pub service: Option<Vec<ServiceConfig>>,
+    /// External API providers this worker calls.
+    pub provider: Option<Vec<ProviderConfig>>,
 }
 
 /// The `[gpu]` table.
@@ -144,6 +147,8 @@ pub struct Config {
     pub gpu_groups: Vec<Vec<u32>>,
     /// Model services.
     pub services: Vec<ServiceConfig>,
+    /// External API providers.
+    pub providers: Vec<ProviderConfig>,
 }
 
 /// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
@@ -189,6 +194,7 @@ impl RawConfig {
             state_dir: over.state_dir.or(self.state_dir),
             gpu: over.gpu.or(self.gpu),
             service: over.service.or(self.service),
+            provider: over.provider.or(self.provider),
         }
     }
 
@@ -262,6 +268,14 @@ impl RawConfig {
                 return err(format!("service {:?} is declared twice", s.name));
             }
         }
+        let providers = self.provider.unwrap_or_default();
+        let mut pnames = std::collections::BTreeSet::new();
+        for p in &providers {
+            p.check().map_err(ConfigError)?;
+            if !pnames.insert(p.name.clone()) {
+                return err(format!("provider {:?} is declared twice", p.name));
+            }
+        }
         let state_dir = self
             .state_dir
             .map(std::path::PathBuf::from)
@@ -272,6 +286,7 @@ impl RawConfig {
             nvml: gpu.nvml.unwrap_or(NvmlMode::Auto),
             gpu_groups,
             services,
+            providers,
             id,
             nats_url,
             cores,

@@ -24,6 +24,10 @@ pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
 pub const REPLICAS_CRASHED: &str = "tangram_worker_replicas_crashed_total";
 /// Replicas put to sleep to make room, by service.
 pub const EVICTIONS: &str = "tangram_worker_evictions_total";
+/// External API calls, by provider and status class (`2xx`, `429`, ...).
+pub const API_CALLS: &str = "tangram_worker_api_calls_total";
+/// External API call latency, by provider.
+pub const API_SECONDS: &str = "tangram_worker_api_call_duration_seconds";
 /// Time to restore (wake) a replica, by service.
 pub const RESTORE_SECONDS: &str = "tangram_worker_restore_duration_seconds";
 
@@ -42,6 +46,7 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FAST)?
         .set_buckets_for_metric(Matcher::Full(EXEC_SECONDS.into()), SLOW)?
         .set_buckets_for_metric(Matcher::Full(RESTORE_SECONDS.into()), SLOW)?
+        .set_buckets_for_metric(Matcher::Full(API_SECONDS.into()), SLOW)?
         .install()?;
     Ok(())
 }
@@ -76,4 +81,15 @@ pub(crate) fn eviction(service: &str) {
 }
 pub(crate) fn restore(service: &str, seconds: f64) {
     histogram!(RESTORE_SECONDS, "service" => service.to_string()).record(seconds);
+}
+pub(crate) fn api_call(provider: &str, status: u16, seconds: f64) {
+    let class = match status {
+        429 => "429",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    counter!(API_CALLS, "provider" => provider.to_string(), "status" => class).increment(1);
+    histogram!(API_SECONDS, "provider" => provider.to_string()).record(seconds);
 }

@@ -5,6 +5,7 @@ use crate::config::{Config, GrantMode};
 use crate::cpuset::{self, CoreAllocator};
 use crate::docker::{us_since, DockerError, DockerSandboxes, PARKED_QUOTA_US};
 use crate::metrics as m;
+use crate::providers::{CallError, Providers};
 use crate::services::{ServiceError, Services};
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -51,6 +52,8 @@ struct Worker {
     docker: Option<DockerSandboxes>,
     /// Model services, on GPU hosts.
     services: Option<Arc<Services>>,
+    /// External API providers.
+    providers: Option<Arc<Providers>>,
     js: jetstream::Context,
     state: Mutex<State>,
     /// Cancelled when the drain deadline passes: running commands are killed.
@@ -123,6 +126,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tangram_nats::ensure_streams(&js).await?;
     let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
 
+    let providers = (!config.providers.is_empty())
+        .then(|| Arc::new(Providers::new(config.providers.clone())));
     let worker = Arc::new(Worker {
         state: Mutex::new(State {
             cores: CoreAllocator::with_domains(&config.cores, &cpuset::numa_domains()),
@@ -135,6 +140,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         config,
         docker,
         services: services.clone(),
+        providers,
         inventory,
         js,
         hard_stop: CancellationToken::new(),
@@ -303,6 +309,7 @@ async fn send_heartbeat(
                 .as_ref()
                 .map(|s| s.report())
                 .unwrap_or_default(),
+            providers: worker.providers.as_ref().map(|p| p.report()).unwrap_or_default(),
         }
     };
     match codec::encode(&hb, Encoding::Msgpack) {
@@ -325,6 +332,45 @@ impl Worker {
         self.docker
             .as_ref()
             .expect("sandbox actions never run on a worker without Docker")
+    }
+
+    async fn api(&self, d: &Dispatch, api: &tangram_shared::Api, queued_us: u64, result: &mut ActionResult) {
+        let Some(providers) = &self.providers else {
+            result.outcome = Outcome::Rejected {
+                code: RejectCode::UnknownProvider,
+                reason: format!("worker {} calls no external providers", self.config.id),
+            };
+            return;
+        };
+        let timeout = Duration::from_millis(d.action.timeout_ms);
+        let called = tokio::select! {
+            r = providers.call(api, timeout) => r,
+            _ = self.hard_stop.cancelled() => {
+                result.outcome = infra(InfraCode::Shutdown, format!("worker {} stopped", self.config.id));
+                return;
+            }
+        };
+        match called {
+            Ok(c) => {
+                result.timing = Timing::new(queued_us, c.wait_us, c.call_us);
+                m::api_call(&api.provider, c.reply.status, c.call_us as f64 / 1e6);
+                result.http = Some(c.reply);
+            }
+            Err(CallError::Timeout(ms)) => {
+                result.timing = Timing::new(queued_us, 0, ms * 1000);
+                result.outcome = Outcome::TimedOut;
+            }
+            Err(CallError::Unknown(p)) => {
+                result.outcome = Outcome::Rejected {
+                    code: RejectCode::UnknownProvider,
+                    reason: format!("worker {} has no provider named {p:?}", self.config.id),
+                };
+            }
+            Err(CallError::NotAllowed(why)) => {
+                result.outcome = Outcome::Rejected { code: RejectCode::NotAllowed, reason: why };
+            }
+            Err(CallError::Unreachable(why)) => result.outcome = infra(InfraCode::Provider, why),
+        }
     }
 
     async fn reward(
@@ -509,7 +555,7 @@ impl Worker {
         });
         result.timing = Timing::new(queued_us, 0, 0);
         let t0 = Instant::now();
-        if self.docker.is_none() && !matches!(a.spec, ActionSpec::Reward(_)) {
+        if self.docker.is_none() && !matches!(a.spec, ActionSpec::Reward(_) | ActionSpec::Api(_)) {
             result.outcome = Outcome::Rejected {
                 code: RejectCode::InvalidField,
                 reason: format!("worker {} runs no sandboxes (a GPU host)", self.config.id),
@@ -519,6 +565,7 @@ impl Worker {
         }
         match &a.spec {
             ActionSpec::Reward(reward) => self.reward(d, reward, queued_us, &mut result).await,
+            ActionSpec::Api(api) => self.api(d, api, queued_us, &mut result).await,
             ActionSpec::SandboxOpen(open) => {
                 result.outcome = self.open(&key, open, d.grant.mem_mb).await;
                 result.timing = Timing::new(queued_us, us_since(t0), 0);

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod learn;
 mod model;
 pub mod policies;
+pub mod quota;
 pub mod sim;
 pub mod sim_gpu;
 

@@ -1,0 +1,259 @@
+//! External API quota as a pooled resource: per provider, one token bucket (rate and burst)
+//! and one concurrency cap for the whole fleet, weighted fair shares between jobs when demand
+//! exceeds the quota, and an adaptive effective rate (additive increase, multiplicative
+//! decrease on HTTP 429 or slow replies).
+//!
+//! Pure: time is an argument.
+
+use crate::model::TokenBucket;
+use std::collections::BTreeMap;
+
+/// A provider's declared quota.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderQuota {
+    /// Name `api` actions use.
+    pub name: String,
+    /// Requests per second, for the whole fleet.
+    pub rate_per_s: f64,
+    /// Burst, requests.
+    pub burst: u32,
+    /// Requests in flight at most.
+    pub concurrency: u32,
+    /// Replies slower than this count as overload, ms.
+    pub slow_ms: Option<u64>,
+}
+
+/// Multiplicative decrease factor on overload.
+pub const DECREASE: f64 = 0.5;
+/// The effective rate never drops below this share of the declared rate.
+pub const FLOOR: f64 = 0.05;
+/// Additive increase per good reply, as a share of the declared rate.
+pub const INCREASE: f64 = 0.02;
+/// At most one decrease per this many ms (a burst of 429s is one signal).
+pub const DECREASE_EVERY_MS: u64 = 1_000;
+
+/// One provider's live state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quota {
+    spec: ProviderQuota,
+    bucket: TokenBucket,
+    effective: f64,
+    inflight: u32,
+    last_decrease_ms: Option<u64>,
+    /// Start-time fair queuing: each job's finish tag, and the system's virtual time.
+    tags: BTreeMap<String, f64>,
+    vtime: f64,
+    /// Requests admitted per job (for reports).
+    admitted: BTreeMap<String, u64>,
+    /// Overload signals seen.
+    overloads: u64,
+}
+
+impl Quota {
+    /// A provider with a full bucket at `now_ms`. One token of the burst is kept as headroom
+    /// for jitter between the scheduler's admission and the request's arrival at the
+    /// provider, so the provider never sees more than its own bucket allows.
+    pub fn new(spec: ProviderQuota, now_ms: u64) -> Self {
+        let burst = spec.burst.saturating_sub(1).max(1) as f64;
+        Self {
+            bucket: TokenBucket { rate_per_s: spec.rate_per_s, burst, tokens: burst, at_ms: now_ms },
+            effective: spec.rate_per_s,
+            spec,
+            inflight: 0,
+            last_decrease_ms: None,
+            tags: BTreeMap::new(),
+            vtime: 0.0,
+            admitted: BTreeMap::new(),
+            overloads: 0,
+        }
+    }
+
+    /// The declared quota.
+    pub fn spec(&self) -> &ProviderQuota {
+        &self.spec
+    }
+
+    /// Updates the declared quota (a worker's config changed); keeps live state.
+    pub fn redeclare(&mut self, spec: ProviderQuota, now_ms: u64) {
+        if spec != self.spec {
+            let burst = spec.burst.saturating_sub(1).max(1) as f64;
+            self.settle(now_ms);
+            self.bucket.burst = burst;
+            self.bucket.tokens = self.bucket.tokens.min(burst);
+            self.effective = self.effective.min(spec.rate_per_s);
+            self.bucket.rate_per_s = self.effective;
+            self.spec = spec;
+        }
+    }
+
+    fn settle(&mut self, now_ms: u64) {
+        self.bucket.tokens = self.bucket.available(now_ms);
+        self.bucket.at_ms = self.bucket.at_ms.max(now_ms);
+    }
+
+    /// The adaptive rate in force, requests per second.
+    pub fn effective_rate(&self) -> f64 {
+        self.effective
+    }
+
+    /// Requests in flight.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// Requests admitted per job so far.
+    pub fn admitted(&self) -> &BTreeMap<String, u64> {
+        &self.admitted
+    }
+
+    /// Overload signals (429 or slow replies) seen.
+    pub fn overloads(&self) -> u64 {
+        self.overloads
+    }
+
+    /// `Some(0)` when a request may start now; `Some(ms)` when the next token comes in that
+    /// long; `None` when the concurrency cap is reached (wait for a reply).
+    pub fn ready_in_ms(&self, now_ms: u64) -> Option<u64> {
+        if self.inflight >= self.spec.concurrency {
+            return None;
+        }
+        self.bucket.ready_in_ms(1.0, now_ms)
+    }
+
+    /// Among waiting requests `(index, job)` in arrival order, the one to admit next: the job
+    /// with the smallest start tag (requests admitted divided by the job's weight, never
+    /// behind the virtual time, so that a job that was idle does not monopolise), the
+    /// earliest arrival within a job and on ties.
+    pub fn pick(&self, waiting: &[(usize, &str)]) -> Option<usize> {
+        let mut best: Option<(f64, usize, usize)> = None;
+        let mut seen: Vec<&str> = Vec::new();
+        for (pos, &(idx, job)) in waiting.iter().enumerate() {
+            if seen.contains(&job) {
+                continue;
+            }
+            seen.push(job);
+            let start = self.tags.get(job).copied().unwrap_or(0.0).max(self.vtime);
+            if best.is_none_or(|(s, p, _)| start < s - 1e-12 || (start - s).abs() <= 1e-12 && pos < p) {
+                best = Some((start, pos, idx));
+            }
+        }
+        best.map(|(_, _, idx)| idx)
+    }
+
+    /// Admits one request of `job` (weight `weight`) at `now_ms`: takes a token and a
+    /// concurrency slot. Call [`Quota::finish`] with its reply.
+    pub fn take(&mut self, job: &str, weight: f64, now_ms: u64) {
+        self.settle(now_ms);
+        self.bucket.tokens -= 1.0;
+        self.inflight += 1;
+        let start = self.tags.get(job).copied().unwrap_or(0.0).max(self.vtime);
+        self.vtime = start;
+        self.tags.insert(job.to_string(), start + 1.0 / weight.max(1e-6));
+        *self.admitted.entry(job.to_string()).or_default() += 1;
+    }
+
+    /// A request ended: `status` is the HTTP status when a reply came, `latency_ms` how long
+    /// the call took. A 429, or a reply slower than the provider's `slow_ms`, halves the
+    /// effective rate (at most once a second, never below 5% of the declared rate); a good
+    /// reply adds 2% of the declared rate back.
+    pub fn finish(&mut self, now_ms: u64, status: Option<u16>, latency_ms: u64) {
+        self.inflight = self.inflight.saturating_sub(1);
+        let overload = status == Some(429) || self.spec.slow_ms.is_some_and(|s| latency_ms > s);
+        let base = self.spec.rate_per_s;
+        let before = self.effective;
+        if overload {
+            self.overloads += 1;
+            let due = self
+                .last_decrease_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= DECREASE_EVERY_MS);
+            if due {
+                self.effective = (self.effective * DECREASE).max(base * FLOOR);
+                self.last_decrease_ms = Some(now_ms);
+            }
+        } else if status.is_some_and(|s| s < 500) {
+            self.effective = (self.effective + base * INCREASE).min(base);
+        }
+        if self.effective != before {
+            self.settle(now_ms);
+            self.bucket.rate_per_s = self.effective;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(rate: f64, burst: u32, conc: u32) -> ProviderQuota {
+        ProviderQuota { name: "search".into(), rate_per_s: rate, burst, concurrency: conc, slow_ms: Some(2_000) }
+    }
+
+    #[test]
+    fn rate_burst_and_concurrency_bound_admissions() {
+        let mut q = Quota::new(spec(10.0, 4, 100), 0);
+        // Burst minus one token of headroom at once, then one per 100 ms.
+        for _ in 0..3 {
+            assert_eq!(q.ready_in_ms(0), Some(0));
+            q.take("a", 1.0, 0);
+        }
+        assert_eq!(q.ready_in_ms(0), Some(100));
+        assert_eq!(q.ready_in_ms(100), Some(0));
+        let mut c = Quota::new(spec(1000.0, 100, 2), 0);
+        c.take("a", 1.0, 0);
+        c.take("a", 1.0, 0);
+        assert_eq!(c.ready_in_ms(0), None, "concurrency cap");
+        c.finish(5, Some(200), 5);
+        assert_eq!(c.ready_in_ms(5), Some(0));
+    }
+
+    #[test]
+    fn backlogged_jobs_share_by_weight_and_a_newcomer_does_not_monopolise() {
+        let mut q = Quota::new(spec(1e9, 1_000_000, 1_000_000), 0);
+        let w = |j: &str| if j == "a" { 2.0 } else { 1.0 };
+        let waiting = [(0, "a"), (1, "b")];
+        let mut n = BTreeMap::new();
+        for _ in 0..300 {
+            let i = q.pick(&waiting).unwrap();
+            let job = waiting[i].1;
+            q.take(job, w(job), 0);
+            *n.entry(job).or_insert(0) += 1;
+        }
+        assert_eq!((n["a"], n["b"]), (200, 100));
+        // c arrives late: it starts at the current virtual time, not at zero.
+        let waiting = [(0, "a"), (1, "b"), (2, "c")];
+        let mut m = BTreeMap::new();
+        for _ in 0..400 {
+            let i = q.pick(&waiting).unwrap();
+            let job = waiting[i].1;
+            q.take(job, w(job), 0);
+            *m.entry(job).or_insert(0) += 1;
+        }
+        let (a, b, c) = (m["a"], m["b"], m["c"]);
+        assert!((198..=202).contains(&a) && (98..=102).contains(&b) && (98..=102).contains(&c), "{m:?}");
+    }
+
+    #[test]
+    fn aimd_backs_off_on_429_and_recovers() {
+        let mut q = Quota::new(spec(100.0, 10, 100), 0);
+        q.take("a", 1.0, 0);
+        q.finish(10, Some(429), 10);
+        assert_eq!(q.effective_rate(), 50.0);
+        // A second 429 in the same second is the same signal.
+        q.take("a", 1.0, 20);
+        q.finish(20, Some(429), 10);
+        assert_eq!(q.effective_rate(), 50.0);
+        q.take("a", 1.0, 1_100);
+        q.finish(1_100, Some(429), 10);
+        assert_eq!(q.effective_rate(), 25.0);
+        // Slow replies count as overload too.
+        q.take("a", 1.0, 2_200);
+        q.finish(2_200, Some(200), 5_000);
+        assert_eq!(q.effective_rate(), 12.5);
+        for i in 0..100 {
+            q.take("a", 1.0, 3_000 + i);
+            q.finish(3_000 + i, Some(200), 10);
+        }
+        assert_eq!(q.effective_rate(), 100.0, "recovers to the declared rate, no further");
+        assert_eq!(q.overloads(), 4);
+    }
+}
