@@ -136,8 +136,13 @@ impl RawConfig {
             )));
         }
         let job_weights = self.job_weights.unwrap_or_default();
-        if let Some((job, w)) = job_weights.iter().find(|(_, w)| !(**w > 0.0 && w.is_finite())) {
-            return Err(ConfigError(format!("job_weights.{job} is {w}; weights must be above 0")));
+        if let Some((job, w)) = job_weights
+            .iter()
+            .find(|(_, w)| !(**w > 0.0 && w.is_finite()))
+        {
+            return Err(ConfigError(format!(
+                "job_weights.{job} is {w}; weights must be above 0"
+            )));
         }
         Ok(Config {
             job_weights,

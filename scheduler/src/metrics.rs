@@ -96,5 +96,6 @@ pub(crate) fn provider(name: &str, rate: f64, inflight: u32, waiting: usize) {
     gauge!(PROVIDER_WAITING, "provider" => name.to_string()).set(waiting as f64);
 }
 pub(crate) fn api_admitted(provider: &str, job: &str) {
-    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job.to_string()).increment(1);
+    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job.to_string())
+        .increment(1);
 }

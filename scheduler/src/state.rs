@@ -575,7 +575,11 @@ impl Scheduler {
     /// Admits api actions under their providers' pooled quotas: per provider, while a token
     /// and a concurrency slot are free, the next action by weighted fair share between jobs.
     /// Sets `wake_at` to when the next token comes for a provider with actions waiting.
-    fn plan_api(&mut self, now_ms: u64, rejections: &mut Vec<(ActionId, Rejection)>) -> Vec<(ActionId, WorkerId, String)> {
+    fn plan_api(
+        &mut self,
+        now_ms: u64,
+        rejections: &mut Vec<(ActionId, Rejection)>,
+    ) -> Vec<(ActionId, WorkerId, String)> {
         let mut waiting: BTreeMap<String, Vec<(usize, String)>> = BTreeMap::new();
         for (i, q) in self.queue.iter().enumerate() {
             let tangram_shared::ActionSpec::Api(api) = &q.action.spec else {
@@ -589,9 +593,16 @@ impl Scheduler {
                         Rejection::new(
                             RejectCode::UnknownProvider,
                             if known.is_empty() {
-                                format!("no worker calls a provider named {:?}; none are declared", api.provider)
+                                format!(
+                                    "no worker calls a provider named {:?}; none are declared",
+                                    api.provider
+                                )
                             } else {
-                                format!("no worker calls a provider named {:?}; providers: {}", api.provider, known.join(", "))
+                                format!(
+                                    "no worker calls a provider named {:?}; providers: {}",
+                                    api.provider,
+                                    known.join(", ")
+                                )
                             },
                         ),
                     ));
@@ -603,19 +614,38 @@ impl Scheduler {
                     q.action.id.clone(),
                     Rejection::new(
                         RejectCode::NotAllowed,
-                        format!("{} {} is not allowed for provider {:?} (allowed: {})", api.method, api.path, api.provider, p.report.allow.join(", ")),
+                        format!(
+                            "{} {} is not allowed for provider {:?} (allowed: {})",
+                            api.method,
+                            api.path,
+                            api.provider,
+                            p.report.allow.join(", ")
+                        ),
                     ),
                 ));
                 continue;
             }
-            if let Some(h) = api.headers.keys().find(|h| !p.report.allow_headers.contains(&h.to_ascii_lowercase())) {
+            if let Some(h) = api
+                .headers
+                .keys()
+                .find(|h| !p.report.allow_headers.contains(&h.to_ascii_lowercase()))
+            {
                 rejections.push((
                     q.action.id.clone(),
-                    Rejection::new(RejectCode::NotAllowed, format!("header {h:?} is not allowed for provider {:?}", api.provider)),
+                    Rejection::new(
+                        RejectCode::NotAllowed,
+                        format!(
+                            "header {h:?} is not allowed for provider {:?}",
+                            api.provider
+                        ),
+                    ),
                 ));
                 continue;
             }
-            waiting.entry(api.provider.clone()).or_default().push((i, q.action.job.0.clone()));
+            waiting
+                .entry(api.provider.clone())
+                .or_default()
+                .push((i, q.action.job.0.clone()));
         }
         let mut routes = Vec::new();
         let mut next_ms: Option<u64> = None;
@@ -626,7 +656,9 @@ impl Scheduler {
             }
         }
         for (name, mut list) in waiting {
-            let Some(p) = self.providers.get_mut(&name) else { continue };
+            let Some(p) = self.providers.get_mut(&name) else {
+                continue;
+            };
             let accepting: Vec<WorkerId> = p
                 .workers
                 .iter()
@@ -639,9 +671,15 @@ impl Scheduler {
             while !list.is_empty() {
                 match p.quota.ready_in_ms(now_ms) {
                     Some(0) => {
-                        let view: Vec<(usize, &str)> = list.iter().map(|(i, j)| (*i, j.as_str())).collect();
-                        let Some(idx) = p.quota.pick(&view) else { break };
-                        let pos = list.iter().position(|(i, _)| *i == idx).expect("picked from the list");
+                        let view: Vec<(usize, &str)> =
+                            list.iter().map(|(i, j)| (*i, j.as_str())).collect();
+                        let Some(idx) = p.quota.pick(&view) else {
+                            break;
+                        };
+                        let pos = list
+                            .iter()
+                            .position(|(i, _)| *i == idx)
+                            .expect("picked from the list");
                         let (i, job) = list.remove(pos);
                         let weight = self.config.job_weights.get(&job).copied().unwrap_or(1.0);
                         p.quota.take(&job, weight, now_ms);
@@ -660,7 +698,12 @@ impl Scheduler {
                     None => break, // at the concurrency cap: a reply will wake us
                 }
             }
-            m::provider(&name, p.quota.effective_rate(), p.quota.inflight(), list.len());
+            m::provider(
+                &name,
+                p.quota.effective_rate(),
+                p.quota.inflight(),
+                list.len(),
+            );
         }
         self.wake_at = next_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
         routes
@@ -1008,8 +1051,13 @@ impl Scheduler {
             let Some(run) = self.running.remove(&id) else {
                 continue;
             };
-            if let Some(p) = run.provider.as_ref().and_then(|p| self.providers.get_mut(p)) {
-                p.quota.finish(self.started.elapsed().as_millis() as u64, None, 0);
+            if let Some(p) = run
+                .provider
+                .as_ref()
+                .and_then(|p| self.providers.get_mut(p))
+            {
+                p.quota
+                    .finish(self.started.elapsed().as_millis() as u64, None, 0);
             }
             if let Some((service, chunk)) = &run.gpu {
                 if let Some(i) = self.eoe.find(service, worker, *chunk) {

@@ -276,12 +276,23 @@ fn api_action_and_result() {
         truncated: false,
     });
     golden("result_api", &done);
-    for bad in ["search", "//evil.example/x", "/a/../b", "/a?b=1", "/a b", "/x@y"] {
+    for bad in [
+        "search",
+        "//evil.example/x",
+        "/a/../b",
+        "/a?b=1",
+        "/a b",
+        "/x@y",
+    ] {
         let mut a = api_action();
         if let ActionSpec::Api(api) = &mut a.spec {
             api.path = bad.into();
         }
-        assert_eq!(a.validate(&Limits::default()).unwrap_err().code, RejectCode::InvalidField, "{bad}");
+        assert_eq!(
+            a.validate(&Limits::default()).unwrap_err().code,
+            RejectCode::InvalidField,
+            "{bad}"
+        );
     }
     let p = ProviderReport {
         name: "s".into(),
@@ -293,7 +304,9 @@ fn api_action_and_result() {
         slow_ms: None,
     };
     assert!(p.allows("GET", "/search") && p.allows("POST", "/v1/chat/completions"));
-    assert!(!p.allows("POST", "/search") && !p.allows("GET", "/search/x") && !p.allows("GET", "/v1/x"));
+    assert!(
+        !p.allows("POST", "/search") && !p.allows("GET", "/search/x") && !p.allows("GET", "/v1/x")
+    );
 }
 
 fn reward_action() -> Action {

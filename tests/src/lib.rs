@@ -8,6 +8,8 @@
 //! - [`Client`]: a minimal submitter: publish an action, wait for its result.
 #![forbid(unsafe_code)]
 
+pub mod api_server;
+
 use anyhow::{bail, Context as _};
 use async_nats::jetstream;
 use futures::StreamExt;
@@ -382,6 +384,42 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts a worker that runs no sandboxes and calls the given external API providers.
+    pub fn start_api_worker(
+        &mut self,
+        id: &str,
+        providers: Vec<tangram_worker::providers::ProviderConfig>,
+    ) -> anyhow::Result<()> {
+        let raw = tangram_worker::config::RawConfig {
+            id: Some(id.into()),
+            nats_url: Some(self.nats.url()),
+            heartbeat_ms: Some(200),
+            shutdown_grace_ms: Some(2000),
+            sandboxes: Some(false),
+            provider: Some(providers),
+            ..Default::default()
+        };
+        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
+        self.workers.push((id.to_string(), token, handle));
+        Ok(())
+    }
+
+    /// Starts the scheduler with its config changed by `edit` (stops any running one first).
+    pub async fn restart_scheduler_with(
+        &mut self,
+        edit: impl FnOnce(&mut tangram_scheduler::Config),
+    ) -> anyhow::Result<()> {
+        self.stop_scheduler().await?;
+        let mut config = tangram_scheduler::Config::with_nats_url(self.nats.url());
+        edit(&mut config);
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_scheduler::run(config, token.clone()));
+        self.scheduler = Some((token, handle));
+        Ok(())
+    }
+
     /// Stops one worker gracefully and waits for it.
     pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
         let pos = self
@@ -649,6 +687,22 @@ pub mod build {
                 service: service.into(),
                 inputs: inputs.iter().map(|s| s.to_string()).collect(),
                 options: BTreeMap::new(),
+            }),
+        )
+    }
+    /// `api` GET of `path` on `provider`, with `job=<job>` in the query.
+    pub fn api(id: &str, job: &str, traj: &str, provider: &str, path: &str) -> Action {
+        action(
+            id,
+            job,
+            traj,
+            ActionSpec::Api(tangram_shared::Api {
+                provider: provider.into(),
+                method: "GET".into(),
+                path: path.into(),
+                query: BTreeMap::from([("job".to_string(), job.to_string())]),
+                body: None,
+                headers: BTreeMap::new(),
             }),
         )
     }

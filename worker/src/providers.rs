@@ -92,25 +92,37 @@ impl ProviderConfig {
             return Err("provider.name must have 1 to 128 characters".into());
         }
         if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
-            return Err(format!("provider {n:?}: base_url must start with http:// or https://"));
+            return Err(format!(
+                "provider {n:?}: base_url must start with http:// or https://"
+            ));
         }
         if !(self.rate_per_s > 0.0 && self.rate_per_s.is_finite()) {
             return Err(format!("provider {n:?}: rate_per_s must be above 0"));
         }
         if self.burst == 0 || self.concurrency == 0 {
-            return Err(format!("provider {n:?}: burst and concurrency must be at least 1"));
+            return Err(format!(
+                "provider {n:?}: burst and concurrency must be at least 1"
+            ));
         }
         if self.allow.is_empty() {
-            return Err(format!("provider {n:?}: allow is empty, so nothing could be called"));
+            return Err(format!(
+                "provider {n:?}: allow is empty, so nothing could be called"
+            ));
         }
         for rule in &self.allow {
             match rule.split_once(' ') {
                 Some((m, p)) if !m.is_empty() && p.starts_with('/') => {}
-                _ => return Err(format!("provider {n:?}: allow rule {rule:?} is not \"METHOD /path\"")),
+                _ => {
+                    return Err(format!(
+                        "provider {n:?}: allow rule {rule:?} is not \"METHOD /path\""
+                    ))
+                }
             }
         }
         if self.credential_env.is_some() && self.credential_file.is_some() {
-            return Err(format!("provider {n:?}: credential_env and credential_file are alternatives"));
+            return Err(format!(
+                "provider {n:?}: credential_env and credential_file are alternatives"
+            ));
         }
         Ok(())
     }
@@ -123,20 +135,28 @@ impl ProviderConfig {
             burst: self.burst,
             concurrency: self.concurrency,
             allow: self.allow.clone(),
-            allow_headers: self.allow_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            allow_headers: self
+                .allow_headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
             slow_ms: self.slow_ms,
         }
     }
 
     fn credential(&self) -> Result<Option<String>, String> {
         if let Some(var) = &self.credential_env {
-            return std::env::var(var)
-                .map(Some)
-                .map_err(|_| format!("provider {:?}: credential variable {var} is not set on this worker", self.name));
+            return std::env::var(var).map(Some).map_err(|_| {
+                format!(
+                    "provider {:?}: credential variable {var} is not set on this worker",
+                    self.name
+                )
+            });
         }
         if let Some(path) = &self.credential_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("provider {:?}: reading its credential file: {e}", self.name))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                format!("provider {:?}: reading its credential file: {e}", self.name)
+            })?;
             return Ok(text.lines().next().map(|l| l.trim().to_string()));
         }
         Ok(None)
@@ -204,7 +224,10 @@ impl Providers {
 
     /// Makes one call.
     pub async fn call(&self, api: &Api, timeout: Duration) -> Result<Called, CallError> {
-        let (c, sem) = self.providers.get(&api.provider).ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
+        let (c, sem) = self
+            .providers
+            .get(&api.provider)
+            .ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
         let report = c.report();
         if !report.allows(&api.method, &api.path) {
             return Err(CallError::NotAllowed(format!(
@@ -215,14 +238,25 @@ impl Providers {
                 c.allow.join(", ")
             )));
         }
-        if let Some(h) = api.headers.keys().find(|h| !report.allow_headers.contains(&h.to_ascii_lowercase())) {
-            return Err(CallError::NotAllowed(format!("header {h:?} is not allowed for provider {:?}", api.provider)));
+        if let Some(h) = api
+            .headers
+            .keys()
+            .find(|h| !report.allow_headers.contains(&h.to_ascii_lowercase()))
+        {
+            return Err(CallError::NotAllowed(format!(
+                "header {h:?} is not allowed for provider {:?}",
+                api.provider
+            )));
         }
-        let method = reqwest::Method::from_bytes(api.method.as_bytes())
-            .map_err(|_| CallError::NotAllowed(format!("{:?} is not an HTTP method", api.method)))?;
+        let method = reqwest::Method::from_bytes(api.method.as_bytes()).map_err(|_| {
+            CallError::NotAllowed(format!("{:?} is not an HTTP method", api.method))
+        })?;
         let credential = c.credential().map_err(CallError::Unreachable)?;
         let w0 = Instant::now();
-        let _slot = sem.acquire().await.map_err(|_| CallError::Unreachable("provider closed".into()))?;
+        let _slot = sem
+            .acquire()
+            .await
+            .map_err(|_| CallError::Unreachable("provider closed".into()))?;
         let wait_us = w0.elapsed().as_micros() as u64;
         let url = format!("{}{}", c.base_url.trim_end_matches('/'), api.path);
         let mut req = self.http.request(method, &url).query(&api.query);
@@ -242,7 +276,11 @@ impl Providers {
             let status = resp.status().as_u16();
             let mut headers = BTreeMap::new();
             for name in &c.reply_headers {
-                if let Some(v) = resp.headers().get(name.as_str()).and_then(|v| v.to_str().ok()) {
+                if let Some(v) = resp
+                    .headers()
+                    .get(name.as_str())
+                    .and_then(|v| v.to_str().ok())
+                {
                     headers.insert(name.to_ascii_lowercase(), v.to_string());
                 }
             }
@@ -267,8 +305,15 @@ impl Providers {
         };
         match tokio::time::timeout(limit, exchange).await {
             Err(_) => Err(CallError::Timeout(limit.as_millis() as u64)),
-            Ok(Err(e)) => Err(CallError::Unreachable(format!("calling provider {:?}: {e}", api.provider))),
-            Ok(Ok(reply)) => Ok(Called { reply, wait_us, call_us: t0.elapsed().as_micros() as u64 }),
+            Ok(Err(e)) => Err(CallError::Unreachable(format!(
+                "calling provider {:?}: {e}",
+                api.provider
+            ))),
+            Ok(Ok(reply)) => Ok(Called {
+                reply,
+                wait_us,
+                call_us: t0.elapsed().as_micros() as u64,
+            }),
         }
     }
 }

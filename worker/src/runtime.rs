@@ -126,8 +126,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tangram_nats::ensure_streams(&js).await?;
     let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
 
-    let providers = (!config.providers.is_empty())
-        .then(|| Arc::new(Providers::new(config.providers.clone())));
+    let providers =
+        (!config.providers.is_empty()).then(|| Arc::new(Providers::new(config.providers.clone())));
     let worker = Arc::new(Worker {
         state: Mutex::new(State {
             cores: CoreAllocator::with_domains(&config.cores, &cpuset::numa_domains()),
@@ -309,7 +309,11 @@ async fn send_heartbeat(
                 .as_ref()
                 .map(|s| s.report())
                 .unwrap_or_default(),
-            providers: worker.providers.as_ref().map(|p| p.report()).unwrap_or_default(),
+            providers: worker
+                .providers
+                .as_ref()
+                .map(|p| p.report())
+                .unwrap_or_default(),
         }
     };
     match codec::encode(&hb, Encoding::Msgpack) {
@@ -334,7 +338,13 @@ impl Worker {
             .expect("sandbox actions never run on a worker without Docker")
     }
 
-    async fn api(&self, d: &Dispatch, api: &tangram_shared::Api, queued_us: u64, result: &mut ActionResult) {
+    async fn api(
+        &self,
+        d: &Dispatch,
+        api: &tangram_shared::Api,
+        queued_us: u64,
+        result: &mut ActionResult,
+    ) {
         let Some(providers) = &self.providers else {
             result.outcome = Outcome::Rejected {
                 code: RejectCode::UnknownProvider,
@@ -367,7 +377,10 @@ impl Worker {
                 };
             }
             Err(CallError::NotAllowed(why)) => {
-                result.outcome = Outcome::Rejected { code: RejectCode::NotAllowed, reason: why };
+                result.outcome = Outcome::Rejected {
+                    code: RejectCode::NotAllowed,
+                    reason: why,
+                };
             }
             Err(CallError::Unreachable(why)) => result.outcome = infra(InfraCode::Provider, why),
         }

@@ -27,10 +27,10 @@ pub struct ProviderQuota {
 pub const DECREASE: f64 = 0.5;
 /// The effective rate never drops below this share of the declared rate.
 pub const FLOOR: f64 = 0.05;
-/// Additive increase per good reply, as a share of the declared rate.
-pub const INCREASE: f64 = 0.02;
+/// Additive increase, as a share of the declared rate per second of good replies.
+pub const INCREASE_PER_S: f64 = 0.10;
 /// At most one decrease per this many ms (a burst of 429s is one signal).
-pub const DECREASE_EVERY_MS: u64 = 1_000;
+pub const DECREASE_EVERY_MS: u64 = 250;
 
 /// One provider's live state.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +40,8 @@ pub struct Quota {
     effective: f64,
     inflight: u32,
     last_decrease_ms: Option<u64>,
+    /// Last time the rate was raised (or lowered), for the time-based increase.
+    last_adjust_ms: u64,
     /// Start-time fair queuing: each job's finish tag, and the system's virtual time.
     tags: BTreeMap<String, f64>,
     vtime: f64,
@@ -56,11 +58,17 @@ impl Quota {
     pub fn new(spec: ProviderQuota, now_ms: u64) -> Self {
         let burst = spec.burst.saturating_sub(1).max(1) as f64;
         Self {
-            bucket: TokenBucket { rate_per_s: spec.rate_per_s, burst, tokens: burst, at_ms: now_ms },
+            bucket: TokenBucket {
+                rate_per_s: spec.rate_per_s,
+                burst,
+                tokens: burst,
+                at_ms: now_ms,
+            },
             effective: spec.rate_per_s,
             spec,
             inflight: 0,
             last_decrease_ms: None,
+            last_adjust_ms: now_ms,
             tags: BTreeMap::new(),
             vtime: 0.0,
             admitted: BTreeMap::new(),
@@ -133,7 +141,9 @@ impl Quota {
             }
             seen.push(job);
             let start = self.tags.get(job).copied().unwrap_or(0.0).max(self.vtime);
-            if best.is_none_or(|(s, p, _)| start < s - 1e-12 || (start - s).abs() <= 1e-12 && pos < p) {
+            if best
+                .is_none_or(|(s, p, _)| start < s - 1e-12 || (start - s).abs() <= 1e-12 && pos < p)
+            {
                 best = Some((start, pos, idx));
             }
         }
@@ -148,14 +158,15 @@ impl Quota {
         self.inflight += 1;
         let start = self.tags.get(job).copied().unwrap_or(0.0).max(self.vtime);
         self.vtime = start;
-        self.tags.insert(job.to_string(), start + 1.0 / weight.max(1e-6));
+        self.tags
+            .insert(job.to_string(), start + 1.0 / weight.max(1e-6));
         *self.admitted.entry(job.to_string()).or_default() += 1;
     }
 
     /// A request ended: `status` is the HTTP status when a reply came, `latency_ms` how long
     /// the call took. A 429, or a reply slower than the provider's `slow_ms`, halves the
-    /// effective rate (at most once a second, never below 5% of the declared rate); a good
-    /// reply adds 2% of the declared rate back.
+    /// effective rate (at most once per 250 ms, never below 5% of the declared rate); good
+    /// replies add 10% of the declared rate back per second since the last change.
     pub fn finish(&mut self, now_ms: u64, status: Option<u16>, latency_ms: u64) {
         self.inflight = self.inflight.saturating_sub(1);
         let overload = status == Some(429) || self.spec.slow_ms.is_some_and(|s| latency_ms > s);
@@ -169,9 +180,14 @@ impl Quota {
             if due {
                 self.effective = (self.effective * DECREASE).max(base * FLOOR);
                 self.last_decrease_ms = Some(now_ms);
+                self.last_adjust_ms = now_ms;
             }
-        } else if status.is_some_and(|s| s < 500) {
-            self.effective = (self.effective + base * INCREASE).min(base);
+        } else if status.is_some_and(|s| s < 500) && self.effective < base {
+            let dt = now_ms.saturating_sub(self.last_adjust_ms) as f64 / 1e3;
+            self.effective = (self.effective + base * INCREASE_PER_S * dt).min(base);
+            self.last_adjust_ms = now_ms;
+        } else if self.effective >= base {
+            self.last_adjust_ms = now_ms;
         }
         if self.effective != before {
             self.settle(now_ms);
@@ -185,7 +201,13 @@ mod tests {
     use super::*;
 
     fn spec(rate: f64, burst: u32, conc: u32) -> ProviderQuota {
-        ProviderQuota { name: "search".into(), rate_per_s: rate, burst, concurrency: conc, slow_ms: Some(2_000) }
+        ProviderQuota {
+            name: "search".into(),
+            rate_per_s: rate,
+            burst,
+            concurrency: conc,
+            slow_ms: Some(2_000),
+        }
     }
 
     #[test]
@@ -229,7 +251,10 @@ mod tests {
             *m.entry(job).or_insert(0) += 1;
         }
         let (a, b, c) = (m["a"], m["b"], m["c"]);
-        assert!((198..=202).contains(&a) && (98..=102).contains(&b) && (98..=102).contains(&c), "{m:?}");
+        assert!(
+            (198..=202).contains(&a) && (98..=102).contains(&b) && (98..=102).contains(&c),
+            "{m:?}"
+        );
     }
 
     #[test]
@@ -238,22 +263,34 @@ mod tests {
         q.take("a", 1.0, 0);
         q.finish(10, Some(429), 10);
         assert_eq!(q.effective_rate(), 50.0);
-        // A second 429 in the same second is the same signal.
+        // A second 429 right after is the same signal.
         q.take("a", 1.0, 20);
         q.finish(20, Some(429), 10);
         assert_eq!(q.effective_rate(), 50.0);
-        q.take("a", 1.0, 1_100);
-        q.finish(1_100, Some(429), 10);
+        q.take("a", 1.0, 300);
+        q.finish(300, Some(429), 10);
         assert_eq!(q.effective_rate(), 25.0);
         // Slow replies count as overload too.
-        q.take("a", 1.0, 2_200);
-        q.finish(2_200, Some(200), 5_000);
+        q.take("a", 1.0, 600);
+        q.finish(600, Some(200), 5_000);
         assert_eq!(q.effective_rate(), 12.5);
-        for i in 0..100 {
-            q.take("a", 1.0, 3_000 + i);
-            q.finish(3_000 + i, Some(200), 10);
+        // Good replies add 10 per second (10% of 100) back.
+        q.take("a", 1.0, 1_600);
+        q.finish(1_600, Some(200), 10);
+        assert!(
+            (q.effective_rate() - 22.5).abs() < 1e-9,
+            "{}",
+            q.effective_rate()
+        );
+        for i in 0..20 {
+            q.take("a", 1.0, 2_000 + i * 1_000);
+            q.finish(2_000 + i * 1_000, Some(200), 10);
         }
-        assert_eq!(q.effective_rate(), 100.0, "recovers to the declared rate, no further");
+        assert_eq!(
+            q.effective_rate(),
+            100.0,
+            "recovers to the declared rate, no further"
+        );
         assert_eq!(q.overloads(), 4);
     }
 }
