@@ -5,6 +5,7 @@ use crate::{svg, trace, SimulateArgs};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 use tangram_core::sim::{SimReport, Summary};
+use tangram_core::sim_api::{simulate_api, DeepSearch, QuotaMode};
 use tangram_core::sim_gpu::{simulate_gpu, GpuMode, GpuStats, GpuWorkload, Mopd};
 
 /// Within this share of static's mean ACT counts as matching it.
@@ -211,6 +212,100 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
             None => println!("no pool size up to static's GPU count matched static's mean ACT"),
         }
     }
+    println!("picture: {}", args.svg.display());
+    Ok(())
+}
+
+/// `tangram simulate --workload deepsearch`: the search provider's quota pooled (`tangram`)
+/// or sliced per trajectory (`static`), side by side; the judge on GPUs is the same in both.
+pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
+    let mut w = DeepSearch {
+        batch: args.batch,
+        seed: args.seed,
+    }
+    .generate();
+    if let Some(path) = &args.cluster {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        if let Some(p) = trace::parse_providers(&text)?
+            .into_iter()
+            .find(|p| p.name == "search")
+        {
+            w.provider = p;
+        }
+    }
+    let label = format!(
+        "deepsearch, batch {}, seed {}, search quota {}/s burst {} concurrency {}",
+        args.batch, args.seed, w.provider.rate_per_s, w.provider.burst, w.provider.concurrency
+    );
+    let mut reports = Vec::new();
+    for name in args
+        .policies
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let mode = match name {
+            "tangram" => QuotaMode::Pooled,
+            "static" => QuotaMode::PerTrajectory,
+            other => bail!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
+        };
+        reports.push(simulate_api(&w, mode, name));
+    }
+    if reports.is_empty() {
+        bail!("--policies is empty");
+    }
+    let sums: Vec<Summary> = reports.iter().map(SimReport::summary).collect();
+    let base = &sums[0];
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    std::fs::write(
+        &args.svg,
+        svg::render(&format!("Tangram simulator: {label}"), &reports),
+    )
+    .with_context(|| format!("writing {}", args.svg.display()))?;
+    if args.json {
+        let policies: Vec<_> = sums
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name, "mean_act_s": s.mean_act_s, "p50_act_s": s.p50_act_s, "p99_act_s": s.p99_act_s,
+                    "mean_queue_s": s.mean_queue_s, "mean_exec_s": s.mean_exec_s, "mean_overhead_s": s.mean_overhead_s,
+                    "step_time_s": s.step_time_s,
+                    "reserved_resource_seconds": {"cpu": 0.0, "gpu": 0.0},
+                    "used_resource_seconds": {"cpu": 0.0, "gpu": 0.0},
+                    "api_calls": s.used_cpu_s * 1e3,
+                    "actions": s.actions,
+                    "vs_first": {"mean_act": ratio(s.mean_act_s, base.mean_act_s), "p99_act": ratio(s.p99_act_s, base.p99_act_s), "step_time": ratio(s.step_time_s, base.step_time_s)},
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"workload": label, "trajectories": w.trajectories.len(), "policies": policies, "svg": args.svg.display().to_string()})
+            )?
+        );
+        return Ok(());
+    }
+    println!("{label}: {} trajectories", w.trajectories.len());
+    println!(
+        "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "policy", "mean ACT", "p50", "p99", "queue", "exec", "step", "step ratio"
+    );
+    for s in &sums {
+        println!(
+            "{:<10} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.1}s {:>10.2}x",
+            s.name,
+            s.mean_act_s,
+            s.p50_act_s,
+            s.p99_act_s,
+            s.mean_queue_s,
+            s.mean_exec_s,
+            s.step_time_s,
+            ratio(s.step_time_s, base.step_time_s)
+        );
+    }
+    println!("(ACT over search and judge calls; step = rollout phase, first start to last trajectory end)");
     println!("picture: {}", args.svg.display());
     Ok(())
 }

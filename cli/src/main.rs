@@ -113,16 +113,31 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let (mut workload, label) = match (&args.workload, &args.trace) {
         (Some(w), None) => match w.as_str() {
             "ai-coding" => (
-                AiCoding { batch: args.batch, seed: args.seed, jobs: args.jobs as usize }.generate(),
-                format!("ai-coding, batch {}, seed {}, {} job(s)", args.batch, args.seed, args.jobs),
+                AiCoding {
+                    batch: args.batch,
+                    seed: args.seed,
+                    jobs: args.jobs as usize,
+                }
+                .generate(),
+                format!(
+                    "ai-coding, batch {}, seed {}, {} job(s)",
+                    args.batch, args.seed, args.jobs
+                ),
             ),
             "mopd" => return gpu_sim::mopd(&args),
-            "deepsearch" => bail!("workload \"deepsearch\" needs the API-quota manager, which the simulator does not model yet; ai-coding and mopd are available"),
-            other => bail!("unknown workload {other:?}; available: ai-coding, mopd"),
+            "deepsearch" => return gpu_sim::deepsearch(&args),
+            other => bail!("unknown workload {other:?}; available: ai-coding, mopd, deepsearch"),
         },
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            (Workload { trajectories: trace::parse_trace(&text)?, nodes: AiCoding::nodes() }, format!("trace {}", path.display()))
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            (
+                Workload {
+                    trajectories: trace::parse_trace(&text)?,
+                    nodes: AiCoding::nodes(),
+                },
+                format!("trace {}", path.display()),
+            )
         }
         _ => bail!("give --workload NAME or --trace FILE"),
     };

@@ -145,7 +145,45 @@ struct ClusterFile {
     #[serde(default)]
     services: Vec<ServiceEntry>,
     #[serde(default)]
-    providers: Vec<serde_json::Value>,
+    providers: Vec<ProviderEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderEntry {
+    name: String,
+    rate: f64,
+    #[serde(default = "one")]
+    burst: u32,
+    #[serde(default = "conc_default")]
+    concurrency: u32,
+}
+
+fn conc_default() -> u32 {
+    64
+}
+
+/// The providers a cluster file declares.
+pub fn parse_providers(text: &str) -> anyhow::Result<Vec<tangram_core::quota::ProviderQuota>> {
+    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+    c.providers
+        .into_iter()
+        .map(|p| {
+            if p.rate.is_nan() || p.rate <= 0.0 || p.burst == 0 || p.concurrency == 0 {
+                bail!(
+                    "provider {:?}: rate must be above 0, burst and concurrency at least 1",
+                    p.name
+                );
+            }
+            Ok(tangram_core::quota::ProviderQuota {
+                name: p.name,
+                rate_per_s: p.rate,
+                burst: p.burst,
+                concurrency: p.concurrency,
+                slow_ms: None,
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,7 +280,7 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
     let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
     let mut notes = Vec::new();
     if !c.services.is_empty() || !c.providers.is_empty() {
-        notes.push("services and providers in the cluster file are read by the GPU workloads (mopd); ai-coding and CPU traces use the nodes' cores only".into());
+        notes.push("services and providers in the cluster file are read by mopd and deepsearch; ai-coding and CPU traces use the nodes' cores only".into());
     }
     let mut nodes = Vec::new();
     for g in c.nodes {

@@ -158,9 +158,15 @@ fn traces_and_cluster_files_are_read_and_bad_input_is_explained() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("magic") && err.contains("fifo-dop-4"), "{err}");
-    let (code, _, err) = tangram(&["simulate", "--workload", "deepsearch"]);
+    let (code, _, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "deepsearch",
+        "--policies",
+        "fifo-dop-4",
+    ]);
     assert_eq!(code, 2);
-    assert!(err.contains("not model"), "{err}");
+    assert!(err.contains("no quota side"), "{err}");
 }
 
 #[test]
@@ -213,4 +219,40 @@ fn simulate_mopd_compares_evict_on_execution_with_static_and_finds_the_fewest_gp
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("no GPU side"), "{err}");
+}
+
+#[test]
+fn simulate_deepsearch_compares_pooled_quota_with_per_trajectory_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("ds.svg");
+    let cluster = dir.path().join("c.json");
+    std::fs::write(&cluster, r#"{"nodes": [{"count": 1, "gpu": 8}], "providers": [{"name": "search", "rate": 20, "burst": 5, "concurrency": 32}]}"#).unwrap();
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "deepsearch",
+        "--batch",
+        "200",
+        "--policies",
+        "tangram,static",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["workload"].as_str().unwrap().contains("20/s"),
+        "the cluster file's provider is used"
+    );
+    let p = v["policies"].as_array().unwrap();
+    assert_eq!(p[0]["name"], "tangram");
+    let (pooled, sliced) = (
+        p[0]["step_time_s"].as_f64().unwrap(),
+        p[1]["step_time_s"].as_f64().unwrap(),
+    );
+    assert!(pooled < sliced, "pooled {pooled} vs sliced {sliced}");
+    assert_eq!(p[0]["actions"], p[1]["actions"]);
 }

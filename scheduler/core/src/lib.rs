@@ -14,6 +14,7 @@ mod model;
 pub mod policies;
 pub mod quota;
 pub mod sim;
+pub mod sim_api;
 pub mod sim_gpu;
 
 pub use elastic::{ElasticModel, Speedup};
