@@ -135,6 +135,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 Workload {
                     trajectories: trace::parse_trace(&text)?,
                     nodes: AiCoding::nodes(),
+                    ..Default::default()
                 },
                 format!("trace {}", path.display()),
             )
@@ -147,6 +148,29 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         let (nodes, n) = trace::parse_cluster(&text)?;
         workload.nodes = nodes;
         notes.extend(n);
+        if args.trace.is_some() {
+            if let Ok((gpus, services)) = trace::parse_gpu_cluster(&text) {
+                workload.gpus = gpus;
+                workload.services = services.unwrap_or_default();
+            }
+            workload.providers = trace::parse_providers(&text)?;
+        }
+    }
+    // Every service and provider a trace names must be declared.
+    for t in &workload.trajectories {
+        for st in &t.steps {
+            match &st.action.call {
+                sim::SimCall::Reward { service } if !workload.services.iter().any(|s| &s.name == service) => bail!(
+                    "trajectory {} calls service {service:?}, which the cluster file does not declare (services: [{{\"name\", \"gpus\", \"restore_s\", \"slots\"}}] and nodes with \"gpu\")",
+                    t.id
+                ),
+                sim::SimCall::Api { provider } if !workload.providers.iter().any(|p| &p.name == provider) => bail!(
+                    "trajectory {} calls provider {provider:?}, which the cluster file does not declare (providers: [{{\"name\", \"rate\", \"burst\", \"concurrency\"}}])",
+                    t.id
+                ),
+                _ => {}
+            }
+        }
     }
     let names: Vec<&str> = args
         .policies

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context as _};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use tangram_core::sim::{SimAction, SimStep, SimTrajectory};
+use tangram_core::sim::{SimAction, SimCall, SimStep, SimTrajectory};
 use tangram_core::{ServiceSpec, Speedup};
 use tangram_shared::CpuRange;
 
@@ -76,16 +76,25 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
         for (i, s) in t.steps.into_iter().enumerate() {
             let a = s.action;
             let at = || format!("trace line {}, step {i}", no + 1);
-            match a.kind.as_str() {
-                "sandbox_exec" => {}
-                "reward" | "api" => bail!(
-                    "{}: {} actions ({}) need the GPU and API-quota resource managers, which the simulator does not model yet",
-                    at(),
-                    a.kind,
-                    a.service.or(a.provider).unwrap_or_default()
+            let call = match a.kind.as_str() {
+                "sandbox_exec" => SimCall::Cpu,
+                "reward" => SimCall::Reward {
+                    service: a
+                        .service
+                        .clone()
+                        .with_context(|| format!("{}: a reward step names its service", at()))?,
+                },
+                "api" => SimCall::Api {
+                    provider: a
+                        .provider
+                        .clone()
+                        .with_context(|| format!("{}: an api step names its provider", at()))?,
+                },
+                other => bail!(
+                    "{}: unknown action kind {other:?}; sandbox_exec, reward or api",
+                    at()
                 ),
-                other => bail!("{}: unknown action kind {other:?}", at()),
-            }
+            };
             let cpu = a.demand.get("cpu").copied().unwrap_or(1.0).max(1.0) as u32;
             let cores = match a.elastic {
                 Some(e) if e.resource == "cpu" => {
@@ -121,6 +130,7 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
             steps.push(SimStep {
                 think_ms: s.think_s.max(0.0) * 1e3,
                 action: SimAction {
+                    call,
                     tool: a.tool.unwrap_or_else(|| "exec".into()),
                     cores,
                     t1_ms: a.t1_s * 1e3,
@@ -280,14 +290,14 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
     let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
     let mut notes = Vec::new();
     if !c.services.is_empty() || !c.providers.is_empty() {
-        notes.push("services and providers in the cluster file are read by mopd and deepsearch; ai-coding and CPU traces use the nodes' cores only".into());
+        notes.push("services and providers in the cluster file are read by mopd, deepsearch and traces with reward or api steps; ai-coding uses the nodes' cores only".into());
     }
     let mut nodes = Vec::new();
     for g in c.nodes {
         let _ = (g.mem_mb, g.gpu);
         nodes.extend(std::iter::repeat_n(g.cpu, g.count as usize));
     }
-    if nodes.iter().all(|&c| c == 0) {
+    if nodes.iter().all(|&c| c == 0) && c.services.is_empty() {
         bail!("the cluster has no CPU cores");
     }
     Ok((nodes, notes))
@@ -309,9 +319,25 @@ mod tests {
             t[0].steps[1].action.speedup,
             Speedup::Table(vec![(1, 1.0), (8, 0.5)])
         );
-        let reward = r#"{"job": "j1", "trajectory": "t1", "steps": [{"think_s": 1.0, "action": {"kind": "reward", "service": "judge", "demand": {"gpu": 1}, "t1_s": 0.6}}]}"#;
-        let e = parse_trace(reward).unwrap_err().to_string();
-        assert!(e.contains("reward") && e.contains("judge"), "{e}");
+        let reward = r#"{"job": "j1", "trajectory": "t1", "steps": [{"think_s": 1.0, "action": {"kind": "reward", "service": "judge", "demand": {"gpu": 1}, "t1_s": 0.6}}, {"action": {"kind": "api", "provider": "search", "t1_s": 0.3}}]}"#;
+        let t = parse_trace(reward).unwrap();
+        assert_eq!(
+            t[0].steps[0].action.call,
+            SimCall::Reward {
+                service: "judge".into()
+            }
+        );
+        assert_eq!(
+            t[0].steps[1].action.call,
+            SimCall::Api {
+                provider: "search".into()
+            }
+        );
+        let nameless = r#"{"job": "j1", "trajectory": "t1", "steps": [{"action": {"kind": "reward", "t1_s": 0.6}}]}"#;
+        assert!(parse_trace(nameless)
+            .unwrap_err()
+            .to_string()
+            .contains("service"));
         let (nodes, notes) = parse_cluster(r#"{"nodes": [{"count": 2, "cpu": 8, "mem_mb": 1000, "gpu": 0}], "services": [{"name": "judge", "gpus": 1, "restore_s": 0.2}]}"#).unwrap();
         assert_eq!(nodes, vec![8, 8]);
         assert_eq!(notes.len(), 1);

@@ -256,3 +256,58 @@ fn simulate_deepsearch_compares_pooled_quota_with_per_trajectory_slices() {
     assert!(pooled < sliced, "pooled {pooled} vs sliced {sliced}");
     assert_eq!(p[0]["actions"], p[1]["actions"]);
 }
+
+#[test]
+fn traces_mix_sandbox_reward_and_api_steps_on_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.jsonl");
+    let cluster = dir.path().join("c.json");
+    let svg = dir.path().join("t.svg");
+    std::fs::write(&trace, concat!(
+        r#"{"job": "j1", "trajectory": "t17", "start_s": 0.0, "steps": [{"think_s": 2.5, "action": {"kind": "sandbox_exec", "demand": {"cpu": 1, "mem_mb": 512}, "elastic": {"resource": "cpu", "min": 1, "max": 16}, "t1_s": 1.2, "speedup": {"amdahl": 0.8}}}, {"think_s": 1.0, "action": {"kind": "reward", "service": "judge", "demand": {"gpu": 1}, "t1_s": 0.6}}, {"think_s": 0.5, "action": {"kind": "api", "provider": "search", "t1_s": 0.3}}]}"#, "\n",
+        r#"{"job": "j1", "trajectory": "t18", "start_s": 0.0, "steps": [{"think_s": 0.5, "action": {"kind": "api", "provider": "search", "t1_s": 0.3}}, {"think_s": 0.0, "action": {"kind": "api", "provider": "search", "t1_s": 0.3}}]}"#, "\n"
+    )).unwrap();
+    std::fs::write(&cluster, r#"{"nodes": [{"count": 2, "cpu": 16, "mem_mb": 64000, "gpu": 2}], "services": [{"name": "judge", "gpus": 1, "restore_s": 0.2}], "providers": [{"name": "search", "rate": 1, "burst": 2, "concurrency": 4}]}"#).unwrap();
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policies",
+        "tangram",
+        "--elasticity",
+        "oracle",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let p = &v["policies"][0];
+    assert_eq!(p["actions"], 5, "every step ran");
+    // The judge was restored once (0.2 s of overhead over 5 actions), and t18's second search
+    // waited for the provider's next token (rate 1/s, no burst to spare).
+    assert!(
+        (p["mean_overhead_s"].as_f64().unwrap() - 0.04).abs() < 1e-6,
+        "{p}"
+    );
+    assert!(p["mean_queue_s"].as_f64().unwrap() > 0.1, "{p}");
+    // A step naming an undeclared provider is explained.
+    std::fs::write(
+        &cluster,
+        r#"{"nodes": [{"count": 2, "cpu": 16, "gpu": 2}], "services": [{"name": "judge"}]}"#,
+    )
+    .unwrap();
+    let (code, _, err) = tangram(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("search") && err.contains("providers"), "{err}");
+}

@@ -13,9 +13,31 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use tangram_shared::{ActionId, CpuRange, Demand, WorkerId};
 
-/// One CPU action of a trajectory.
+/// What an action uses beyond (or instead of) a trajectory's cores.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SimCall {
+    /// A sandbox command: elastic cores on the trajectory's node.
+    #[default]
+    Cpu,
+    /// A reward call on a GPU service (Evict-on-Execution for action-level policies, an even
+    /// static split of the GPUs for `static`); takes `t1_ms` on a resident replica.
+    Reward {
+        /// The service.
+        service: String,
+    },
+    /// An external API call under a provider's quota (pooled for action-level policies, an
+    /// even per-trajectory slice of the rate for `static`); answered after `t1_ms`.
+    Api {
+        /// The provider.
+        provider: String,
+    },
+}
+
+/// One action of a trajectory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimAction {
+    /// What it uses.
+    pub call: SimCall,
     /// The tool it runs (the learner's key, with the job).
     pub tool: String,
     /// Elastic core range.
@@ -48,13 +70,20 @@ pub struct SimTrajectory {
     pub steps: Vec<SimStep>,
 }
 
-/// What the simulator runs: trajectories on nodes of the given core counts.
-#[derive(Debug, Clone, PartialEq)]
+/// What the simulator runs: trajectories on nodes of the given core counts, with GPU
+/// services and API providers when reward and api actions appear.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Workload {
     /// The trajectories.
     pub trajectories: Vec<SimTrajectory>,
     /// Cores per node.
     pub nodes: Vec<u32>,
+    /// GPU services reward actions name.
+    pub services: Vec<crate::gpu::ServiceSpec>,
+    /// GPU nodes, as NVLink group sizes.
+    pub gpus: Vec<Vec<u8>>,
+    /// API providers api actions name.
+    pub providers: Vec<crate::quota::ProviderQuota>,
 }
 
 /// Per-action record.
@@ -128,6 +157,8 @@ enum EventKind {
     Arrive { t: usize },
     /// The running action of trajectory `t` completes.
     Complete { t: usize },
+    /// A provider's next token is due: retry waiting api actions.
+    Wake,
 }
 
 impl Eq for Event {}
@@ -164,6 +195,14 @@ enum Phase {
         cores: u32,
         started_ms: f64,
         queued_ms: f64,
+    },
+    /// Its reward or api action runs (on `replica`, or under quota `quota`).
+    Side {
+        queued_ms: f64,
+        overhead_ms: f64,
+        exec_ms: f64,
+        replica: Option<usize>,
+        quota: Option<usize>,
     },
     Done,
 }
@@ -251,6 +290,51 @@ pub fn simulate_with(
         .fold(f64::INFINITY, f64::min);
     let mut last_end: f64 = 0.0;
     let mut held: u32 = 0;
+    // Reward and api actions: the GPU manager and the providers' quotas.
+    let mut eoe = crate::gpu::Eoe::new(workload.services.iter().cloned());
+    for (i, g) in workload.gpus.iter().enumerate() {
+        eoe.set_node(
+            &WorkerId::new(format!("g{i:04}")).expect("valid id"),
+            g,
+            true,
+        );
+    }
+    if static_cores.is_some() && !workload.services.is_empty() {
+        let total: u32 = workload.gpus.iter().flatten().map(|&g| g as u32).sum();
+        eoe.pin(total / workload.services.len() as u32);
+    }
+    let n_traj = workload.trajectories.len().max(1);
+    // Pooled: one quota per provider. Static: one slice per (trajectory, provider).
+    let mut quotas: Vec<crate::quota::Quota> = Vec::new();
+    let quota_of = |t: usize, p: usize| {
+        if static_cores.is_some() {
+            t * workload.providers.len() + p
+        } else {
+            p
+        }
+    };
+    if static_cores.is_some() {
+        for _ in 0..workload.trajectories.len() {
+            for p in &workload.providers {
+                let slice = crate::quota::ProviderQuota {
+                    rate_per_s: p.rate_per_s / n_traj as f64,
+                    burst: 2,
+                    concurrency: u32::MAX,
+                    ..p.clone()
+                };
+                quotas.push(crate::quota::Quota::new(slice, 0));
+            }
+        }
+    } else {
+        quotas = workload
+            .providers
+            .iter()
+            .map(|p| crate::quota::Quota::new(p.clone(), 0))
+            .collect();
+    }
+    let mut api_inflight = vec![0u32; workload.providers.len()];
+    let mut side: Vec<usize> = Vec::new();
+    let mut wake_at: Option<f64> = None;
 
     while let Some(ev) = heap.pop() {
         let now = ev.at_ms;
@@ -275,11 +359,67 @@ pub fn simulate_with(
                         st.due_ms = now;
                     }
                     st.phase = Phase::Queued { since_ms: now };
-                    queue.push(t);
+                    if workload.trajectories[t].steps[st.next].action.call == SimCall::Cpu {
+                        queue.push(t);
+                    } else {
+                        side.push(t);
+                    }
+                }
+                EventKind::Wake => {
+                    if wake_at.is_some_and(|w| w <= now) {
+                        wake_at = None;
+                    }
                 }
                 EventKind::Complete { t } => {
                     let spec = &workload.trajectories[t];
                     let st = &mut trajs[t];
+                    if let Phase::Side {
+                        queued_ms,
+                        overhead_ms,
+                        exec_ms,
+                        replica,
+                        quota,
+                    } = st.phase
+                    {
+                        report.actions.push(ActionRecord {
+                            queue_ms: queued_ms,
+                            exec_ms,
+                            overhead_ms,
+                            cores: 0,
+                        });
+                        if let Some(i) = replica {
+                            eoe.finish(i, now as u64);
+                        }
+                        if let Some(q) = quota {
+                            quotas[q].finish(now as u64, Some(200), exec_ms as u64);
+                            if let SimCall::Api { provider } = &spec.steps[st.next].action.call {
+                                if let Some(p) =
+                                    workload.providers.iter().position(|x| &x.name == provider)
+                                {
+                                    api_inflight[p] -= 1;
+                                }
+                            }
+                        }
+                        st.next += 1;
+                        if st.next < spec.steps.len() {
+                            st.phase = Phase::Thinking;
+                            heap.push(Event {
+                                at_ms: now + spec.steps[st.next].think_ms,
+                                seq,
+                                kind: EventKind::Arrive { t },
+                            });
+                            seq += 1;
+                        } else {
+                            st.phase = Phase::Done;
+                            last_end = last_end.max(now);
+                            if let (Some(c), Some(since)) = (static_cores, st.sandbox_since_ms) {
+                                free[st.home] += c;
+                                held -= c;
+                                report.reserved_core_ms += c as f64 * (now - since);
+                            }
+                        }
+                        continue;
+                    }
                     let Phase::Running {
                         node,
                         cores,
@@ -440,7 +580,101 @@ pub fn simulate_with(
                 now,
             );
         }
-        queue.retain(|&t| matches!(trajs[t].phase, Phase::Queued { .. } | Phase::WantsSandbox));
+        // Reward and api actions, in arrival order.
+        let mut backlog: std::collections::BTreeMap<String, u32> = Default::default();
+        for &t in &side {
+            if let SimCall::Reward { service } =
+                &workload.trajectories[t].steps[trajs[t].next].action.call
+            {
+                *backlog.entry(service.clone()).or_default() += 1;
+            }
+        }
+        let mut still = Vec::with_capacity(side.len());
+        for t in std::mem::take(&mut side) {
+            let action = &workload.trajectories[t].steps[trajs[t].next].action;
+            let queued_ms = now - trajs[t].due_ms;
+            match &action.call {
+                SimCall::Reward { service } => {
+                    let b = backlog.get(service).copied().unwrap_or(1);
+                    match eoe.route_with_backlog(service, now as u64, b) {
+                        Ok(r) => {
+                            if let Some(x) = backlog.get_mut(service) {
+                                *x = x.saturating_sub(1);
+                            }
+                            let overhead_ms = (r.ready_at_ms as f64 - now).max(0.0);
+                            trajs[t].phase = Phase::Side {
+                                queued_ms,
+                                overhead_ms,
+                                exec_ms: action.t1_ms,
+                                replica: Some(r.replica),
+                                quota: None,
+                            };
+                            heap.push(Event {
+                                at_ms: now + overhead_ms + action.t1_ms,
+                                seq,
+                                kind: EventKind::Complete { t },
+                            });
+                            seq += 1;
+                        }
+                        Err(crate::gpu::Unrouted::Busy { .. }) => still.push(t),
+                        // No such service, or it can never fit: the action is dropped from the
+                        // run (a real scheduler rejects it), and its trajectory ends here.
+                        Err(_) => trajs[t].phase = Phase::Done,
+                    }
+                }
+                SimCall::Api { provider } => {
+                    let Some(p) = workload.providers.iter().position(|x| &x.name == provider)
+                    else {
+                        trajs[t].phase = Phase::Done;
+                        continue;
+                    };
+                    let q = quota_of(t, p);
+                    let conc_ok = api_inflight[p] < workload.providers[p].concurrency;
+                    match quotas[q].ready_in_ms(now as u64) {
+                        Some(0) if conc_ok => {
+                            quotas[q].take(&workload.trajectories[t].job, 1.0, now as u64);
+                            api_inflight[p] += 1;
+                            trajs[t].phase = Phase::Side {
+                                queued_ms,
+                                overhead_ms: 0.0,
+                                exec_ms: action.t1_ms,
+                                replica: None,
+                                quota: Some(q),
+                            };
+                            heap.push(Event {
+                                at_ms: now + action.t1_ms,
+                                seq,
+                                kind: EventKind::Complete { t },
+                            });
+                            seq += 1;
+                        }
+                        Some(ms) if ms > 0 => {
+                            let at = now + ms as f64;
+                            if wake_at.is_none_or(|w| at < w) {
+                                wake_at = Some(at);
+                                heap.push(Event {
+                                    at_ms: at,
+                                    seq,
+                                    kind: EventKind::Wake,
+                                });
+                                seq += 1;
+                            }
+                            still.push(t);
+                        }
+                        _ => still.push(t),
+                    }
+                }
+                SimCall::Cpu => still.push(t),
+            }
+        }
+        side = still;
+        queue.retain(|&t| match trajs[t].phase {
+            Phase::WantsSandbox => true,
+            Phase::Queued { .. } => {
+                workload.trajectories[t].steps[trajs[t].next].action.call == SimCall::Cpu
+            }
+            _ => false,
+        });
         if pool > 0 {
             report.utilisation.push((now, held as f64 / pool as f64));
         }
@@ -629,6 +863,7 @@ impl AiCoding {
                         SimStep {
                             think_ms,
                             action: SimAction {
+                                call: SimCall::Cpu,
                                 tool: tool.into(),
                                 cores: CpuRange { min: 1, max: 16 },
                                 t1_ms,
@@ -648,6 +883,7 @@ impl AiCoding {
         Workload {
             trajectories,
             nodes: Self::nodes(),
+            ..Default::default()
         }
     }
 }

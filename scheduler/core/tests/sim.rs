@@ -2,7 +2,7 @@
 //! of the comparison the paper makes.
 
 use tangram_core::by_name;
-use tangram_core::sim::{simulate, AiCoding, SimAction, SimStep, SimTrajectory, Workload};
+use tangram_core::sim::{simulate, AiCoding, SimAction, SimCall, SimStep, SimTrajectory, Workload};
 use tangram_core::Speedup;
 use tangram_shared::CpuRange;
 
@@ -10,6 +10,7 @@ fn step(think_ms: f64, t1_ms: f64, p: f64, max: u32) -> SimStep {
     SimStep {
         think_ms,
         action: SimAction {
+            call: SimCall::Cpu,
             tool: "t".into(),
             cores: CpuRange { min: 1, max },
             t1_ms,
@@ -71,6 +72,7 @@ fn a_closed_loop_trajectory_runs_its_steps_in_sequence() {
             vec![step(1000.0, 8000.0, 1.0, 4), step(1000.0, 1000.0, 0.0, 4)],
         )],
         nodes: vec![4],
+        ..Default::default()
     };
     let r = simulate(&w, by_name("tangram").unwrap().as_ref());
     assert_eq!(r.actions.len(), 2);
@@ -96,6 +98,7 @@ fn static_sandboxes_hold_cores_for_the_whole_trajectory_and_make_others_wait() {
             traj(1, vec![step(100.0, 1000.0, 0.0, 4)]),
         ],
         nodes: vec![4],
+        ..Default::default()
     };
     let st = simulate(&w, by_name("static").unwrap().as_ref());
     let queued: Vec<f64> = st.actions.iter().map(|a| a.queue_ms).collect();
