@@ -27,6 +27,8 @@ pub struct RawConfig {
     pub settle_ms: Option<u64>,
     /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
+    /// Cores each trajectory's sandbox holds under the `static` policy.
+    pub static_cores: Option<u32>,
 }
 
 /// The validated configuration.
@@ -48,6 +50,8 @@ pub struct Config {
     pub settle: Duration,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: std::collections::BTreeMap<String, f64>,
+    /// Cores per sandbox under `static`.
+    pub static_cores: u32,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -91,6 +95,7 @@ impl RawConfig {
             policy: over.policy.or(self.policy),
             settle_ms: over.settle_ms.or(self.settle_ms),
             job_weights: over.job_weights.or(self.job_weights),
+            static_cores: over.static_cores.or(self.static_cores),
         }
     }
 
@@ -144,7 +149,12 @@ impl RawConfig {
                 "job_weights.{job} is {w}; weights must be above 0"
             )));
         }
+        let static_cores = self.static_cores.unwrap_or(4);
+        if static_cores == 0 {
+            return Err(ConfigError("static_cores must be at least 1".into()));
+        }
         Ok(Config {
+            static_cores,
             job_weights,
             nats_url,
             metrics_addr,

@@ -25,6 +25,9 @@ struct Args {
     /// Scheduling policy: tangram (default), fifo-dop-4, first-fit, ... .
     #[arg(long, env = "TANGRAM_SCHEDULER_POLICY")]
     policy: Option<String>,
+    /// Cores each trajectory's sandbox holds under the `static` policy [default: 4].
+    #[arg(long, env = "TANGRAM_SCHEDULER_STATIC_CORES")]
+    static_cores: Option<u32>,
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         metrics_addr: args.metrics_addr,
         max_action_bytes: args.max_action_bytes,
         policy: args.policy,
+        static_cores: args.static_cores,
         ..Default::default()
     };
     // flags and env (clap merges those two) > file > defaults.

@@ -33,6 +33,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let actions = tangram_nats::scheduler_actions_consumer(&js).await?;
     let results = tangram_nats::scheduler_results_consumer(&js).await?;
     let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
+    let status_requests = client.subscribe(subject::STATUS).await?;
     let results_stream = js.get_stream(subject::RESULTS_STREAM).await?;
 
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
@@ -106,6 +107,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             }
         })
         .instrument(tracing::info_span!("heartbeats")),
+    );
+    // Status requests (core NATS request/reply): the state task builds the answer.
+    let to_state = tx.clone();
+    let replier = client.clone();
+    tasks.spawn(
+        pump(status_requests, shutdown.clone(), move |msg| {
+            let tx = to_state.clone();
+            let client = replier.clone();
+            async move {
+                let Some(reply) = msg.reply else { return true };
+                let (otx, orx) = tokio::sync::oneshot::channel();
+                if tx.send(Event::Status(otx)).await.is_err() {
+                    return false;
+                }
+                if let Ok(status) = orx.await {
+                    if let Ok(body) = serde_json::to_vec(&status) {
+                        let _ = client.publish(reply, body.into()).await;
+                    }
+                }
+                true
+            }
+        })
+        .instrument(tracing::info_span!("status")),
     );
     // Ticks: liveness checks and keeping queued actions' acks alive.
     {

@@ -27,6 +27,8 @@ pub(crate) enum Event {
     Tick,
     /// A rate-limited action may go now.
     Wake,
+    /// Someone asked for the status report.
+    Status(tokio::sync::oneshot::Sender<tangram_shared::status::Status>),
 }
 
 /// How often queued actions get an in-progress ack, well inside the consumer's 10 s ack wait
@@ -53,6 +55,8 @@ struct Sandbox {
     worker: WorkerId,
     mem_mb: u64,
     phase: SandboxPhase,
+    /// `static` (per-trajectory provisioning): cores the sandbox holds for its whole life.
+    cores: u32,
 }
 
 struct Queued {
@@ -142,6 +146,14 @@ pub(crate) struct Scheduler {
     providers: BTreeMap<String, Provider>,
     /// When a rate-limited action can go next: the run loop wakes then.
     pub(crate) wake_at: Option<Instant>,
+    /// `static` (per-trajectory provisioning): each sandbox's fixed cores.
+    static_cores: Option<u32>,
+    /// `static`: GPU services pinned (an even split of the GPUs, never evicted).
+    pinned: bool,
+    /// `static`: per-trajectory slices of each provider's rate.
+    slices: HashMap<(JobId, TrajectoryId, String), tangram_core::quota::Quota>,
+    /// Recent results' timing, by kind, for the status report.
+    recent: std::collections::VecDeque<(ActionKind, tangram_shared::Timing)>,
     dirty: bool,
     /// False until `config.settle` has passed since start: until then nothing is rejected for
     /// want of a sandbox or a big enough worker, since heartbeats may still be on their way.
@@ -166,8 +178,15 @@ impl Scheduler {
             max_timeout_ms: config.max_timeout.as_millis() as u64,
             ..Limits::default()
         };
-        let policy = tangram_core::by_name(&config.policy)
-            .unwrap_or_else(|| Box::new(tangram_core::Tangram::default()));
+        let policy: Box<dyn tangram_core::Policy> = if config.policy == "static" {
+            Box::new(tangram_core::policies::Static {
+                cores: config.static_cores,
+            })
+        } else {
+            tangram_core::by_name(&config.policy)
+                .unwrap_or_else(|| Box::new(tangram_core::Tangram::default()))
+        };
+        let static_cores = policy.per_trajectory_cores();
         Self {
             config,
             policy,
@@ -184,6 +203,10 @@ impl Scheduler {
             eoe: tangram_core::Eoe::new(Vec::new()),
             providers: BTreeMap::new(),
             wake_at: None,
+            static_cores,
+            pinned: false,
+            slices: HashMap::new(),
+            recent: std::collections::VecDeque::new(),
             dirty: false,
             settled: false,
         }
@@ -232,6 +255,9 @@ impl Scheduler {
             Event::Heartbeat(hb) => self.on_heartbeat(*hb),
             Event::Tick => self.on_tick().await,
             Event::Wake => {}
+            Event::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
         }
     }
 
@@ -377,10 +403,15 @@ impl Scheduler {
     fn snapshot(&self) -> Snapshot {
         let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
         for r in self.running.values() {
-            used.entry(&r.worker).or_default().0 += r.grant.cores;
+            // Under `static`, an exec runs on its sandbox's own cores, already booked.
+            if !(self.static_cores.is_some() && r.kind == ActionKind::SandboxExec) {
+                used.entry(&r.worker).or_default().0 += r.grant.cores;
+            }
         }
         for s in self.sandboxes.values() {
-            used.entry(&s.worker).or_default().1 += s.mem_mb;
+            let u = used.entry(&s.worker).or_default();
+            u.1 += s.mem_mb;
+            u.0 += s.cores;
         }
         Snapshot::new(
             self.workers
@@ -412,6 +443,21 @@ impl Scheduler {
         for q in &self.queue {
             if let tangram_shared::ActionSpec::Reward(r) = &q.action.spec {
                 *backlog.entry(r.service.as_str()).or_default() += 1;
+            }
+        }
+        if self.static_cores.is_some() && !self.pinned && self.settled {
+            let (total, _) = self.eoe.gpus();
+            let n = self.eoe.services().count() as u32;
+            if total > 0 && n > 0 {
+                // Static deployment: an even split of the GPUs between the services, resident
+                // from now on and never evicted.
+                let short = self.eoe.pin(total / n);
+                info!(
+                    gpus_per_service = total / n,
+                    ?short,
+                    "static: GPU services pinned"
+                );
+                self.pinned = true;
             }
         }
         let mut routes: Vec<(ActionId, WorkerId, GpuRoute)> = Vec::new();
@@ -468,6 +514,7 @@ impl Scheduler {
             }
         }
         let api_routes = self.plan_api(now_ms, &mut rejections);
+        let mut direct: Vec<(ActionId, WorkerId, u32)> = Vec::new();
         for q in &self.queue {
             let a = &q.action;
             let key = (a.job.clone(), a.trajectory.clone());
@@ -516,9 +563,27 @@ impl Scheduler {
                     }
                 }
             };
+            let mut demand = a.demand();
+            if let Some(c) = self.static_cores {
+                match a.kind() {
+                    // The trajectory's sandbox takes its fixed cores for its whole life.
+                    ActionKind::SandboxOpen => {
+                        demand.cores = Some(tangram_shared::CpuRange { min: c, max: c })
+                    }
+                    // Its commands run at once on those cores.
+                    ActionKind::SandboxExec => {
+                        let max = demand.cores.map_or(1, |r| r.max);
+                        if let Constraint::OnWorker(w) = &constraint {
+                            direct.push((a.id.clone(), w.clone(), c.min(max).max(1)));
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             pending.push(Pending {
                 id: a.id.clone(),
-                demand: a.demand(),
+                demand,
                 constraint,
                 model: learn_key(a).and_then(|k| self.learner.model(&k)),
                 needs: Default::default(),
@@ -546,6 +611,14 @@ impl Scheduler {
             }
         }
         for launch in plan.launches {
+            self.launch(launch, None).await;
+        }
+        for (id, worker, cores) in direct {
+            let launch = tangram_core::Launch {
+                id,
+                worker,
+                grant: Grant { cores, mem_mb: 0 },
+            };
             self.launch(launch, None).await;
         }
         for (id, worker, route) in routes {
@@ -666,6 +739,50 @@ impl Scheduler {
                 .cloned()
                 .collect();
             if accepting.is_empty() {
+                continue;
+            }
+            if self.static_cores.is_some() {
+                // Per-trajectory provisioning: each trajectory has its own even slice of the
+                // rate (rate / open sandboxes, burst 1); the provider's connection cap holds.
+                let mut inflight = self
+                    .running
+                    .values()
+                    .filter(|r| r.provider.as_deref() == Some(name.as_str()))
+                    .count() as u32;
+                let share = self.sandboxes.len().max(1) as f64;
+                for (i, job) in list.drain(..) {
+                    let traj = self.queue[i].action.trajectory.clone();
+                    let key = (JobId(job.clone()), traj, name.clone());
+                    let slice = self.slices.entry(key).or_insert_with(|| {
+                        tangram_core::quota::Quota::new(
+                            tangram_core::quota::ProviderQuota {
+                                name: name.clone(),
+                                rate_per_s: p.report.rate_per_s / share,
+                                burst: 2,
+                                concurrency: u32::MAX,
+                                slow_ms: None,
+                            },
+                            now_ms,
+                        )
+                    });
+                    match slice.ready_in_ms(now_ms) {
+                        Some(0) if inflight < p.report.concurrency => {
+                            slice.take(&job, 1.0, now_ms);
+                            inflight += 1;
+                            let worker = accepting
+                                .iter()
+                                .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))
+                                .expect("not empty")
+                                .clone();
+                            *load.entry(worker.clone()).or_default() += 1;
+                            routes.push((self.queue[i].action.id.clone(), worker, name.clone()));
+                        }
+                        Some(ms) if ms > 0 => {
+                            next_ms = Some(next_ms.map_or(ms, |n: u64| n.min(ms)))
+                        }
+                        _ => {}
+                    }
+                }
                 continue;
             }
             while !list.is_empty() {
@@ -794,6 +911,11 @@ impl Scheduler {
                         worker: launch.worker.clone(),
                         mem_mb: launch.grant.mem_mb,
                         phase: SandboxPhase::Opening,
+                        cores: if self.static_cores.is_some() {
+                            launch.grant.cores
+                        } else {
+                            0
+                        },
                     },
                 );
             }
@@ -832,6 +954,12 @@ impl Scheduler {
 
     fn on_result(&mut self, r: ActionResult) {
         m::result(r.outcome.label());
+        if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
+            self.recent.push_back((kind, r.timing));
+            while self.recent.len() > 2_000 {
+                self.recent.pop_front();
+            }
+        }
         let Some(run) = self.running.remove(&r.id) else {
             return;
         };
@@ -843,7 +971,14 @@ impl Scheduler {
         }
         if let Some(provider) = &run.provider {
             let now_ms = self.started.elapsed().as_millis() as u64;
-            if let Some(p) = self.providers.get_mut(provider) {
+            let key = (run.job.clone(), run.trajectory.clone(), provider.clone());
+            if let Some(slice) = self.slices.get_mut(&key) {
+                slice.finish(
+                    now_ms,
+                    r.http.as_ref().map(|h| h.status),
+                    r.timing.exec_us / 1000,
+                );
+            } else if let Some(p) = self.providers.get_mut(provider) {
                 let status = match &r.outcome {
                     Outcome::TimedOut => Some(429), // a provider that does not answer is overloaded
                     _ => r.http.as_ref().map(|h| h.status),
@@ -880,6 +1015,8 @@ impl Scheduler {
             }
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
                 self.sandboxes.remove(&key);
+                self.slices
+                    .retain(|(j, t, _), _| !(j == &key.0 && t == &key.1));
             }
             (
                 ActionKind::SandboxExec,
@@ -928,6 +1065,7 @@ impl Scheduler {
                         worker: hb.worker.clone(),
                         mem_mb: s.mem_mb,
                         phase: SandboxPhase::Open,
+                        cores: self.static_cores.unwrap_or(0),
                     });
             }
         }
@@ -1077,6 +1215,102 @@ impl Scheduler {
             self.publish_result(&result, run.encoding).await;
         }
         self.dirty = true;
+    }
+
+    fn status(&self) -> tangram_shared::status::Status {
+        use tangram_shared::status::*;
+        let now = Instant::now();
+        let mut st = Status {
+            epoch: self.epoch,
+            policy: self.config.policy.clone(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            sandboxes: self.sandboxes.len(),
+            ..Default::default()
+        };
+        let snapshot = self.snapshot();
+        for (id, w) in &self.workers {
+            let view = snapshot.worker(id);
+            st.workers.push(WorkerStatus {
+                id: id.0.clone(),
+                cores: w.hb.cores,
+                cores_used: view.map_or(0, |v| v.total_cores - v.free_cores),
+                mem_mb: w.hb.mem_mb,
+                mem_used_mb: view.map_or(0, |v| v.total_mem_mb - v.free_mem_mb),
+                gpus: w
+                    .hb
+                    .gpus
+                    .as_ref()
+                    .map_or(0, |g| g.groups.iter().map(|x| x.len() as u32).sum()),
+                gpu_source: w.hb.gpus.as_ref().map(|g| g.source.clone()),
+                last_seen_s: now.duration_since(w.last_seen).as_secs_f64(),
+                draining: w.hb.draining,
+            });
+        }
+        for q in &self.queue {
+            *st.queued
+                .entry(q.action.kind().as_str().to_string())
+                .or_default() += 1;
+        }
+        for r in self.running.values() {
+            *st.running.entry(r.kind.as_str().to_string()).or_default() += 1;
+        }
+        for s in self.eoe.services() {
+            let mut svc = ServiceStatus {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                ..Default::default()
+            };
+            for r in self.eoe.replicas().iter().filter(|r| r.service == s.name) {
+                svc.busy += r.busy;
+                if r.resident {
+                    svc.resident.push(format!(
+                        "{}:{}/{}+{}",
+                        r.node, r.chunk.group, r.chunk.start, r.chunk.len
+                    ));
+                }
+            }
+            st.services.push(svc);
+        }
+        for (name, p) in &self.providers {
+            st.providers.push(ProviderStatus {
+                name: name.clone(),
+                rate_per_s: p.report.rate_per_s,
+                effective_rate_per_s: p.quota.effective_rate(),
+                inflight: self
+                    .running
+                    .values()
+                    .filter(|r| r.provider.as_deref() == Some(name.as_str()))
+                    .count() as u32,
+                concurrency: p.report.concurrency,
+                admitted: p.quota.admitted().clone(),
+            });
+        }
+        let mut by_kind: BTreeMap<&str, Vec<&tangram_shared::Timing>> = BTreeMap::new();
+        for (k, t) in &self.recent {
+            by_kind.entry(k.as_str()).or_default().push(t);
+        }
+        for (k, ts) in by_kind {
+            let n = ts.len();
+            let mut acts: Vec<f64> = ts.iter().map(|t| t.act_us as f64 / 1e6).collect();
+            acts.sort_by(f64::total_cmp);
+            let mean = |f: &dyn Fn(&tangram_shared::Timing) -> u64| {
+                ts.iter().map(|t| f(t) as f64).sum::<f64>() / n as f64 / 1e6
+            };
+            st.recent.insert(
+                k.to_string(),
+                ActStats {
+                    count: n,
+                    mean_s: acts.iter().sum::<f64>() / n as f64,
+                    p50_s: acts[(n - 1) / 2],
+                    p99_s: acts[((n - 1) as f64 * 0.99).round() as usize],
+                    queued_s: mean(&|t| t.queued_us),
+                    overhead_s: mean(&|t| t.overhead_us),
+                    exec_s: mean(&|t| t.exec_us),
+                },
+            );
+        }
+        st
     }
 
     // ---- rejections ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod heartbeat;
 pub mod ids;
 pub mod result;
+pub mod status;
 pub mod subject;
 
 pub use action::{

@@ -32,6 +32,9 @@ pub const HEADER_DLQ_REASON: &str = "Tangram-Reject-Reason";
 /// Dead-letter header: the subject the message arrived on.
 pub const HEADER_DLQ_SUBJECT: &str = "Tangram-Original-Subject";
 
+/// Core NATS request/reply subject answered by the scheduler with its status (JSON).
+pub const STATUS: &str = "tangram.v1.status";
+
 /// Subject for submitting an action: `tangram.v1.action.<job>.<kind>`.
 pub fn action(job: &JobId, kind: ActionKind) -> String {
     format!("{PREFIX}.action.{job}.{}", kind.as_str())

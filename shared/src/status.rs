@@ -1,0 +1,104 @@
+//! The scheduler's status report, answered on `tangram.v1.status` (core NATS request/reply,
+//! JSON): what `tangram status` shows.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The whole report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The scheduler's epoch.
+    pub epoch: u64,
+    /// Scheduling policy in force.
+    pub policy: String,
+    /// Seconds since the scheduler started.
+    pub uptime_s: f64,
+    /// Workers, by id.
+    pub workers: Vec<WorkerStatus>,
+    /// Actions waiting, by kind.
+    pub queued: BTreeMap<String, usize>,
+    /// Actions running, by kind.
+    pub running: BTreeMap<String, usize>,
+    /// Sandboxes open.
+    pub sandboxes: usize,
+    /// GPU services and where they are resident.
+    pub services: Vec<ServiceStatus>,
+    /// External API providers.
+    pub providers: Vec<ProviderStatus>,
+    /// ACT of recent results, by kind.
+    pub recent: BTreeMap<String, ActStats>,
+}
+
+/// One worker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Its id.
+    pub id: String,
+    /// Cores it grants, and how many are booked now.
+    pub cores: u32,
+    /// Cores booked by running actions.
+    pub cores_used: u32,
+    /// Memory for sandboxes, and how much open sandboxes reserve, MiB.
+    pub mem_mb: u64,
+    /// Memory reserved, MiB.
+    pub mem_used_mb: u64,
+    /// GPUs it has (declared or from NVML).
+    pub gpus: u32,
+    /// Where its GPU inventory came from.
+    pub gpu_source: Option<String>,
+    /// Seconds since its last heartbeat.
+    pub last_seen_s: f64,
+    /// Taking no new work.
+    pub draining: bool,
+}
+
+/// One GPU service.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// Name.
+    pub name: String,
+    /// GPUs per replica.
+    pub gpus: u8,
+    /// Expected restore time now, ms.
+    pub restore_ms: u64,
+    /// Resident replicas as `worker:group/start+len`, with requests in flight.
+    pub resident: Vec<String>,
+    /// Requests in flight on it.
+    pub busy: u32,
+}
+
+/// One provider.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProviderStatus {
+    /// Name.
+    pub name: String,
+    /// Declared rate, requests/s.
+    pub rate_per_s: f64,
+    /// Adaptive rate in force.
+    pub effective_rate_per_s: f64,
+    /// In flight now, and the cap.
+    pub inflight: u32,
+    /// Concurrency cap.
+    pub concurrency: u32,
+    /// Admitted so far, by job.
+    pub admitted: BTreeMap<String, u64>,
+}
+
+/// ACT statistics over recent results, seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActStats {
+    /// Results counted.
+    pub count: usize,
+    /// Mean ACT.
+    pub mean_s: f64,
+    /// Median.
+    pub p50_s: f64,
+    /// 99th percentile.
+    pub p99_s: f64,
+    /// Mean queueing.
+    pub queued_s: f64,
+    /// Mean overhead.
+    pub overhead_s: f64,
+    /// Mean execution.
+    pub exec_s: f64,
+}
