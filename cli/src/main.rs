@@ -1,7 +1,9 @@
-//! `tangram`: simulate policies and benchmark the scheduling core. (`up`, `submit` and
-//! `status` against a live cluster come with the CLI issue.)
+//! `tangram`: bring a local cluster up and down, submit actions, inspect the scheduler,
+//! simulate policies and benchmark the scheduling core.
 
 mod bench;
+mod cluster;
+mod submit;
 mod gpu_sim;
 mod svg;
 mod trace;
@@ -23,6 +25,29 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a local cluster on loopback: nats-server, the scheduler, CPU workers, a GPU
+    /// worker with declared GPUs and reference replicas, and a search API stand-in.
+    Up(cluster::UpArgs),
+    /// Stop the cluster `up` started.
+    Down {
+        /// The cluster's state directory.
+        #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
+        state_dir: PathBuf,
+    },
+    /// Send one action, wait for its result and print it.
+    Submit(submit::SubmitArgs),
+    /// Workers, pools and their use, queue depth, resident services, providers, recent ACT.
+    Status {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// NATS URL [default: the cluster `up` started, else nats://127.0.0.1:4222].
+        #[arg(long, env = "TANGRAM_NATS_URL")]
+        nats_url: Option<String>,
+        /// The cluster's state directory.
+        #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
+        state_dir: PathBuf,
+    },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
     /// Benchmarks.
@@ -101,6 +126,19 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Up(args) => cluster::up(args),
+        Command::Down { state_dir } => cluster::down(&state_dir),
+        Command::Status { json, nats_url, state_dir } => {
+            cluster::status(&cluster::nats_url(nats_url, &state_dir), json)
+        }
+        Command::Submit(args) => {
+            let state = std::env::var_os("TANGRAM_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".tangram"));
+            if submit::submit(args, &state)? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         Command::Simulate(args) => simulate(args),
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },

@@ -1,0 +1,386 @@
+//! `tangram up`, `tangram down`, `tangram status`: a local cluster on loopback from embedded
+//! defaults (nats-server, the scheduler, CPU workers, a GPU worker with declared GPUs serving
+//! reference replicas, and a local search API stand-in called through the quota manager).
+
+use anyhow::{bail, Context as _};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tangram_shared::status::Status;
+
+const SERVER_CONF: &str = include_str!("../../nats/server.conf");
+const REPLICA_PY: &str = include_str!("../../services/reference-replica/replica.py");
+const SEARCH_PY: &str = include_str!("../../services/search-standin/search.py");
+
+/// Options of `tangram up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Where the cluster keeps its state, logs and pid files.
+    #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
+    pub state_dir: PathBuf,
+    /// NATS client port on 127.0.0.1.
+    #[arg(long, env = "TANGRAM_NATS_PORT", default_value_t = 4222)]
+    pub nats_port: u16,
+    /// CPU workers (each grants all of this machine's cores; on a small machine they share them).
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Memory each CPU worker reserves for sandboxes, MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub worker_mem_mb: u64,
+    /// GPUs the GPU worker declares when NVML finds none (0: no GPU worker).
+    #[arg(long, default_value_t = 2)]
+    pub gpus: u32,
+    /// Reward services the GPU worker serves with reference replicas, comma-separated.
+    #[arg(long, default_value = "judge,teacher-code,teacher-style")]
+    pub services: String,
+    /// Scheduling policy.
+    #[arg(long, env = "TANGRAM_SCHEDULER_POLICY", default_value = "tangram")]
+    pub policy: String,
+    /// Cores per trajectory sandbox under `--policy static`.
+    #[arg(long, default_value_t = 1)]
+    pub static_cores: u32,
+    /// The search stand-in's rate limit, requests/s (the provider quota declared to Tangram).
+    #[arg(long, default_value_t = 20.0)]
+    pub search_rate: f64,
+    /// nats-server binary [default: tools/bin/nats-server above the working directory, then PATH].
+    #[arg(long, env = "TANGRAM_NATS_SERVER")]
+    pub nats_server: Option<PathBuf>,
+    /// Seconds to wait for every component to report.
+    #[arg(long, default_value_t = 90)]
+    pub wait_s: u64,
+}
+
+/// What `up` records for `down` and `status`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Running {
+    /// NATS URL.
+    pub nats_url: String,
+    /// Component name → pid, in start order.
+    pub pids: Vec<(String, u32)>,
+    /// Worker ids expected to report.
+    pub workers: Vec<String>,
+    /// The search stand-in's URL.
+    pub search_url: Option<String>,
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .unwrap_or(false)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.clone());
+    }
+    let mut dir = std::env::current_dir()?;
+    loop {
+        let c = dir.join("tools/bin/nats-server");
+        if c.exists() {
+            return Ok(c);
+        }
+        if !dir.pop() {
+            break;
+        }
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/tangram -> repo root
+        if let Some(root) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
+            let c = root.join("tools/bin/nats-server");
+            if c.exists() {
+                return Ok(c);
+            }
+        }
+    }
+    Ok(PathBuf::from("nats-server"))
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe.with_file_name(name);
+    if !p.exists() {
+        bail!("{} not found next to {}; build the workspace's binaries first (cargo build --bins)", name, exe.display());
+    }
+    Ok(p)
+}
+
+fn spawn(state: &Path, name: &str, cmd: &mut Command) -> anyhow::Result<u32> {
+    let log = std::fs::File::create(state.join("logs").join(format!("{name}.log")))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
+    Ok(child.id())
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `tangram up`.
+pub fn up(a: UpArgs) -> anyhow::Result<()> {
+    let state = a.state_dir.clone();
+    let running_file = state.join("running.json");
+    if let Ok(text) = std::fs::read_to_string(&running_file) {
+        if let Ok(r) = serde_json::from_str::<Running>(&text) {
+            if r.pids.iter().any(|(_, p)| alive(*p)) {
+                bail!("a cluster from {} is already up ({}); run `tangram down` first", state.display(), r.nats_url);
+            }
+        }
+    }
+    if std::net::TcpStream::connect(("127.0.0.1", a.nats_port)).is_ok() {
+        bail!("port {} is taken (another NATS server?); pass --nats-port", a.nats_port);
+    }
+    let _ = std::fs::remove_dir_all(state.join("nats"));
+    for d in ["logs", "nats", "bin"] {
+        std::fs::create_dir_all(state.join(d))?;
+    }
+    std::fs::write(state.join("server.conf"), SERVER_CONF)?;
+    std::fs::write(state.join("bin/replica.py"), REPLICA_PY)?;
+    std::fs::write(state.join("bin/search.py"), SEARCH_PY)?;
+    let state_abs = std::fs::canonicalize(&state)?;
+    let url = format!("nats://127.0.0.1:{}", a.nats_port);
+    let mut pids: Vec<(String, u32)> = Vec::new();
+    let mut workers = Vec::new();
+    let result = (|| -> anyhow::Result<Option<String>> {
+        let nats = find_nats_server(a.nats_server.as_ref())?;
+        pids.push((
+            "nats".into(),
+            spawn(&state, "nats", Command::new(&nats).args(["-c"]).arg(state_abs.join("server.conf")).args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string(), "-sd"]).arg(state_abs.join("nats")))
+                .with_context(|| format!("nats-server ({}); install it with deploy/install-tools.sh", nats.display()))?,
+        ));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", a.nats_port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not start:\n{}", tail(&state.join("logs/nats.log"), 20));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        pids.push((
+            "scheduler".into(),
+            spawn(&state, "scheduler", Command::new(sibling("tangram-scheduler")?).env("TANGRAM_NATS_URL", &url).args(["--policy", &a.policy, "--static-cores", &a.static_cores.to_string()]))?,
+        ));
+        let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        for i in 0..a.workers {
+            let id = format!("cpu-{i}");
+            pids.push((
+                id.clone(),
+                spawn(&state, &id, Command::new(sibling("tangram-worker")?).env("TANGRAM_NATS_URL", &url).args([
+                    "--id", &id, "--cores", &format!("0-{}", online - 1), "--mem-mb", &a.worker_mem_mb.to_string(), "--heartbeat-ms", "500",
+                ]))?,
+            ));
+            workers.push(id);
+        }
+        let mut search_url = None;
+        if a.gpus > 0 {
+            let port = free_port()?;
+            let token = format!("local-{:x}", std::process::id() as u64 * 2_654_435_761 % 1_000_000_007);
+            std::fs::write(state.join("search.key"), format!("{token}\n"))?;
+            pids.push((
+                "search".into(),
+                spawn(&state, "search", Command::new("python3").arg(state_abs.join("bin/search.py")).args([
+                    "--port", &port.to_string(), "--rate", &a.search_rate.to_string(), "--burst", "5", "--token", &token,
+                ]))?,
+            ));
+            let surl = format!("http://127.0.0.1:{port}");
+            search_url = Some(surl.clone());
+            let mut toml = format!(
+                "id = \"gpu-0\"\nnats_url = \"{url}\"\nsandboxes = false\nheartbeat_ms = 500\nstate_dir = \"{}\"\n\n[gpu]\nnvml = \"auto\"\ncount = {}\n",
+                state_abs.join("gpu-0").display(),
+                a.gpus
+            );
+            for s in a.services.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                toml += &format!(
+                    "\n[[service]]\nname = \"{s}\"\ndriver = \"reference\"\ncommand = [\"python3\", \"{}\", \"--service\", \"{{service}}\", \"--port\", \"{{port}}\"]\ngpus = 1\nrestore_ms = 20\nslots = 8\n",
+                    state_abs.join("bin/replica.py").display()
+                );
+            }
+            toml += &format!(
+                "\n[[provider]]\nname = \"search\"\nbase_url = \"{surl}\"\ncredential_file = \"{}\"\nrate_per_s = {}\nburst = 5\nconcurrency = 8\ntimeout_ms = 10000\nallow = [\"GET /search\"]\n",
+                state_abs.join("search.key").display(),
+                a.search_rate
+            );
+            std::fs::write(state.join("gpu-0.toml"), toml)?;
+            pids.push((
+                "gpu-0".into(),
+                spawn(&state, "gpu-0", Command::new(sibling("tangram-worker")?).arg("--config").arg(state_abs.join("gpu-0.toml")))?,
+            ));
+            workers.push("gpu-0".into());
+        }
+        Ok(search_url)
+    })();
+    let record = |search_url: Option<String>| Running { nats_url: url.clone(), pids: pids.clone(), workers: workers.clone(), search_url };
+    let search_url = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::write(&running_file, serde_json::to_string_pretty(&record(None))?);
+            let _ = down_at(&state);
+            return Err(e);
+        }
+    };
+    std::fs::write(&running_file, serde_json::to_string_pretty(&record(search_url.clone()))?)?;
+    // Wait until the scheduler answers and knows every worker.
+    let deadline = Instant::now() + Duration::from_secs(a.wait_s);
+    loop {
+        if let Some((name, _)) = pids.iter().find(|(_, p)| !alive(*p)) {
+            let log = tail(&state.join("logs").join(format!("{name}.log")), 15);
+            let _ = down_at(&state);
+            bail!("{name} exited during start; its log ends with:\n{log}");
+        }
+        if let Ok(st) = fetch_status(&url, Duration::from_secs(2)) {
+            let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
+            if workers.iter().all(|w| seen.contains(&w.as_str())) {
+                println!("tangram is up: {url} (state, logs: {})", state.display());
+                println!("  scheduler policy {}; workers: {}", st.policy, seen.join(", "));
+                if !st.services.is_empty() {
+                    println!("  services: {}", st.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "));
+                }
+                if let Some(s) = &search_url {
+                    println!("  provider search -> {s} ({} requests/s)", a.search_rate);
+                }
+                println!("  try: tangram status | tangram submit open --trajectory t1 | tangram down");
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = down_at(&state);
+            bail!("the cluster did not come up within {} s; logs in {}", a.wait_s, state.join("logs").display());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `tangram down`.
+pub fn down(state: &Path) -> anyhow::Result<()> {
+    let n = down_at(state)?;
+    println!("tangram is down ({n} processes stopped)");
+    Ok(())
+}
+
+fn down_at(state: &Path) -> anyhow::Result<usize> {
+    let file = state.join("running.json");
+    let text = std::fs::read_to_string(&file).with_context(|| format!("no cluster recorded in {} (nothing to stop)", state.display()))?;
+    let r: Running = serde_json::from_str(&text)?;
+    // Workers first (they drain and remove their sandboxes and replicas), then the rest.
+    let mut order: Vec<&(String, u32)> = r.pids.iter().filter(|(n, _)| n.starts_with("cpu-") || n.starts_with("gpu-")).collect();
+    order.extend(r.pids.iter().filter(|(n, _)| n == "scheduler" || n == "search"));
+    order.extend(r.pids.iter().filter(|(n, _)| n == "nats"));
+    let mut stopped = 0;
+    for group in [&order[..order.len().saturating_sub(1)], &order[order.len().saturating_sub(1)..]] {
+        for (_, pid) in group.iter() {
+            if alive(*pid) {
+                let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+                stopped += 1;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while group.iter().any(|(_, p)| alive(*p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for (_, pid) in group.iter() {
+            if alive(*pid) {
+                let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            }
+        }
+    }
+    std::fs::remove_file(&file)?;
+    Ok(stopped)
+}
+
+/// Asks the scheduler for its status.
+pub fn fetch_status(url: &str, timeout: Duration) -> anyhow::Result<Status> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let client = tokio::time::timeout(timeout, async_nats::connect(url))
+            .await
+            .context("connecting to NATS timed out")?
+            .with_context(|| format!("connecting to NATS at {url}"))?;
+        let reply = tokio::time::timeout(timeout, client.request(tangram_shared::subject::STATUS, "".into()))
+            .await
+            .context("the scheduler did not answer (is it running?)")?
+            .context("asking the scheduler for its status")?;
+        Ok(serde_json::from_slice(&reply.payload)?)
+    })
+}
+
+/// The NATS URL: the flag, else the recorded cluster's, else the default.
+pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
+    explicit
+        .or_else(|| {
+            let text = std::fs::read_to_string(state.join("running.json")).ok()?;
+            Some(serde_json::from_str::<Running>(&text).ok()?.nats_url)
+        })
+        .unwrap_or_else(|| "nats://127.0.0.1:4222".into())
+}
+
+/// `tangram status`.
+pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
+    let st = fetch_status(url, Duration::from_secs(5))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(());
+    }
+    println!("scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open", st.epoch, st.policy, st.uptime_s, st.sandboxes);
+    println!("\n{:<10} {:>11} {:>15} {:>6} {:>10}", "worker", "cores used", "memory used", "GPUs", "last seen");
+    for w in &st.workers {
+        println!(
+            "{:<10} {:>5} / {:<4} {:>6} / {:<6} {:>6} {:>9.1}s{}",
+            w.id,
+            w.cores_used,
+            w.cores,
+            w.mem_used_mb,
+            w.mem_mb,
+            if w.gpus > 0 { format!("{} {}", w.gpus, w.gpu_source.as_deref().unwrap_or("")) } else { "-".into() },
+            w.last_seen_s,
+            if w.draining { "  draining" } else { "" }
+        );
+    }
+    let fmt = |m: &BTreeMap<String, usize>| {
+        if m.is_empty() {
+            "none".to_string()
+        } else {
+            m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        }
+    };
+    println!("\nqueued: {}\nrunning: {}", fmt(&st.queued), fmt(&st.running));
+    if !st.services.is_empty() {
+        println!("\n{:<16} {:>5} {:>10} {:>5}  resident on", "service", "GPUs", "restore", "busy");
+        for s in &st.services {
+            println!(
+                "{:<16} {:>5} {:>8}ms {:>5}  {}",
+                s.name,
+                s.gpus,
+                s.restore_ms,
+                s.busy,
+                if s.resident.is_empty() { "(evicted: state in host memory)".to_string() } else { s.resident.join(", ") }
+            );
+        }
+    }
+    for p in &st.providers {
+        println!(
+            "\nprovider {}: {:.1}/s declared, {:.1}/s in force, {} / {} in flight, admitted {:?}",
+            p.name, p.rate_per_s, p.effective_rate_per_s, p.inflight, p.concurrency, p.admitted
+        );
+    }
+    if !st.recent.is_empty() {
+        println!("\nrecent ACT (last results, by kind):");
+        println!("{:<14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}", "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec");
+        for (k, a) in &st.recent {
+            println!(
+                "{:<14} {:>6} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s",
+                k, a.count, a.mean_s, a.p50_s, a.p99_s, a.queued_s, a.overhead_s, a.exec_s
+            );
+        }
+    }
+    Ok(())
+}
