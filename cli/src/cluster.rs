@@ -67,12 +67,14 @@ pub struct Running {
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
@@ -105,7 +107,11 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let p = exe.with_file_name(name);
     if !p.exists() {
-        bail!("{} not found next to {}; build the workspace's binaries first (cargo build --bins)", name, exe.display());
+        bail!(
+            "{} not found next to {}; build the workspace's binaries first (cargo build --bins)",
+            name,
+            exe.display()
+        );
     }
     Ok(p)
 }
@@ -134,12 +140,19 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     if let Ok(text) = std::fs::read_to_string(&running_file) {
         if let Ok(r) = serde_json::from_str::<Running>(&text) {
             if r.pids.iter().any(|(_, p)| alive(*p)) {
-                bail!("a cluster from {} is already up ({}); run `tangram down` first", state.display(), r.nats_url);
+                bail!(
+                    "a cluster from {} is already up ({}); run `tangram down` first",
+                    state.display(),
+                    r.nats_url
+                );
             }
         }
     }
     if std::net::TcpStream::connect(("127.0.0.1", a.nats_port)).is_ok() {
-        bail!("port {} is taken (another NATS server?); pass --nats-port", a.nats_port);
+        bail!(
+            "port {} is taken (another NATS server?); pass --nats-port",
+            a.nats_port
+        );
     }
     let _ = std::fs::remove_dir_all(state.join("nats"));
     for d in ["logs", "nats", "bin"] {
@@ -156,41 +169,99 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         let nats = find_nats_server(a.nats_server.as_ref())?;
         pids.push((
             "nats".into(),
-            spawn(&state, "nats", Command::new(&nats).args(["-c"]).arg(state_abs.join("server.conf")).args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string(), "-sd"]).arg(state_abs.join("nats")))
-                .with_context(|| format!("nats-server ({}); install it with deploy/install-tools.sh", nats.display()))?,
+            spawn(
+                &state,
+                "nats",
+                Command::new(&nats)
+                    .args(["-c"])
+                    .arg(state_abs.join("server.conf"))
+                    .args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string(), "-sd"])
+                    .arg(state_abs.join("nats")),
+            )
+            .with_context(|| {
+                format!(
+                    "nats-server ({}); install it with deploy/install-tools.sh",
+                    nats.display()
+                )
+            })?,
         ));
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", a.nats_port)).is_err() {
             if Instant::now() > deadline {
-                bail!("nats-server did not start:\n{}", tail(&state.join("logs/nats.log"), 20));
+                bail!(
+                    "nats-server did not start:\n{}",
+                    tail(&state.join("logs/nats.log"), 20)
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         pids.push((
             "scheduler".into(),
-            spawn(&state, "scheduler", Command::new(sibling("tangram-scheduler")?).env("TANGRAM_NATS_URL", &url).args(["--policy", &a.policy, "--static-cores", &a.static_cores.to_string()]))?,
+            spawn(
+                &state,
+                "scheduler",
+                Command::new(sibling("tangram-scheduler")?)
+                    .env("TANGRAM_NATS_URL", &url)
+                    .args([
+                        "--policy",
+                        &a.policy,
+                        "--static-cores",
+                        &a.static_cores.to_string(),
+                    ]),
+            )?,
         ));
-        let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let online = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         for i in 0..a.workers {
             let id = format!("cpu-{i}");
             pids.push((
                 id.clone(),
-                spawn(&state, &id, Command::new(sibling("tangram-worker")?).env("TANGRAM_NATS_URL", &url).args([
-                    "--id", &id, "--cores", &format!("0-{}", online - 1), "--mem-mb", &a.worker_mem_mb.to_string(), "--heartbeat-ms", "500",
-                ]))?,
+                spawn(
+                    &state,
+                    &id,
+                    Command::new(sibling("tangram-worker")?)
+                        .env("TANGRAM_NATS_URL", &url)
+                        .args([
+                            "--id",
+                            &id,
+                            "--cores",
+                            &format!("0-{}", online - 1),
+                            "--mem-mb",
+                            &a.worker_mem_mb.to_string(),
+                            "--heartbeat-ms",
+                            "500",
+                        ]),
+                )?,
             ));
             workers.push(id);
         }
         let mut search_url = None;
         if a.gpus > 0 {
             let port = free_port()?;
-            let token = format!("local-{:x}", std::process::id() as u64 * 2_654_435_761 % 1_000_000_007);
+            let token = format!(
+                "local-{:x}",
+                std::process::id() as u64 * 2_654_435_761 % 1_000_000_007
+            );
             std::fs::write(state.join("search.key"), format!("{token}\n"))?;
             pids.push((
                 "search".into(),
-                spawn(&state, "search", Command::new("python3").arg(state_abs.join("bin/search.py")).args([
-                    "--port", &port.to_string(), "--rate", &a.search_rate.to_string(), "--burst", "5", "--token", &token,
-                ]))?,
+                spawn(
+                    &state,
+                    "search",
+                    Command::new("python3")
+                        .arg(state_abs.join("bin/search.py"))
+                        .args([
+                            "--port",
+                            &port.to_string(),
+                            "--rate",
+                            &a.search_rate.to_string(),
+                            "--burst",
+                            "5",
+                            "--token",
+                            &token,
+                        ]),
+                )?,
             ));
             let surl = format!("http://127.0.0.1:{port}");
             search_url = Some(surl.clone());
@@ -199,7 +270,12 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                 state_abs.join("gpu-0").display(),
                 a.gpus
             );
-            for s in a.services.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            for s in a
+                .services
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+            {
                 toml += &format!(
                     "\n[[service]]\nname = \"{s}\"\ndriver = \"reference\"\ncommand = [\"python3\", \"{}\", \"--service\", \"{{service}}\", \"--port\", \"{{port}}\"]\ngpus = 1\nrestore_ms = 20\nslots = 8\n",
                     state_abs.join("bin/replica.py").display()
@@ -213,13 +289,24 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             std::fs::write(state.join("gpu-0.toml"), toml)?;
             pids.push((
                 "gpu-0".into(),
-                spawn(&state, "gpu-0", Command::new(sibling("tangram-worker")?).arg("--config").arg(state_abs.join("gpu-0.toml")))?,
+                spawn(
+                    &state,
+                    "gpu-0",
+                    Command::new(sibling("tangram-worker")?)
+                        .arg("--config")
+                        .arg(state_abs.join("gpu-0.toml")),
+                )?,
             ));
             workers.push("gpu-0".into());
         }
         Ok(search_url)
     })();
-    let record = |search_url: Option<String>| Running { nats_url: url.clone(), pids: pids.clone(), workers: workers.clone(), search_url };
+    let record = |search_url: Option<String>| Running {
+        nats_url: url.clone(),
+        pids: pids.clone(),
+        workers: workers.clone(),
+        search_url,
+    };
     let search_url = match result {
         Ok(s) => s,
         Err(e) => {
@@ -228,7 +315,10 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    std::fs::write(&running_file, serde_json::to_string_pretty(&record(search_url.clone()))?)?;
+    std::fs::write(
+        &running_file,
+        serde_json::to_string_pretty(&record(search_url.clone()))?,
+    )?;
     // Wait until the scheduler answers and knows every worker.
     let deadline = Instant::now() + Duration::from_secs(a.wait_s);
     loop {
@@ -241,20 +331,37 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
             if workers.iter().all(|w| seen.contains(&w.as_str())) {
                 println!("tangram is up: {url} (state, logs: {})", state.display());
-                println!("  scheduler policy {}; workers: {}", st.policy, seen.join(", "));
+                println!(
+                    "  scheduler policy {}; workers: {}",
+                    st.policy,
+                    seen.join(", ")
+                );
                 if !st.services.is_empty() {
-                    println!("  services: {}", st.services.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "));
+                    println!(
+                        "  services: {}",
+                        st.services
+                            .iter()
+                            .map(|s| s.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
                 }
                 if let Some(s) = &search_url {
                     println!("  provider search -> {s} ({} requests/s)", a.search_rate);
                 }
-                println!("  try: tangram status | tangram submit open --trajectory t1 | tangram down");
+                println!(
+                    "  try: tangram status | tangram submit open --trajectory t1 | tangram down"
+                );
                 return Ok(());
             }
         }
         if Instant::now() > deadline {
             let _ = down_at(&state);
-            bail!("the cluster did not come up within {} s; logs in {}", a.wait_s, state.join("logs").display());
+            bail!(
+                "the cluster did not come up within {} s; logs in {}",
+                a.wait_s,
+                state.join("logs").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -269,17 +376,36 @@ pub fn down(state: &Path) -> anyhow::Result<()> {
 
 fn down_at(state: &Path) -> anyhow::Result<usize> {
     let file = state.join("running.json");
-    let text = std::fs::read_to_string(&file).with_context(|| format!("no cluster recorded in {} (nothing to stop)", state.display()))?;
+    let text = std::fs::read_to_string(&file).with_context(|| {
+        format!(
+            "no cluster recorded in {} (nothing to stop)",
+            state.display()
+        )
+    })?;
     let r: Running = serde_json::from_str(&text)?;
     // Workers first (they drain and remove their sandboxes and replicas), then the rest.
-    let mut order: Vec<&(String, u32)> = r.pids.iter().filter(|(n, _)| n.starts_with("cpu-") || n.starts_with("gpu-")).collect();
-    order.extend(r.pids.iter().filter(|(n, _)| n == "scheduler" || n == "search"));
+    let mut order: Vec<&(String, u32)> = r
+        .pids
+        .iter()
+        .filter(|(n, _)| n.starts_with("cpu-") || n.starts_with("gpu-"))
+        .collect();
+    order.extend(
+        r.pids
+            .iter()
+            .filter(|(n, _)| n == "scheduler" || n == "search"),
+    );
     order.extend(r.pids.iter().filter(|(n, _)| n == "nats"));
     let mut stopped = 0;
-    for group in [&order[..order.len().saturating_sub(1)], &order[order.len().saturating_sub(1)..]] {
+    for group in [
+        &order[..order.len().saturating_sub(1)],
+        &order[order.len().saturating_sub(1)..],
+    ] {
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status();
                 stopped += 1;
             }
         }
@@ -289,7 +415,10 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
         }
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+                let _ = Command::new("kill")
+                    .arg("-KILL")
+                    .arg(pid.to_string())
+                    .status();
             }
         }
     }
@@ -299,16 +428,21 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
 
 /// Asks the scheduler for its status.
 pub fn fetch_status(url: &str, timeout: Duration) -> anyhow::Result<Status> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let client = tokio::time::timeout(timeout, async_nats::connect(url))
             .await
             .context("connecting to NATS timed out")?
             .with_context(|| format!("connecting to NATS at {url}"))?;
-        let reply = tokio::time::timeout(timeout, client.request(tangram_shared::subject::STATUS, "".into()))
-            .await
-            .context("the scheduler did not answer (is it running?)")?
-            .context("asking the scheduler for its status")?;
+        let reply = tokio::time::timeout(
+            timeout,
+            client.request(tangram_shared::subject::STATUS, "".into()),
+        )
+        .await
+        .context("the scheduler did not answer (is it running?)")?
+        .context("asking the scheduler for its status")?;
         Ok(serde_json::from_slice(&reply.payload)?)
     })
 }
@@ -330,8 +464,14 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());
     }
-    println!("scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open", st.epoch, st.policy, st.uptime_s, st.sandboxes);
-    println!("\n{:<10} {:>11} {:>15} {:>6} {:>10}", "worker", "cores used", "memory used", "GPUs", "last seen");
+    println!(
+        "scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open",
+        st.epoch, st.policy, st.uptime_s, st.sandboxes
+    );
+    println!(
+        "\n{:<10} {:>11} {:>15} {:>6} {:>10}",
+        "worker", "cores used", "memory used", "GPUs", "last seen"
+    );
     for w in &st.workers {
         println!(
             "{:<10} {:>5} / {:<4} {:>6} / {:<6} {:>6} {:>9.1}s{}",
@@ -340,7 +480,11 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
             w.cores,
             w.mem_used_mb,
             w.mem_mb,
-            if w.gpus > 0 { format!("{} {}", w.gpus, w.gpu_source.as_deref().unwrap_or("")) } else { "-".into() },
+            if w.gpus > 0 {
+                format!("{} {}", w.gpus, w.gpu_source.as_deref().unwrap_or(""))
+            } else {
+                "-".into()
+            },
             w.last_seen_s,
             if w.draining { "  draining" } else { "" }
         );
@@ -349,12 +493,22 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
         if m.is_empty() {
             "none".to_string()
         } else {
-            m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
-    println!("\nqueued: {}\nrunning: {}", fmt(&st.queued), fmt(&st.running));
+    println!(
+        "\nqueued: {}\nrunning: {}",
+        fmt(&st.queued),
+        fmt(&st.running)
+    );
     if !st.services.is_empty() {
-        println!("\n{:<16} {:>5} {:>10} {:>5}  resident on", "service", "GPUs", "restore", "busy");
+        println!(
+            "\n{:<16} {:>5} {:>10} {:>5}  resident on",
+            "service", "GPUs", "restore", "busy"
+        );
         for s in &st.services {
             println!(
                 "{:<16} {:>5} {:>8}ms {:>5}  {}",
@@ -362,7 +516,11 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
                 s.gpus,
                 s.restore_ms,
                 s.busy,
-                if s.resident.is_empty() { "(evicted: state in host memory)".to_string() } else { s.resident.join(", ") }
+                if s.resident.is_empty() {
+                    "(evicted: state in host memory)".to_string()
+                } else {
+                    s.resident.join(", ")
+                }
             );
         }
     }
@@ -374,7 +532,10 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
     }
     if !st.recent.is_empty() {
         println!("\nrecent ACT (last results, by kind):");
-        println!("{:<14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}", "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec");
+        println!(
+            "{:<14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec"
+        );
         for (k, a) in &st.recent {
             println!(
                 "{:<14} {:>6} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s",

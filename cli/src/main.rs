@@ -3,8 +3,8 @@
 
 mod bench;
 mod cluster;
-mod submit;
 mod gpu_sim;
+mod submit;
 mod svg;
 mod trace;
 
@@ -128,11 +128,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => cluster::up(args),
         Command::Down { state_dir } => cluster::down(&state_dir),
-        Command::Status { json, nats_url, state_dir } => {
-            cluster::status(&cluster::nats_url(nats_url, &state_dir), json)
-        }
+        Command::Status {
+            json,
+            nats_url,
+            state_dir,
+        } => cluster::status(&cluster::nats_url(nats_url, &state_dir), json),
         Command::Submit(args) => {
-            let state = std::env::var_os("TANGRAM_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".tangram"));
+            let state = std::env::var_os("TANGRAM_STATE_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(".tangram"));
             if submit::submit(args, &state)? {
                 Ok(())
             } else {

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
-use tangram_shared::{subject, Action, ActionId, ActionResult, ActionSpec, Api, CpuRange, JobId, Outcome, Reward, SandboxClose, SandboxExec, SandboxOpen, TrajectoryId};
+use tangram_shared::{
+    subject, Action, ActionId, ActionResult, ActionSpec, Api, CpuRange, JobId, Outcome, Reward,
+    SandboxClose, SandboxExec, SandboxOpen, TrajectoryId,
+};
 
 /// Options common to every `submit`.
 #[derive(Debug, clap::Args)]
@@ -99,7 +102,10 @@ pub enum What {
 
 fn cpus(s: &str) -> anyhow::Result<CpuRange> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
-    let r = CpuRange { min: a.trim().parse().context("--cpus")?, max: b.trim().parse().context("--cpus")? };
+    let r = CpuRange {
+        min: a.trim().parse().context("--cpus")?,
+        max: b.trim().parse().context("--cpus")?,
+    };
     if r.min == 0 || r.min > r.max {
         bail!("--cpus {s}: needs 1 <= MIN <= MAX");
     }
@@ -107,7 +113,10 @@ fn cpus(s: &str) -> anyhow::Result<CpuRange> {
 }
 
 fn fresh_id() -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!("cli-{:x}-{:x}", t, std::process::id())
 }
 
@@ -115,41 +124,97 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
     let id = a.id.clone().unwrap_or_else(fresh_id);
     let timeout_ms = (a.timeout_s * 1e3) as u64;
     let spec = match &a.what {
-        What::Open { image, memory_mb } => ActionSpec::SandboxOpen(SandboxOpen { image: image.clone(), memory_mb: *memory_mb, ..Default::default() }),
-        What::Exec { cpus: c, put, stdin, argv } => {
+        What::Open { image, memory_mb } => ActionSpec::SandboxOpen(SandboxOpen {
+            image: image.clone(),
+            memory_mb: *memory_mb,
+            ..Default::default()
+        }),
+        What::Exec {
+            cpus: c,
+            put,
+            stdin,
+            argv,
+        } => {
             let mut files = BTreeMap::new();
             for p in put {
-                let (name, local) = p.split_once('=').with_context(|| format!("--put {p}: expected NAME=LOCAL_PATH"))?;
-                files.insert(name.to_string(), std::fs::read_to_string(local).with_context(|| format!("reading {local}"))?);
+                let (name, local) = p
+                    .split_once('=')
+                    .with_context(|| format!("--put {p}: expected NAME=LOCAL_PATH"))?;
+                files.insert(
+                    name.to_string(),
+                    std::fs::read_to_string(local).with_context(|| format!("reading {local}"))?,
+                );
             }
-            ActionSpec::SandboxExec(SandboxExec { argv: argv.clone(), cpus: cpus(c)?, files, env: BTreeMap::new(), stdin: stdin.clone() })
+            ActionSpec::SandboxExec(SandboxExec {
+                argv: argv.clone(),
+                cpus: cpus(c)?,
+                files,
+                env: BTreeMap::new(),
+                stdin: stdin.clone(),
+            })
         }
         What::Close => ActionSpec::SandboxClose(SandboxClose {}),
-        What::Reward { service, inputs } => ActionSpec::Reward(Reward { service: service.clone(), inputs: inputs.clone(), options: BTreeMap::new() }),
-        What::Api { provider, path, method, query } => {
+        What::Reward { service, inputs } => ActionSpec::Reward(Reward {
+            service: service.clone(),
+            inputs: inputs.clone(),
+            options: BTreeMap::new(),
+        }),
+        What::Api {
+            provider,
+            path,
+            method,
+            query,
+        } => {
             let mut q = BTreeMap::new();
             for kv in query {
-                let (k, v) = kv.split_once('=').with_context(|| format!("--query {kv}: expected KEY=VALUE"))?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--query {kv}: expected KEY=VALUE"))?;
                 q.insert(k.to_string(), v.to_string());
             }
-            ActionSpec::Api(Api { provider: provider.clone(), method: method.clone(), path: path.clone(), query: q, body: None, headers: BTreeMap::new() })
+            ActionSpec::Api(Api {
+                provider: provider.clone(),
+                method: method.clone(),
+                path: path.clone(),
+                query: q,
+                body: None,
+                headers: BTreeMap::new(),
+            })
         }
         What::File { path } => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let mut v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-            let obj = v.as_object_mut().context("the file must hold one JSON object (an action)")?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let mut v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            let obj = v
+                .as_object_mut()
+                .context("the file must hold one JSON object (an action)")?;
             obj.entry("id").or_insert_with(|| id.clone().into());
             obj.entry("job").or_insert_with(|| a.job.clone().into());
-            obj.entry("trajectory").or_insert_with(|| a.trajectory.clone().into());
-            return serde_json::from_value(v).with_context(|| format!("{} is not a valid action", path.display()));
+            obj.entry("trajectory")
+                .or_insert_with(|| a.trajectory.clone().into());
+            return serde_json::from_value(v)
+                .with_context(|| format!("{} is not a valid action", path.display()));
         }
     };
-    Ok(Action { id: ActionId(id), job: JobId(a.job.clone()), trajectory: TrajectoryId(a.trajectory.clone()), timeout_ms, spec })
+    Ok(Action {
+        id: ActionId(id),
+        job: JobId(a.job.clone()),
+        trajectory: TrajectoryId(a.trajectory.clone()),
+        timeout_ms,
+        spec,
+    })
 }
 
 /// Submits and waits; returns the result.
-pub async fn submit_and_wait(url: &str, action: &Action, wait: Duration) -> anyhow::Result<ActionResult> {
-    let client = async_nats::connect(url).await.with_context(|| format!("connecting to NATS at {url}"))?;
+pub async fn submit_and_wait(
+    url: &str,
+    action: &Action,
+    wait: Duration,
+) -> anyhow::Result<ActionResult> {
+    let client = async_nats::connect(url)
+        .await
+        .with_context(|| format!("connecting to NATS at {url}"))?;
     let js = async_nats::jetstream::new(client.clone());
     let result_subject = subject::result(&action.job, &action.id);
     // Listen first, so the result cannot slip by; then look for an earlier one (a resubmitted id).
@@ -158,13 +223,28 @@ pub async fn submit_and_wait(url: &str, action: &Action, wait: Duration) -> anyh
     headers.insert(subject::HEADER_MSG_ID, action.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Json.content_type());
     let body = codec::encode(action, Encoding::Json)?;
-    js.publish_with_headers(subject::action(&action.job, action.kind()), headers, body.into())
-        .await?
-        .await
-        .context("JetStream did not store the action (is the cluster up?)")?;
+    js.publish_with_headers(
+        subject::action(&action.job, action.kind()),
+        headers,
+        body.into(),
+    )
+    .await?
+    .await
+    .context("JetStream did not store the action (is the cluster up?)")?;
     if let Ok(stream) = js.get_stream(subject::RESULTS_STREAM).await {
-        if let Ok(m) = stream.get_last_raw_message_by_subject(&result_subject).await {
-            let enc = if m.headers.get(subject::HEADER_CONTENT_TYPE).is_some_and(|v| v.as_str().contains("json")) { Encoding::Json } else { Encoding::Msgpack };
+        if let Ok(m) = stream
+            .get_last_raw_message_by_subject(&result_subject)
+            .await
+        {
+            let enc = if m
+                .headers
+                .get(subject::HEADER_CONTENT_TYPE)
+                .is_some_and(|v| v.as_str().contains("json"))
+            {
+                Encoding::Json
+            } else {
+                Encoding::Msgpack
+            };
             return Ok(codec::decode(&m.payload, enc)?);
         }
     }
@@ -176,7 +256,13 @@ pub async fn submit_and_wait(url: &str, action: &Action, wait: Duration) -> anyh
         .headers
         .as_ref()
         .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
-        .map_or(Encoding::Msgpack, |v| if v.as_str().contains("json") { Encoding::Json } else { Encoding::Msgpack });
+        .map_or(Encoding::Msgpack, |v| {
+            if v.as_str().contains("json") {
+                Encoding::Json
+            } else {
+                Encoding::Msgpack
+            }
+        });
     Ok(codec::decode(&msg.payload, enc)?)
 }
 
@@ -184,10 +270,18 @@ pub async fn submit_and_wait(url: &str, action: &Action, wait: Duration) -> anyh
 /// otherwise.
 pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
     let action = build(&a)?;
-    action.validate(&tangram_shared::Limits::default()).map_err(|r| anyhow::anyhow!("invalid action: {}", r.reason))?;
+    action
+        .validate(&tangram_shared::Limits::default())
+        .map_err(|r| anyhow::anyhow!("invalid action: {}", r.reason))?;
     let url = crate::cluster::nats_url(a.nats_url.clone(), state);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let r = rt.block_on(submit_and_wait(&url, &action, Duration::from_secs_f64(a.wait_s)))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(submit_and_wait(
+        &url,
+        &action,
+        Duration::from_secs_f64(a.wait_s),
+    ))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -210,7 +304,11 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
             t.exec_us as f64 / 1e6
         );
         if !r.stdout.is_empty() {
-            println!("--- stdout{}\n{}", if r.truncated { " (truncated)" } else { "" }, r.stdout.trim_end());
+            println!(
+                "--- stdout{}\n{}",
+                if r.truncated { " (truncated)" } else { "" },
+                r.stdout.trim_end()
+            );
         }
         if !r.stderr.is_empty() {
             println!("--- stderr\n{}", r.stderr.trim_end());
@@ -219,10 +317,29 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
             println!("  scores: {s:?}");
         }
         if let Some(u) = &r.service {
-            println!("  service {} on GPUs {:?}{}{}", u.service, u.gpus, if u.restored { ", restored" } else { ", resident" }, if u.evicted.is_empty() { String::new() } else { format!(", evicted {:?}", u.evicted) });
+            println!(
+                "  service {} on GPUs {:?}{}{}",
+                u.service,
+                u.gpus,
+                if u.restored {
+                    ", restored"
+                } else {
+                    ", resident"
+                },
+                if u.evicted.is_empty() {
+                    String::new()
+                } else {
+                    format!(", evicted {:?}", u.evicted)
+                }
+            );
         }
         if let Some(h) = &r.http {
-            println!("  HTTP {}{}\n{}", h.status, if h.truncated { " (body truncated)" } else { "" }, h.body.trim_end());
+            println!(
+                "  HTTP {}{}\n{}",
+                h.status,
+                if h.truncated { " (body truncated)" } else { "" },
+                h.body.trim_end()
+            );
         }
     }
     Ok(matches!(r.outcome, Outcome::Completed { .. }))
