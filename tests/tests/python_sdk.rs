@@ -1,0 +1,54 @@
+//! The Python client's own tests (clients/python/tests), run against a real cluster started
+//! here: NATS, the scheduler, a CPU worker, a GPU worker serving `judge` with a reference
+//! replica, and a worker calling a local search stand-in as provider `search`.
+
+use std::time::Duration;
+use tangram_tests::api_server::RateLimitedApi;
+use tangram_tests::{repo_root, Cluster, WorkerSpec};
+use tangram_worker::providers::ProviderConfig;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()> {
+    let python = repo_root().join("tools/venv/bin/python");
+    anyhow::ensure!(python.exists(), "{} is missing; run deploy/install-tools.sh", python.display());
+    let dir = tempfile::tempdir()?;
+    let server = RateLimitedApi::start(100.0, 20.0, Duration::from_millis(2)).await?;
+    let mut cluster = Cluster::start(&[WorkerSpec::new("py-cpu")]).await?;
+    cluster.start_gpu_worker("py-gpu", 1, &["judge"], dir.path())?;
+    cluster.start_api_worker(
+        "py-api",
+        vec![ProviderConfig {
+            name: "search".into(),
+            base_url: server.url.clone(),
+            credential_env: None,
+            credential_file: None,
+            auth_header: "Authorization".into(),
+            auth_prefix: "Bearer ".into(),
+            rate_per_s: 100.0,
+            burst: 20,
+            concurrency: 8,
+            timeout_ms: 5_000,
+            slow_ms: None,
+            allow: vec!["GET /search".into()],
+            allow_headers: vec![],
+            reply_headers: vec!["content-type".into()],
+            max_body_bytes: 1 << 16,
+        }],
+    )?;
+    let c = cluster.client("py-sdk").await?;
+    c.wait_for_workers(&["py-cpu", "py-gpu", "py-api"], Duration::from_secs(60)).await?;
+    let url = cluster.nats.url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args(["-m", "unittest", "discover", "-v", "-s"])
+            .arg(repo_root().join("clients/python/tests"))
+            .env("TANGRAM_NATS_URL", url)
+            .output()
+    })
+    .await??;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "python client tests failed:\n{text}");
+    assert!(text.contains("Ran 6 tests"), "{text}");
+    cluster.shutdown().await?;
+    Ok(())
+}
