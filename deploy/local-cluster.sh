@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Brings up a local Tangram cluster on loopback (nats-server, the scheduler, two CPU workers)
-# on embedded defaults, runs a small real rollout workload against it, prints the report and
-# stops everything. Works on a fresh machine: installs the pinned nats-server and builds the
-# sandbox image first.
+# The main job: brings up a local Tangram cluster on loopback from embedded defaults
+# (`tangram up`: nats-server, the scheduler, two CPU workers, a GPU worker with 2 declared
+# GPUs serving reference reward replicas, a search API stand-in behind the quota manager),
+# runs a real agentic-RL rollout workload against it with the `tangram` policy, then the same
+# workload under the `static` baseline (per-trajectory sandboxes with fixed cores, services
+# pinned to an even split of the GPUs, per-trajectory API rate slices), and prints both
+# reports side by side with a picture of ACT per policy (rollout-act.svg).
+#
+# Works on a fresh machine: installs the pinned tools and builds the sandbox image first.
 #
 #   bash deploy/local-cluster.sh [--keep] [rollout flags: --trajectories K --turns T --seed S ...]
 #
-# --keep leaves the cluster running after the workload (stop it with Ctrl-C).
-# Logs: .tangram/logs/. NATS data: .tangram/nats/ (removed at start).
+# --keep runs the tangram pass only and leaves that cluster up for the README's tour
+# (stop it with `target/debug/tangram down`). State and logs: .tangram/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0
@@ -16,7 +21,6 @@ for a in "$@"; do
   if [ "$a" = "--keep" ]; then keep=1; else args+=("$a"); fi
 done
 port=${TANGRAM_NATS_PORT:-4222}
-monitor=${TANGRAM_NATS_MONITOR_PORT:-8222}
 url="nats://127.0.0.1:$port"
 
 bash deploy/install-tools.sh
@@ -24,43 +28,39 @@ bash deploy/build-sandbox-image.sh
 echo "building Tangram ..."
 cargo build --locked --bins --quiet
 
-state=.tangram
-rm -rf "$state/nats"
-mkdir -p "$state/logs" "$state/nats"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
+tangram=target/debug/tangram
+export TANGRAM_STATE_DIR=.tangram
+up=0
+cleanup() { if [ "$up" = 1 ] && [ "$keep" = 0 ]; then $tangram down >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT INT TERM
+mkdir -p .tangram
 
-if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-  echo "port $port is taken (another cluster?); set TANGRAM_NATS_PORT" >&2
-  exit 1
-fi
-tools/bin/nats-server -c nats/server.conf -a 127.0.0.1 -p "$port" -m "$monitor" -sd "$state/nats" \
-  >"$state/logs/nats.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+run_pass() {  # policy, extra up flags...
+  local policy=$1; shift
+  echo
+  echo "=== policy: $policy ==="
+  $tangram up --nats-port "$port" --policy "$policy" "$@"
+  up=1
+  target/debug/tangram-rollout --nats-url "$url" --label "$policy" \
+    --report ".tangram/report-$policy.json" "${args[@]}"
+  $tangram status | sed -n '/service/,$p'
+}
 
-export TANGRAM_NATS_URL="$url"
-target/debug/tangram-scheduler --metrics-addr 127.0.0.1:9464 >"$state/logs/scheduler.log" 2>&1 &
-pids+=($!)
-ncpu=$(nproc)
-cores="0-$((ncpu - 1))"
-# Two workers; on a small machine they share the host's cores (each grants all of them).
-for i in 0 1; do
-  target/debug/tangram-worker --id "cpu-$i" --cores "$cores" --mem-mb 4096 \
-    --metrics-addr "127.0.0.1:$((9465 + i))" >"$state/logs/worker-$i.log" 2>&1 &
-  pids+=($!)
-done
-echo "cluster up: nats $url (monitoring http://127.0.0.1:$monitor), scheduler metrics :9464, workers cpu-0 cpu-1 (cores $cores)"
-sleep 1.5
-
-target/debug/tangram-rollout --nats-url "$url" "${args[@]}"
-status=$?
+run_pass tangram
 if [ "$keep" = 1 ]; then
-  echo "cluster still running; Ctrl-C to stop"
-  wait
+  echo
+  echo "cluster still up at $url; try the README's tour, then: $tangram down"
+  exit 0
 fi
-exit $status
+$tangram down
+up=0
+# The baseline: each trajectory's sandbox holds 1 core for its whole life (this machine's
+# workers share its cores), each service keeps its GPUs, each trajectory gets rate / N.
+run_pass static --static-cores 1
+$tangram down
+up=0
+
+echo
+echo "=== tangram vs static ==="
+target/debug/tangram-rollout --compare .tangram/report-tangram.json .tangram/report-static.json \
+  --svg rollout-act.svg

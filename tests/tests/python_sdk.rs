@@ -10,7 +10,11 @@ use tangram_worker::providers::ProviderConfig;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()> {
     let python = repo_root().join("tools/venv/bin/python");
-    anyhow::ensure!(python.exists(), "{} is missing; run deploy/install-tools.sh", python.display());
+    anyhow::ensure!(
+        python.exists(),
+        "{} is missing; run deploy/install-tools.sh",
+        python.display()
+    );
     let dir = tempfile::tempdir()?;
     let server = RateLimitedApi::start(100.0, 20.0, Duration::from_millis(2)).await?;
     let mut cluster = Cluster::start(&[WorkerSpec::new("py-cpu")]).await?;
@@ -36,7 +40,8 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
         }],
     )?;
     let c = cluster.client("py-sdk").await?;
-    c.wait_for_workers(&["py-cpu", "py-gpu", "py-api"], Duration::from_secs(60)).await?;
+    c.wait_for_workers(&["py-cpu", "py-gpu", "py-api"], Duration::from_secs(60))
+        .await?;
     let url = cluster.nats.url();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
@@ -46,7 +51,11 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
             .output()
     })
     .await??;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "python client tests failed:\n{text}");
     assert!(text.contains("Ran 6 tests"), "{text}");
     cluster.shutdown().await?;

@@ -189,6 +189,11 @@ pub enum Unrouted {
         /// Largest group in the fleet.
         largest_group: u8,
     },
+    /// Static deployment left this service without GPUs.
+    NotDeployed {
+        /// The service.
+        service: String,
+    },
     /// Every replica is busy and no chunk can be freed now: wait for one to finish.
     Busy {
         /// The service.
@@ -203,6 +208,10 @@ impl fmt::Display for Unrouted {
             Unrouted::NeverFits { service, gpus, largest_group } => write!(
                 f,
                 "service {service:?} needs {gpus} GPUs per replica; the largest NVLink group in the fleet has {largest_group}"
+            ),
+            Unrouted::NotDeployed { service } => write!(
+                f,
+                "the static deployment split the GPUs between the services and left {service:?} without any"
             ),
             Unrouted::Busy { service } => write!(
                 f,
@@ -389,19 +398,23 @@ impl Eoe {
             let replicas = (gpus_per_service / len as u32).max(1);
             for _ in 0..replicas {
                 match self.free_chunk(len, &name) {
-                    Some((node, chunk, _)) => {
+                    Some((node, chunk, reuse)) => {
                         self.nodes.get_mut(&node).expect("node").groups[chunk.group as usize]
                             .take(chunk.start, chunk.len);
-                        self.replicas.push(Replica {
-                            service: name.clone(),
-                            node,
-                            chunk,
-                            resident: true,
-                            ready_at_ms: 0,
-                            busy: 0,
-                            draining: false,
-                            last_used_ms: 0,
-                        });
+                        match reuse {
+                            // A replica deployed there already (evicted): make it resident.
+                            Some(i) => self.replicas[i].resident = true,
+                            None => self.replicas.push(Replica {
+                                service: name.clone(),
+                                node,
+                                chunk,
+                                resident: true,
+                                ready_at_ms: 0,
+                                busy: 0,
+                                draining: false,
+                                last_used_ms: 0,
+                            }),
+                        }
                     }
                     None => {
                         short.push(name.clone());
@@ -559,6 +572,16 @@ impl Eoe {
             });
         }
         if !self.elastic {
+            // Static deployment: a service that got no GPUs never will.
+            if !self
+                .replicas
+                .iter()
+                .any(|r| r.resident && r.service == service)
+            {
+                return Err(Unrouted::NotDeployed {
+                    service: service.to_string(),
+                });
+            }
             return Err(Unrouted::Busy {
                 service: service.to_string(),
             });
@@ -831,5 +854,27 @@ mod tests {
         let r2 = e.route("a", 0).unwrap();
         assert!(!r2.restore);
         assert!(matches!(e.route("a", 0), Err(Unrouted::Busy { .. })));
+    }
+
+    #[test]
+    fn static_pinning_reuses_deployed_replicas_and_refuses_services_left_without_gpus() {
+        // Regression: pinning pushed a second record for a replica already deployed on the
+        // chunk, so results settled the evicted twin and the resident one filled up forever.
+        let mut e = Eoe::new(["a", "b", "c"].map(|n| svc(n, 1)));
+        e.set_node(&w("g0"), &[2], true);
+        let c0 = Chunk {
+            group: 0,
+            start: 0,
+            len: 1,
+        };
+        assert!(e.adopt("a", &w("g0"), c0, false, 0));
+        let short = e.pin(0);
+        assert_eq!(short, vec!["c".to_string()]);
+        assert_eq!(e.replicas().iter().filter(|r| r.service == "a").count(), 1);
+        for t in 0..10 {
+            let r = e.route("a", t).unwrap();
+            e.finish(e.find("a", &w("g0"), r.chunk).unwrap(), t);
+        }
+        assert!(matches!(e.route("c", 0), Err(Unrouted::NotDeployed { .. })));
     }
 }

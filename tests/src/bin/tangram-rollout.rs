@@ -1,11 +1,14 @@
 //! `tangram-rollout`: a small real agentic-RL rollout workload against a running cluster.
 //!
 //! K trajectories of a coding agent run concurrently. Each opens its sandbox, then for a few
-//! turns "thinks" (a delay standing in for LLM generation) and submits a `sandbox_exec` that
-//! writes a candidate solution and its unit tests into the sandbox and runs them with
-//! python3; then it closes the sandbox. Candidates are correct or buggy by a seeded draw, so
-//! the expected test outcome of every exec is known and checked. Ends with a report: actions
-//! by kind and outcome, test pass rate, and ACT split into queue, overhead and execution.
+//! turns "thinks" (a delay standing in for LLM generation), looks the task up through the
+//! `search` API provider, submits a `sandbox_exec` that writes a candidate solution and its
+//! unit tests into the sandbox and runs them with python3, and scores the candidate with the
+//! `judge` reward service; then it closes the sandbox. Candidates are correct or buggy by a
+//! seeded draw, so the expected test outcome of every exec is known and checked. Ends with a
+//! report: actions by kind and outcome, test pass rate, and ACT split into queue, overhead and
+//! execution, per kind. `--report FILE` writes it as JSON; `--compare A.json B.json --svg
+//! FILE` puts two runs (two policies) side by side and draws their ACT.
 
 use anyhow::Context as _;
 use std::collections::BTreeMap;
@@ -51,6 +54,10 @@ struct Args {
     think_ms: u64,
     seed: u64,
     json: bool,
+    label: String,
+    report: Option<String>,
+    reward: bool,
+    api: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -63,6 +70,10 @@ fn parse_args() -> anyhow::Result<Args> {
         think_ms: 300,
         seed: 7,
         json: false,
+        label: "run".into(),
+        report: None,
+        reward: true,
+        api: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -75,8 +86,23 @@ fn parse_args() -> anyhow::Result<Args> {
             "--think-ms" => a.think_ms = value()?.parse()?,
             "--seed" => a.seed = value()?.parse()?,
             "--json" => a.json = true,
+            "--label" => a.label = value()?,
+            "--report" => a.report = Some(value()?),
+            "--no-reward" => a.reward = false,
+            "--no-api" => a.api = false,
+            "--compare" => {
+                let x = value()?;
+                let y = value()?;
+                let mut svg = None;
+                if let Some(f) = it.next() {
+                    anyhow::ensure!(f == "--svg", "after --compare A B only --svg FILE");
+                    svg = Some(it.next().context("--svg needs a file")?);
+                }
+                compare(&x, &y, svg.as_deref())?;
+                std::process::exit(0);
+            }
             "-h" | "--help" => {
-                println!("usage: tangram-rollout [--nats-url URL] [--job ID] [--trajectories K] [--turns T] [--think-ms MS] [--seed S] [--json]");
+                println!("usage: tangram-rollout [--nats-url URL] [--job ID] [--trajectories K] [--turns T] [--think-ms MS] [--seed S] [--label NAME] [--report FILE] [--no-reward] [--no-api] [--json]\n       tangram-rollout --compare A.json B.json [--svg FILE]");
                 std::process::exit(0);
             }
             other => anyhow::bail!("unknown argument {other:?} (see --help)"),
@@ -114,7 +140,7 @@ async fn trajectory(
     let traj = format!("t{t}");
     let wait = Duration::from_secs(300);
     let r = client
-        .run(&open(&format!("{traj}-open"), job, &traj), wait)
+        .run(&open(&format!("{job}-{traj}-open"), job, &traj), wait)
         .await?;
     report.lock().await.results.push(r);
     for turn in 0..args.turns {
@@ -126,7 +152,7 @@ async fn trajectory(
         let task = &TASKS[(t + turn) % TASKS.len()];
         let correct = draw % 3 != 0;
         let mut a = exec(
-            &format!("{traj}-turn{turn}"),
+            &format!("{job}-{traj}-turn{turn}"),
             job,
             &traj,
             &["python3", "-m", "unittest", "-q", "test_solution"],
@@ -142,8 +168,35 @@ async fn trajectory(
                 if correct { task.good } else { task.buggy }.into(),
             );
         }
+        if args.api {
+            let q = tangram_tests::build::api(
+                &format!("{job}-{traj}-search{turn}"),
+                job,
+                &traj,
+                "search",
+                "/search",
+            );
+            let mut q = q;
+            if let ActionSpec::Api(api) = &mut q.spec {
+                api.query.insert("q".into(), task.name.replace('_', " "));
+            }
+            let r = client.run(&q, wait).await?;
+            report.lock().await.results.push(r);
+        }
         let r = client.run(&a, wait).await?;
         let passed = matches!(r.outcome, Outcome::Completed { exit_code: 0 });
+        if args.reward {
+            let code = if correct { task.good } else { task.buggy };
+            let s = tangram_tests::build::reward(
+                &format!("{job}-{traj}-judge{turn}"),
+                job,
+                &traj,
+                "judge",
+                &[code],
+            );
+            let rr = client.run(&s, wait).await?;
+            report.lock().await.results.push(rr);
+        }
         if !args.json {
             println!(
                 "  {traj} turn {turn}: {:<13} {:<6} -> {} in {:.0} ms",
@@ -158,7 +211,7 @@ async fn trajectory(
         rep.results.push(r);
     }
     let r = client
-        .run(&close(&format!("{traj}-close"), job, &traj), wait)
+        .run(&close(&format!("{job}-{traj}-close"), job, &traj), wait)
         .await?;
     report.lock().await.results.push(r);
     Ok(())
@@ -205,7 +258,6 @@ async fn main() -> anyhow::Result<()> {
     }
     let wall = started.elapsed().as_secs_f64();
     let rep = report.lock().await;
-
     let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in &rep.results {
         let kind = r
@@ -215,35 +267,44 @@ async fn main() -> anyhow::Result<()> {
             .to_string();
         *by.entry((kind, r.outcome.label().to_string())).or_default() += 1;
     }
-    let execs: Vec<&ActionResult> = rep
-        .results
-        .iter()
-        .filter(|r| r.kind == Some(ActionKind::SandboxExec))
-        .collect();
-    let ms =
-        |f: fn(&ActionResult) -> u64| execs.iter().map(|r| f(r) as f64 / 1e3).collect::<Vec<_>>();
-    let act = stats(ms(|r| r.timing.act_us));
-    let queue = stats(ms(|r| r.timing.queued_us));
-    let overhead = stats(ms(|r| r.timing.overhead_us));
-    let exec_t = stats(ms(|r| r.timing.exec_us));
     let passed = rep.tests.iter().filter(|(_, p)| *p).count();
     let as_expected = rep.tests.iter().filter(|(e, p)| e == p).count();
-    let infra = rep
+    let failed = rep
         .results
         .iter()
         .filter(|r| !matches!(r.outcome, Outcome::Completed { .. }))
         .count();
-
+    let records: Vec<serde_json::Value> = rep
+        .results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "kind": r.kind.map(ActionKind::as_str).unwrap_or("unknown"),
+                "outcome": r.outcome.label(),
+                "act_ms": r.timing.act_us as f64 / 1e3,
+                "queue_ms": r.timing.queued_us as f64 / 1e3,
+                "overhead_ms": r.timing.overhead_us as f64 / 1e3,
+                "exec_ms": r.timing.exec_us as f64 / 1e3,
+            })
+        })
+        .collect();
+    let out = serde_json::json!({
+        "label": args.label,
+        "job": args.job,
+        "trajectories": args.trajectories,
+        "turns": args.turns,
+        "wall_s": wall,
+        "tests": rep.tests.len(),
+        "tests_passed": passed,
+        "tests_as_expected": as_expected,
+        "actions": records,
+    });
+    if let Some(path) = &args.report {
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {path}"))?;
+    }
     if args.json {
-        let kinds: Vec<String> = by
-            .iter()
-            .map(|((k, o), n)| format!("{{\"kind\":\"{k}\",\"outcome\":\"{o}\",\"count\":{n}}}"))
-            .collect();
-        println!(
-            "{{\"job\":\"{}\",\"wall_s\":{wall:.3},\"actions\":[{}],\"tests\":{},\"tests_passed\":{passed},\"tests_as_expected\":{as_expected},\
-             \"exec_act_ms\":{{\"mean\":{:.1},\"p50\":{:.1},\"p99\":{:.1}}},\"exec_queue_ms_mean\":{:.1},\"exec_overhead_ms_mean\":{:.2},\"exec_exec_ms_mean\":{:.1}}}",
-            args.job, kinds.join(","), rep.tests.len(), act.0, act.1, act.2, queue.0, overhead.0, exec_t.0
-        );
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!("\nactions by kind and outcome");
         for ((k, o), n) in &by {
@@ -254,22 +315,186 @@ async fn main() -> anyhow::Result<()> {
             rep.tests.len(),
             rep.tests.len()
         );
-        println!("\nsandbox_exec ACT (ms)     mean      p50      p99");
-        for (name, s) in [
-            ("act", act),
-            ("  queue", queue),
-            ("  overhead", overhead),
-            ("  execution", exec_t),
-        ] {
-            println!("  {name:<20} {:>8.1} {:>8.1} {:>8.1}", s.0, s.1, s.2);
-        }
+        print_act_table(&args.label, &records);
         println!("\n{} actions in {wall:.1} s", rep.results.len());
     }
-    anyhow::ensure!(infra == 0, "{infra} actions did not complete");
+    anyhow::ensure!(failed == 0, "{failed} actions did not complete");
     anyhow::ensure!(
         as_expected == rep.tests.len(),
         "{} execs did not give the expected test outcome",
         rep.tests.len() - as_expected
     );
     Ok(())
+}
+
+const KINDS: [&str; 5] = [
+    "sandbox_open",
+    "sandbox_exec",
+    "reward",
+    "api",
+    "sandbox_close",
+];
+
+fn column(records: &[serde_json::Value], kind: &str, field: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| r["kind"] == kind && r["outcome"] == "completed")
+        .filter_map(|r| r[field].as_f64())
+        .collect()
+}
+
+fn print_act_table(label: &str, records: &[serde_json::Value]) {
+    println!(
+        "\nACT by kind, ms ({label})     n     mean      p50      p99    queue overhead     exec"
+    );
+    for kind in KINDS {
+        let act = column(records, kind, "act_ms");
+        if act.is_empty() {
+            continue;
+        }
+        let (m, p50, p99) = stats(act.clone());
+        let mean = |f: &str| stats(column(records, kind, f)).0;
+        println!(
+            "  {kind:<24} {:>5} {m:>8.1} {p50:>8.1} {p99:>8.1} {:>8.1} {:>8.2} {:>8.1}",
+            act.len(),
+            mean("queue_ms"),
+            mean("overhead_ms"),
+            mean("exec_ms")
+        );
+    }
+}
+
+/// Two runs side by side, and a picture of their ACT.
+fn compare(a: &str, b: &str, svg: Option<&str>) -> anyhow::Result<()> {
+    let load = |p: &str| -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?,
+        )?)
+    };
+    let (x, y) = (load(a)?, load(b)?);
+    let label = |v: &serde_json::Value| v["label"].as_str().unwrap_or("?").to_string();
+    let recs = |v: &serde_json::Value| v["actions"].as_array().cloned().unwrap_or_default();
+    let (lx, ly) = (label(&x), label(&y));
+    let (rx, ry) = (recs(&x), recs(&y));
+    println!(
+        "\n{:<14} {:>22} {:>22} {:>8}",
+        "mean ACT, ms", lx, ly, "ratio"
+    );
+    let mut rows = Vec::new();
+    for kind in KINDS.iter().copied().chain(std::iter::once("all")) {
+        let pick = |r: &[serde_json::Value]| -> Vec<f64> {
+            if kind == "all" {
+                r.iter()
+                    .filter(|r| r["outcome"] == "completed")
+                    .filter_map(|r| r["act_ms"].as_f64())
+                    .collect()
+            } else {
+                column(r, kind, "act_ms")
+            }
+        };
+        let (ax, ay) = (pick(&rx), pick(&ry));
+        if ax.is_empty() && ay.is_empty() {
+            continue;
+        }
+        let (mx, my) = (stats(ax.clone()), stats(ay.clone()));
+        println!(
+            "{kind:<14} {:>13.1} (p99 {:>5.0}) {:>13.1} (p99 {:>5.0}) {:>7.2}x",
+            mx.0,
+            mx.2,
+            my.0,
+            my.2,
+            if mx.0 > 0.0 { my.0 / mx.0 } else { 0.0 }
+        );
+        rows.push((kind, mx, my));
+    }
+    println!(
+        "\nwall time: {} {:.1} s, {} {:.1} s; tests as expected: {} {}/{}, {} {}/{}",
+        lx,
+        x["wall_s"].as_f64().unwrap_or(0.0),
+        ly,
+        y["wall_s"].as_f64().unwrap_or(0.0),
+        lx,
+        x["tests_as_expected"],
+        x["tests"],
+        ly,
+        y["tests_as_expected"],
+        y["tests"]
+    );
+    if let Some(path) = svg {
+        std::fs::write(path, bars_svg(&lx, &ly, &rows))
+            .with_context(|| format!("writing {path}"))?;
+        println!("picture: {path}");
+    }
+    Ok(())
+}
+
+/// Grouped bars: mean ACT per kind for each run, with a tick at p99 (log scale).
+fn bars_svg(lx: &str, ly: &str, rows: &[(&str, (f64, f64, f64), (f64, f64, f64))]) -> String {
+    use std::fmt::Write as _;
+    let (w, h, left, top, bottom) = (760.0, 420.0, 70.0, 50.0, 60.0);
+    let ph = h - top - bottom;
+    let max = rows
+        .iter()
+        .map(|r| r.1 .2.max(r.2 .2))
+        .fold(1.0_f64, f64::max);
+    let (lo, hi) = (0.1_f64.log10(), (max * 1.5).log10());
+    let y = |v: f64| top + ph - ph * ((v.max(0.1).log10() - lo) / (hi - lo));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">Rollout workload: mean ACT per action kind (bars), p99 (ticks), log scale</text>"#,
+        w / 2.0
+    );
+    let mut v = 0.1;
+    while v <= max * 1.5 {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{}" y1="{y0:.1}" y2="{y0:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{v} ms</text>"##,
+            w - 20.0,
+            left - 6.0,
+            y(v) + 4.0,
+            y0 = y(v)
+        );
+        v *= 10.0;
+    }
+    let gw = (w - left - 20.0) / rows.len().max(1) as f64;
+    for (i, (kind, a, b)) in rows.iter().enumerate() {
+        let x0 = left + gw * i as f64 + gw * 0.15;
+        let bw = gw * 0.35;
+        for (j, (m, col)) in [(a, "#1f77b4"), (b, "#d62728")].iter().enumerate() {
+            let x = x0 + bw * j as f64;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{col}"/><line x1="{x:.1}" x2="{:.1}" y1="{p:.1}" y2="{p:.1}" stroke="black" stroke-width="2"/>"#,
+                y(m.0),
+                bw - 4.0,
+                (top + ph - y(m.0)).max(0.0),
+                x + bw - 4.0,
+                p = y(m.2)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{kind}</text>"#,
+            x0 + bw,
+            top + ph + 18.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<rect x="{left}" y="{}" width="12" height="12" fill="#1f77b4"/><text x="{}" y="{}">{lx}</text><rect x="{}" y="{}" width="12" height="12" fill="#d62728"/><text x="{}" y="{}">{ly}</text>"##,
+        h - 26.0,
+        left + 16.0,
+        h - 16.0,
+        left + 140.0,
+        h - 26.0,
+        left + 156.0,
+        h - 16.0
+    );
+    s.push_str("</svg>\n");
+    s
 }
