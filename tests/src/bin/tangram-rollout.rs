@@ -429,7 +429,10 @@ fn compare(a: &str, b: &str, svg: Option<&str>) -> anyhow::Result<()> {
 }
 
 /// Grouped bars: mean ACT per kind for each run, with a tick at p99 (log scale).
-fn bars_svg(lx: &str, ly: &str, rows: &[(&str, (f64, f64, f64), (f64, f64, f64))]) -> String {
+/// One row of the comparison: kind, (mean, p50, p99) of each run.
+type Row<'a> = (&'a str, (f64, f64, f64), (f64, f64, f64));
+
+fn bars_svg(lx: &str, ly: &str, rows: &[Row<'_>]) -> String {
     use std::fmt::Write as _;
     let (w, h, left, top, bottom) = (760.0, 420.0, 70.0, 50.0, 60.0);
     let ph = h - top - bottom;
