@@ -545,3 +545,85 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Lays the config file's `[up]` table under `up`'s options: a value from a flag or an
+/// environment variable wins, the file's comes next, then the built-in default.
+pub(crate) fn apply_config_file(
+    cmd: &mut crate::Command,
+    explicit: Option<&Path>,
+    matches: &clap::ArgMatches,
+) -> anyhow::Result<()> {
+    let crate::Command::Up(a) = cmd else {
+        return Ok(());
+    };
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None if Path::new("tangram.toml").exists() => PathBuf::from("tangram.toml"),
+        None => return Ok(()),
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+    let Some(up) = table.get("up") else {
+        return Ok(());
+    };
+    let up = up
+        .as_table()
+        .with_context(|| format!("{}: [up] must be a table", path.display()))?;
+    let sub = matches.subcommand_matches("up").context("up's arguments")?;
+    let from_default = |id: &str| {
+        matches!(
+            sub.value_source(id),
+            None | Some(clap::parser::ValueSource::DefaultValue)
+        )
+    };
+    const KEYS: [&str; 11] = [
+        "state_dir",
+        "nats_port",
+        "workers",
+        "worker_mem_mb",
+        "gpus",
+        "services",
+        "policy",
+        "static_cores",
+        "search_rate",
+        "nats_server",
+        "wait_s",
+    ];
+    for (key, value) in up {
+        let id = key.as_str();
+        if !KEYS.contains(&id) {
+            anyhow::bail!(
+                "{}: unknown key up.{id}; known: {}",
+                path.display(),
+                KEYS.join(", ")
+            );
+        }
+        if !from_default(id) {
+            continue;
+        }
+        let bad = || anyhow::anyhow!("{}: up.{key} has the wrong type ({value})", path.display());
+        let int = || value.as_integer().ok_or_else(bad);
+        match id {
+            "state_dir" => a.state_dir = PathBuf::from(value.as_str().ok_or_else(bad)?),
+            "nats_port" => a.nats_port = u16::try_from(int()?).map_err(|_| bad())?,
+            "workers" => a.workers = u32::try_from(int()?).map_err(|_| bad())?,
+            "worker_mem_mb" => a.worker_mem_mb = u64::try_from(int()?).map_err(|_| bad())?,
+            "gpus" => a.gpus = u32::try_from(int()?).map_err(|_| bad())?,
+            "services" => a.services = value.as_str().ok_or_else(bad)?.to_string(),
+            "policy" => a.policy = value.as_str().ok_or_else(bad)?.to_string(),
+            "static_cores" => a.static_cores = u32::try_from(int()?).map_err(|_| bad())?,
+            "search_rate" => {
+                a.search_rate = value
+                    .as_float()
+                    .or_else(|| value.as_integer().map(|i| i as f64))
+                    .ok_or_else(bad)?
+            }
+            "nats_server" => a.nats_server = Some(PathBuf::from(value.as_str().ok_or_else(bad)?)),
+            "wait_s" => a.wait_s = u64::try_from(int()?).map_err(|_| bad())?,
+            other => anyhow::bail!("{}: unknown key up.{other}", path.display()),
+        }
+    }
+    Ok(())
+}

@@ -19,12 +19,16 @@ use tangram_core::sim::{self, AiCoding, Workload};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Config file: an `[up]` table with `up`'s options (flags and environment variables win
+    /// over it) [default: tangram.toml in the working directory, when present].
+    #[arg(long, global = true, env = "TANGRAM_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Start a local cluster on loopback: nats-server, the scheduler, CPU workers, a GPU
     /// worker with declared GPUs and reference replicas, and a search API stand-in.
     Up(cluster::UpArgs),
@@ -115,7 +119,17 @@ enum BenchWhat {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = cluster::apply_config_file(&mut cli.command, cli.config.as_deref(), &matches) {
+        eprintln!("tangram: {e:#}");
+        return std::process::ExitCode::from(64);
+    }
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tangram: {e:#}");

@@ -311,3 +311,23 @@ fn traces_mix_sandbox_reward_and_api_steps_on_one_cluster() {
     assert_eq!(code, 2);
     assert!(err.contains("search") && err.contains("providers"), "{err}");
 }
+
+#[test]
+fn a_bad_cli_config_file_is_refused_with_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tangram.toml");
+    std::fs::write(&cfg, "[up]\nworkerz = 1\n").unwrap();
+    let (code, _, err) = tangram(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "up",
+        "--state-dir",
+        dir.path().join("s").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("workerz") && err.contains("workers"), "{err}");
+    std::fs::write(&cfg, "[up]\nworkers = \"two\"\n").unwrap();
+    let (code, _, err) = tangram(&["--config", cfg.to_str().unwrap(), "up"]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("up.workers"), "{err}");
+}
