@@ -198,7 +198,7 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
         }
     };
     Ok(Action {
-        id: ActionId(id),
+        id: ActionId(id.into()),
         job: JobId(a.job.clone()),
         trajectory: TrajectoryId(a.trajectory.clone()),
         timeout_ms,

@@ -352,7 +352,7 @@ impl Scheduler {
                 return Err(bad);
             }
         };
-        bad.id = Some(action.id.0.clone());
+        bad.id = Some(action.id.to_string());
         if let Err(r) = action.validate(&self.limits) {
             bad.rejection = r;
             return Err(bad);
@@ -1231,7 +1231,7 @@ impl Scheduler {
         for (id, w) in &self.workers {
             let view = snapshot.worker(id);
             st.workers.push(WorkerStatus {
-                id: id.0.clone(),
+                id: id.to_string(),
                 cores: w.hb.cores,
                 cores_used: view.map_or(0, |v| v.total_cores - v.free_cores),
                 mem_mb: w.hb.mem_mb,
@@ -1321,7 +1321,7 @@ impl Scheduler {
         };
         let q = self.queue.remove(pos);
         let bad = Bad {
-            id: Some(q.action.id.0.clone()),
+            id: Some(q.action.id.to_string()),
             job: Some(q.action.job.0.clone()),
             encoding: q.encoding,
             rejection,

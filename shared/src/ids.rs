@@ -61,18 +61,18 @@ pub fn check_token(what: &'static str, value: &str) -> Result<(), IdError> {
 }
 
 macro_rules! id_type {
-    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $inner:ty) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
-        pub struct $name(pub String);
+        pub struct $name(pub $inner);
 
         impl $name {
             /// Builds the identifier, checking that it is a valid subject token.
             pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
-                let value = value.into();
+                let value: String = value.into();
                 check_token($what, &value)?;
-                Ok(Self(value))
+                Ok(Self(value.into()))
             }
             /// Checks an identifier that arrived unchecked (for example, decoded from the wire).
             pub fn check(&self) -> Result<(), IdError> {
@@ -96,22 +96,27 @@ id_type!(
     /// An action's id, chosen by the submitter. It is the idempotency key: it is sent as
     /// `Nats-Msg-Id`, and one id yields at most one execution and exactly one result.
     ActionId,
-    "action id"
+    "action id",
+    // Shared, so that plans and bookkeeping copy a pointer rather than the string.
+    std::sync::Arc<str>
 );
 id_type!(
     /// An RL job (a training run) that submits actions.
     JobId,
-    "job"
+    "job",
+    String
 );
 id_type!(
     /// A trajectory (one rollout) within a job. A trajectory owns at most one sandbox.
     TrajectoryId,
-    "trajectory"
+    "trajectory",
+    String
 );
 id_type!(
     /// A worker process, unique in the fleet.
     WorkerId,
-    "worker id"
+    "worker id",
+    std::sync::Arc<str>
 );
 
 #[cfg(test)]
