@@ -1,7 +1,7 @@
 //! `tangram simulate --workload mopd`: GPU services under Evict-on-Execution (`tangram`) and
 //! static deployment (`static`, 4 GPUs per service), side by side.
 
-use crate::{svg, trace, SimulateArgs};
+use crate::{report, trace, SimulateArgs};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 use tangram_core::sim::{SimReport, Summary};
@@ -63,7 +63,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     }
     let sums: Vec<Summary> = runs.iter().map(|r| r.0.summary()).collect();
     let base = &sums[0];
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let ratio = report::ratio;
 
     // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT.
     let mut sweep = Vec::new();
@@ -100,38 +100,21 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     }
 
     let reports: Vec<SimReport> = runs.iter().map(|r| r.0.clone()).collect();
-    std::fs::write(
-        &args.svg,
-        svg::render(&format!("Tangram simulator: {label}"), &reports),
-    )
-    .with_context(|| format!("writing {}", args.svg.display()))?;
+    report::write_svg(&args.svg, &label, &reports)?;
     if args.json {
         let policies: Vec<_> = sums
             .iter()
             .zip(&runs)
             .map(|(s, (_, st))| {
-                json!({
-                    "name": s.name,
-                    "gpus": st.gpus,
-                    "mean_act_s": s.mean_act_s,
-                    "p50_act_s": s.p50_act_s,
-                    "p99_act_s": s.p99_act_s,
-                    "mean_queue_s": s.mean_queue_s,
-                    "mean_exec_s": s.mean_exec_s,
-                    "mean_overhead_s": s.mean_overhead_s,
-                    "restore_share_of_act": ratio(s.mean_overhead_s, s.mean_act_s),
-                    "restores": st.restores,
-                    "evictions": st.evictions,
-                    "step_time_s": s.step_time_s,
-                    "reserved_resource_seconds": {"cpu": 0.0, "gpu": s.reserved_cpu_s},
-                    "used_resource_seconds": {"cpu": 0.0, "gpu": s.used_cpu_s},
-                    "actions": s.actions,
-                    "vs_first": {
-                        "mean_act": ratio(s.mean_act_s, base.mean_act_s),
-                        "p99_act": ratio(s.p99_act_s, base.p99_act_s),
-                        "step_time": ratio(s.step_time_s, base.step_time_s),
-                    },
-                })
+                let mut row = report::policy_json(s, base);
+                row.insert("gpus".into(), st.gpus.into());
+                row.insert(
+                    "restore_share_of_act".into(),
+                    ratio(s.mean_overhead_s, s.mean_act_s).into(),
+                );
+                row.insert("restores".into(), st.restores.into());
+                row.insert("evictions".into(), st.evictions.into());
+                row
             })
             .collect();
         let out = json!({
@@ -257,26 +240,15 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
     }
     let sums: Vec<Summary> = reports.iter().map(SimReport::summary).collect();
     let base = &sums[0];
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    std::fs::write(
-        &args.svg,
-        svg::render(&format!("Tangram simulator: {label}"), &reports),
-    )
-    .with_context(|| format!("writing {}", args.svg.display()))?;
+    let ratio = report::ratio;
+    report::write_svg(&args.svg, &label, &reports)?;
     if args.json {
         let policies: Vec<_> = sums
             .iter()
             .map(|s| {
-                json!({
-                    "name": s.name, "mean_act_s": s.mean_act_s, "p50_act_s": s.p50_act_s, "p99_act_s": s.p99_act_s,
-                    "mean_queue_s": s.mean_queue_s, "mean_exec_s": s.mean_exec_s, "mean_overhead_s": s.mean_overhead_s,
-                    "step_time_s": s.step_time_s,
-                    "reserved_resource_seconds": {"cpu": 0.0, "gpu": 0.0},
-                    "used_resource_seconds": {"cpu": 0.0, "gpu": 0.0},
-                    "api_calls": s.used_cpu_s * 1e3,
-                    "actions": s.actions,
-                    "vs_first": {"mean_act": ratio(s.mean_act_s, base.mean_act_s), "p99_act": ratio(s.p99_act_s, base.p99_act_s), "step_time": ratio(s.step_time_s, base.step_time_s)},
-                })
+                let mut row = report::policy_json(s, base);
+                row.insert("api_calls".into(), (s.used_cpu_s * 1e3).into());
+                row
             })
             .collect();
         println!(

@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod gpu_sim;
+mod report;
 mod submit;
 mod svg;
 mod trace;
@@ -268,36 +269,10 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     }
     let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
     let base = &sums[0];
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    std::fs::write(
-        &args.svg,
-        svg::render(&format!("Tangram simulator: {label}"), &reports),
-    )
-    .with_context(|| format!("writing {}", args.svg.display()))?;
+    let ratio = report::ratio;
+    report::write_svg(&args.svg, &label, &reports)?;
     if args.json {
-        let policies: Vec<_> = sums
-            .iter()
-            .map(|s| {
-                json!({
-                    "name": s.name,
-                    "mean_act_s": s.mean_act_s,
-                    "p50_act_s": s.p50_act_s,
-                    "p99_act_s": s.p99_act_s,
-                    "mean_queue_s": s.mean_queue_s,
-                    "mean_exec_s": s.mean_exec_s,
-                    "mean_overhead_s": s.mean_overhead_s,
-                    "step_time_s": s.step_time_s,
-                    "reserved_resource_seconds": {"cpu": s.reserved_cpu_s, "gpu": 0.0},
-                    "used_resource_seconds": {"cpu": s.used_cpu_s, "gpu": 0.0},
-                    "actions": s.actions,
-                    "vs_first": {
-                        "mean_act": ratio(s.mean_act_s, base.mean_act_s),
-                        "p99_act": ratio(s.p99_act_s, base.p99_act_s),
-                        "step_time": ratio(s.step_time_s, base.step_time_s),
-                    },
-                })
-            })
-            .collect();
+        let policies: Vec<_> = sums.iter().map(|s| report::policy_json(s, base)).collect();
         let out = json!({
             "workload": label,
             "nodes": workload.nodes.len(),

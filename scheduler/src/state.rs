@@ -741,6 +741,16 @@ impl Scheduler {
             if accepting.is_empty() {
                 continue;
             }
+            // Spread admitted calls over the workers that can make them, least loaded first.
+            let mut assign = |i: usize, routes: &mut Vec<(ActionId, WorkerId, String)>| {
+                let worker = accepting
+                    .iter()
+                    .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))
+                    .expect("not empty")
+                    .clone();
+                *load.entry(worker.clone()).or_default() += 1;
+                routes.push((self.queue[i].action.id.clone(), worker, name.clone()));
+            };
             if self.static_cores.is_some() {
                 // Per-trajectory provisioning: each trajectory has its own even slice of the
                 // rate (rate / open sandboxes, burst 1); the provider's connection cap holds.
@@ -769,13 +779,7 @@ impl Scheduler {
                         Some(0) if inflight < p.report.concurrency => {
                             slice.take(&job, 1.0, now_ms);
                             inflight += 1;
-                            let worker = accepting
-                                .iter()
-                                .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))
-                                .expect("not empty")
-                                .clone();
-                            *load.entry(worker.clone()).or_default() += 1;
-                            routes.push((self.queue[i].action.id.clone(), worker, name.clone()));
+                            assign(i, &mut routes);
                         }
                         Some(ms) if ms > 0 => {
                             next_ms = Some(next_ms.map_or(ms, |n: u64| n.min(ms)))
@@ -785,28 +789,30 @@ impl Scheduler {
                 }
                 continue;
             }
-            while !list.is_empty() {
+            // Fair share picks among the jobs' oldest waiting calls: one queue per job, in
+            // arrival order.
+            let mut by_job: BTreeMap<String, std::collections::VecDeque<usize>> = BTreeMap::new();
+            for (i, job) in list.drain(..) {
+                by_job.entry(job).or_default().push_back(i);
+            }
+            let mut left: usize = by_job.values().map(|q| q.len()).sum();
+            while left > 0 {
                 match p.quota.ready_in_ms(now_ms) {
                     Some(0) => {
-                        let view: Vec<(usize, &str)> =
-                            list.iter().map(|(i, j)| (*i, j.as_str())).collect();
-                        let Some(idx) = p.quota.pick(&view) else {
+                        let mut heads: Vec<(usize, &str)> = by_job
+                            .iter()
+                            .filter_map(|(j, q)| q.front().map(|&i| (i, j.as_str())))
+                            .collect();
+                        heads.sort_unstable();
+                        let Some(i) = p.quota.pick(&heads) else {
                             break;
                         };
-                        let pos = list
-                            .iter()
-                            .position(|(i, _)| *i == idx)
-                            .expect("picked from the list");
-                        let (i, job) = list.remove(pos);
+                        let job = self.queue[i].action.job.0.clone();
+                        by_job.get_mut(&job).and_then(|q| q.pop_front());
+                        left -= 1;
                         let weight = self.config.job_weights.get(&job).copied().unwrap_or(1.0);
                         p.quota.take(&job, weight, now_ms);
-                        let worker = accepting
-                            .iter()
-                            .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))
-                            .expect("not empty")
-                            .clone();
-                        *load.entry(worker.clone()).or_default() += 1;
-                        routes.push((self.queue[i].action.id.clone(), worker, name.clone()));
+                        assign(i, &mut routes);
                     }
                     Some(ms) => {
                         next_ms = Some(next_ms.map_or(ms, |n: u64| n.min(ms)));
@@ -815,12 +821,7 @@ impl Scheduler {
                     None => break, // at the concurrency cap: a reply will wake us
                 }
             }
-            m::provider(
-                &name,
-                p.quota.effective_rate(),
-                p.quota.inflight(),
-                list.len(),
-            );
+            m::provider(&name, p.quota.effective_rate(), p.quota.inflight(), left);
         }
         self.wake_at = next_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
         routes

@@ -65,6 +65,33 @@ struct State {
     seen: Vec<Seen>,
 }
 
+/// A provider `search` at `url` allowing `GET /search`, with this quota; no credential, a
+/// 5 s timeout, 64 KiB bodies. Tests change the fields they care about.
+pub fn search_provider(
+    url: &str,
+    rate_per_s: f64,
+    burst: u32,
+    concurrency: u32,
+) -> tangram_worker::providers::ProviderConfig {
+    tangram_worker::providers::ProviderConfig {
+        name: "search".into(),
+        base_url: url.into(),
+        credential_env: None,
+        credential_file: None,
+        auth_header: "Authorization".into(),
+        auth_prefix: "Bearer ".into(),
+        rate_per_s,
+        burst,
+        concurrency,
+        timeout_ms: 5_000,
+        slow_ms: None,
+        allow: vec!["GET /search".into()],
+        allow_headers: vec![],
+        reply_headers: vec!["content-type".into()],
+        max_body_bytes: 1 << 16,
+    }
+}
+
 /// The server.
 #[derive(Debug, Clone)]
 pub struct RateLimitedApi {

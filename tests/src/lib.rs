@@ -193,12 +193,19 @@ impl WorkerSpec {
     }
 }
 
-/// The reference replica's command for a service, small enough for tests.
-pub fn reference_replica_command() -> Vec<String> {
+/// The reference replica's command for a service, small enough for tests: a 4,096-row
+/// embedding table `dim` wide (wider scores more slowly).
+pub fn reference_replica_command(dim: u32) -> Vec<String> {
     let script = repo_root().join("services/reference-replica/replica.py");
+    replica_argv(script.to_str().expect("utf-8 path"), dim)
+}
+
+/// `python3 SCRIPT --service {service} --port {port} --vocab 4096 --dim DIM`.
+pub fn replica_argv(script: &str, dim: u32) -> Vec<String> {
+    let dim = dim.to_string();
     [
         "python3",
-        script.to_str().expect("utf-8 path"),
+        script,
         "--service",
         "{service}",
         "--port",
@@ -206,7 +213,7 @@ pub fn reference_replica_command() -> Vec<String> {
         "--vocab",
         "4096",
         "--dim",
-        "16",
+        &dim,
     ]
     .into_iter()
     .map(String::from)
@@ -240,7 +247,7 @@ pub fn gpu_worker_config(
                 .map(|name| ServiceConfig {
                     name: name.to_string(),
                     driver: Driver::Reference,
-                    command: reference_replica_command(),
+                    command: reference_replica_command(16),
                     image: None,
                     args: Vec::new(),
                     mounts: Vec::new(),
@@ -372,11 +379,7 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let mut config = gpu_worker_config(id, &self.nats.url(), gpus, services, state_dir)?;
         for s in &mut config.services {
-            for a in &mut s.command {
-                if a == "16" {
-                    *a = dim.to_string();
-                }
-            }
+            s.command = reference_replica_command(dim);
         }
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 use tangram_shared::{ActionId, Outcome, RejectCode};
-use tangram_tests::api_server::RateLimitedApi;
+use tangram_tests::api_server::{search_provider, RateLimitedApi};
 use tangram_tests::build::api;
 use tangram_tests::Cluster;
 use tangram_worker::providers::ProviderConfig;
@@ -18,21 +18,11 @@ fn provider(
     cred: &std::path::Path,
 ) -> ProviderConfig {
     ProviderConfig {
-        name: "search".into(),
-        base_url: url.into(),
-        credential_env: None,
         credential_file: Some(cred.to_path_buf()),
-        auth_header: "Authorization".into(),
-        auth_prefix: "Bearer ".into(),
-        rate_per_s: rate,
-        burst,
-        concurrency,
         timeout_ms: 10_000,
-        slow_ms: None,
-        allow: vec!["GET /search".into()],
         allow_headers: vec!["accept".into()],
-        reply_headers: vec!["content-type".into()],
         max_body_bytes: 64,
+        ..search_provider(url, rate, burst, concurrency)
     }
 }
 

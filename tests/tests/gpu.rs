@@ -245,7 +245,7 @@ async fn leftover_replicas_of_an_earlier_run_are_stopped_when_the_worker_starts(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     // A replica an earlier (crashed) worker instance started, recorded in its state dir.
-    let mut argv = tangram_tests::reference_replica_command();
+    let mut argv = tangram_tests::reference_replica_command(16);
     for a in &mut argv {
         *a = a.replace("{service}", "left-judge").replace("{port}", "0");
     }
@@ -290,21 +290,8 @@ async fn a_containerised_replica_serves_and_is_removed_when_the_worker_stops() -
     let s = &mut config.services[0];
     s.command.clear();
     s.image = Some("tangram/sandbox:py3-v1".into());
-    s.args = [
-        "python3",
-        "/opt/replica/replica.py",
-        "--service",
-        "{service}",
-        "--port",
-        "{port}",
-        "--vocab",
-        "4096",
-        "--dim",
-        "16",
-        "--no-parent-watch",
-    ]
-    .map(String::from)
-    .to_vec();
+    s.args = tangram_tests::replica_argv("/opt/replica/replica.py", 16);
+    s.args.push("--no-parent-watch".into());
     s.mounts = vec![format!("{}:/opt/replica:ro", script_dir.display())];
     let sched = tokio::spawn(tangram_scheduler::run(
         tangram_scheduler::Config::with_nats_url(nats.url()),

@@ -4,29 +4,8 @@
 //! expected one (correct candidates pass, buggy ones fail) and nothing may fail.
 
 use std::time::Duration;
-use tangram_tests::api_server::RateLimitedApi;
+use tangram_tests::api_server::{search_provider, RateLimitedApi};
 use tangram_tests::{built_binary, Cluster, WorkerSpec};
-use tangram_worker::providers::ProviderConfig;
-
-fn search(url: &str) -> ProviderConfig {
-    ProviderConfig {
-        name: "search".into(),
-        base_url: url.into(),
-        credential_env: None,
-        credential_file: None,
-        auth_header: "Authorization".into(),
-        auth_prefix: "Bearer ".into(),
-        rate_per_s: 50.0,
-        burst: 10,
-        concurrency: 8,
-        timeout_ms: 5_000,
-        slow_ms: None,
-        allow: vec!["GET /search".into()],
-        allow_headers: vec![],
-        reply_headers: vec!["content-type".into()],
-        max_body_bytes: 1 << 16,
-    }
-}
 
 async fn rollout(
     url: &str,
@@ -74,7 +53,7 @@ async fn main_job_short_mode_passes_as_expected_under_tangram_and_static() -> an
     let api = RateLimitedApi::start(50.0, 10.0, Duration::from_millis(2)).await?;
     let mut cluster = Cluster::start(&[WorkerSpec::new("job-cpu")]).await?;
     cluster.start_gpu_worker("job-gpu", 2, &["judge", "teacher"], dir.path())?;
-    cluster.start_api_worker("job-api", vec![search(&api.url)])?;
+    cluster.start_api_worker("job-api", vec![search_provider(&api.url, 50.0, 10, 8)])?;
     let c = cluster.client("main-job").await?;
     c.wait_for_workers(&["job-cpu", "job-gpu", "job-api"], Duration::from_secs(60))
         .await?;

@@ -3,9 +3,8 @@
 //! replica, and a worker calling a local search stand-in as provider `search`.
 
 use std::time::Duration;
-use tangram_tests::api_server::RateLimitedApi;
+use tangram_tests::api_server::{search_provider, RateLimitedApi};
 use tangram_tests::{repo_root, Cluster, WorkerSpec};
-use tangram_worker::providers::ProviderConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()> {
@@ -19,26 +18,7 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
     let server = RateLimitedApi::start(100.0, 20.0, Duration::from_millis(2)).await?;
     let mut cluster = Cluster::start(&[WorkerSpec::new("py-cpu")]).await?;
     cluster.start_gpu_worker("py-gpu", 1, &["judge"], dir.path())?;
-    cluster.start_api_worker(
-        "py-api",
-        vec![ProviderConfig {
-            name: "search".into(),
-            base_url: server.url.clone(),
-            credential_env: None,
-            credential_file: None,
-            auth_header: "Authorization".into(),
-            auth_prefix: "Bearer ".into(),
-            rate_per_s: 100.0,
-            burst: 20,
-            concurrency: 8,
-            timeout_ms: 5_000,
-            slow_ms: None,
-            allow: vec!["GET /search".into()],
-            allow_headers: vec![],
-            reply_headers: vec!["content-type".into()],
-            max_body_bytes: 1 << 16,
-        }],
-    )?;
+    cluster.start_api_worker("py-api", vec![search_provider(&server.url, 100.0, 20, 8)])?;
     let c = cluster.client("py-sdk").await?;
     c.wait_for_workers(&["py-cpu", "py-gpu", "py-api"], Duration::from_secs(60))
         .await?;

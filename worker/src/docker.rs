@@ -470,24 +470,7 @@ impl DockerSandboxes {
 
     /// Removes a sandbox (and its tmpfs contents).
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        match self
-            .docker
-            .remove_container(
-                id,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        force_remove(&self.docker, id).await
     }
 
     /// True when the container exists and runs.
@@ -504,18 +487,7 @@ impl DockerSandboxes {
 
     /// Containers labelled with this worker's id.
     pub async fn leftovers(&self) -> Result<Vec<Leftover>, DockerError> {
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![format!("{LABEL_WORKER}={}", self.worker)],
-        )]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await?;
+        let list = labelled(&self.docker, LABEL_WORKER, &self.worker).await?;
         Ok(list
             .into_iter()
             .filter_map(|c| {
@@ -531,6 +503,44 @@ impl DockerSandboxes {
 /// Monotonic microseconds since `t`.
 pub fn us_since(t: Instant) -> u64 {
     t.elapsed().as_micros() as u64
+}
+
+/// Removes a container whether it runs or not, with its anonymous volumes; one already gone
+/// is not an error.
+async fn force_remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
+    match docker
+        .remove_container(
+            id,
+            Some(RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Containers (running or not) carrying `label=value`.
+async fn labelled(
+    docker: &Docker,
+    label: &str,
+    value: &str,
+) -> Result<Vec<bollard::models::ContainerSummary>, DockerError> {
+    let filters = HashMap::from([("label".to_string(), vec![format!("{label}={value}")])]);
+    Ok(docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await?)
 }
 
 /// Label on model replica containers: the worker that started them.
@@ -558,18 +568,7 @@ impl ReplicaContainers {
 
     /// Removes replica containers an earlier run of this worker left; returns how many.
     pub async fn remove_leftovers(&self) -> Result<usize, DockerError> {
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![format!("{LABEL_REPLICA}={}", self.worker)],
-        )]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await?;
+        let list = labelled(&self.docker, LABEL_REPLICA, &self.worker).await?;
         let mut n = 0;
         for c in list {
             if let Some(id) = c.id {
@@ -673,23 +672,6 @@ impl ReplicaContainers {
 
     /// Removes a replica container, running or not.
     pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        match self
-            .docker
-            .remove_container(
-                id,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        force_remove(&self.docker, id).await
     }
 }

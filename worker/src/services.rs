@@ -495,21 +495,8 @@ impl Services {
     }
 
     async fn get_json(&self, r: &Replica, path: &str) -> anyhow::Result<serde_json::Value> {
-        let resp = self
-            .http
-            .get(format!("{}{path}", r.base()))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await?;
-        let status = resp.status();
-        let v = resp
-            .json::<serde_json::Value>()
+        self.exchange(r, reqwest::Method::GET, path, None, Duration::from_secs(5))
             .await
-            .unwrap_or(serde_json::Value::Null);
-        if !status.is_success() {
-            bail!("GET {path}: HTTP {status}: {v}");
-        }
-        Ok(v)
     }
 
     async fn post(
@@ -519,20 +506,34 @@ impl Services {
         body: serde_json::Value,
         timeout: Duration,
     ) -> anyhow::Result<serde_json::Value> {
-        let resp = self
+        self.exchange(r, reqwest::Method::POST, path, Some(body), timeout)
+            .await
+    }
+
+    /// One JSON request to a replica; a status other than 2xx is an error naming the call.
+    async fn exchange(
+        &self,
+        r: &Replica,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        timeout: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
+        let mut req = self
             .http
-            .post(format!("{}{path}", r.base()))
-            .json(&body)
-            .timeout(timeout)
-            .send()
-            .await?;
+            .request(method.clone(), format!("{}{path}", r.base()))
+            .timeout(timeout);
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        let resp = req.send().await?;
         let status = resp.status();
         let v = resp
             .json::<serde_json::Value>()
             .await
             .unwrap_or(serde_json::Value::Null);
         if !status.is_success() {
-            bail!("POST {path}: HTTP {status}: {v}");
+            bail!("{method} {path}: HTTP {status}: {v}");
         }
         Ok(v)
     }
@@ -588,61 +589,38 @@ impl Services {
         timeout: Duration,
     ) -> anyhow::Result<Vec<f64>> {
         let model = options.get("model").cloned().or_else(|| c.model.clone());
-        match c.driver {
-            Driver::Reference => {
-                let v = self
-                    .post(
-                        r,
-                        "/score",
-                        serde_json::json!({"inputs": inputs, "options": options}),
-                        timeout,
-                    )
-                    .await?;
-                let scores = v["scores"]
-                    .as_array()
-                    .ok_or_else(|| anyhow!("reply has no scores: {v}"))?;
-                scores
-                    .iter()
-                    .map(|s| {
-                        s.as_f64()
-                            .ok_or_else(|| anyhow!("score is not a number: {s}"))
-                    })
-                    .collect()
-            }
-            Driver::Vllm => {
-                let v = self
-                    .post(
-                        r,
-                        "/pooling",
-                        serde_json::json!({"model": model, "input": inputs}),
-                        timeout,
-                    )
-                    .await?;
-                let data = v["data"]
-                    .as_array()
-                    .ok_or_else(|| anyhow!("reply has no data: {v}"))?;
-                data.iter()
-                    .map(|d| last_number(&d["data"]).ok_or_else(|| anyhow!("no score in {d}")))
-                    .collect()
-            }
-            Driver::Sglang => {
-                let v = self
-                    .post(
-                        r,
-                        "/classify",
-                        serde_json::json!({"model": model, "text": inputs}),
-                        timeout,
-                    )
-                    .await?;
-                let items = v
-                    .as_array()
-                    .ok_or_else(|| anyhow!("reply is not a list: {v}"))?;
-                items
-                    .iter()
-                    .map(|d| last_number(&d["embedding"]).ok_or_else(|| anyhow!("no score in {d}")))
-                    .collect()
-            }
-        }
+        // Each engine's scoring call, where its reply lists the items, and where an item's
+        // score is (the last number in that field).
+        let (path, body) = match c.driver {
+            Driver::Reference => (
+                "/score",
+                serde_json::json!({"inputs": inputs, "options": options}),
+            ),
+            Driver::Vllm => (
+                "/pooling",
+                serde_json::json!({"model": model, "input": inputs}),
+            ),
+            Driver::Sglang => (
+                "/classify",
+                serde_json::json!({"model": model, "text": inputs}),
+            ),
+        };
+        let v = self.post(r, path, body, timeout).await?;
+        let (items, field) = match c.driver {
+            Driver::Reference => (&v["scores"], None),
+            Driver::Vllm => (&v["data"], Some("data")),
+            Driver::Sglang => (&v, Some("embedding")),
+        };
+        let items = items
+            .as_array()
+            .ok_or_else(|| anyhow!("{path} reply lists no scores: {v}"))?;
+        items
+            .iter()
+            .map(|d| {
+                let x = field.map_or(d, |f| &d[f]);
+                last_number(x).ok_or_else(|| anyhow!("no score in {d}"))
+            })
+            .collect()
     }
 
     fn replica(&self, service: &str, chunk: ChunkRef) -> Option<Arc<Replica>> {
@@ -808,11 +786,6 @@ impl Services {
             .collect()
     }
 
-    /// The inventory.
-    pub fn inventory(&self) -> &GpuInventory {
-        &self.inventory
-    }
-
     /// Stops every replica.
     pub fn stop_all(&self) {
         let all: Vec<Arc<Replica>> =
@@ -822,20 +795,6 @@ impl Services {
         for r in all {
             r.kill();
             let _ = std::fs::remove_file(self.pid_file(r.port));
-        }
-    }
-
-    /// Pid of the replica of `service` on `chunk` (tests kill it to simulate a crash).
-    pub fn replica_pid(&self, service: &str, chunk: ChunkRef) -> Option<u32> {
-        match self
-            .replica(service, chunk)?
-            .child
-            .lock()
-            .expect("child lock")
-            .as_ref()?
-        {
-            Proc::Child(c) => c.id(),
-            Proc::Container { .. } => None,
         }
     }
 }

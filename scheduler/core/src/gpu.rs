@@ -467,12 +467,24 @@ impl Eoe {
         now_ms: u64,
         min_idle_ms: u64,
     ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
+        self.lru_chunk(len, |r| {
+            r.busy == 0
+                && r.ready_at_ms <= now_ms
+                && now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms
+        })
+    }
+
+    /// Among aligned chunks of `len` GPUs on accepting nodes that hold at least one resident
+    /// replica, all of them passing `take`, the one whose most recently used occupant is the
+    /// oldest (fewest occupants on ties), with its node and occupants.
+    fn lru_chunk(
+        &self,
+        len: u8,
+        take: impl Fn(&Replica) -> bool,
+    ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
         type Candidate = ((u64, usize), WorkerId, Chunk, Vec<usize>);
         let mut best: Option<Candidate> = None;
-        for (id, n) in &self.nodes {
-            if !n.accepting {
-                continue;
-            }
+        for (id, n) in self.nodes.iter().filter(|(_, n)| n.accepting) {
             for (gi, g) in n.groups.iter().enumerate() {
                 for start in g.starts(len) {
                     let chunk = Chunk {
@@ -480,17 +492,15 @@ impl Eoe {
                         start,
                         len,
                     };
+                    let occupants =
+                        self.replicas.iter().enumerate().filter(|(_, r)| {
+                            r.resident && &r.node == id && r.chunk.overlaps(&chunk)
+                        });
                     let mut victims = Vec::new();
                     let mut newest = 0u64;
                     let mut ok = true;
-                    for (i, r) in self.replicas.iter().enumerate() {
-                        if !r.resident || &r.node != id || !r.chunk.overlaps(&chunk) {
-                            continue;
-                        }
-                        let idle = r.busy == 0
-                            && r.ready_at_ms <= now_ms
-                            && now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms;
-                        if !idle {
+                    for (i, r) in occupants {
+                        if !take(r) {
                             ok = false;
                             break;
                         }
@@ -691,41 +701,8 @@ impl Eoe {
         if draining >= starving {
             return;
         }
-        let mut best: Option<((u64, usize), Vec<usize>)> = None;
-        for (id, n) in &self.nodes {
-            if !n.accepting {
-                continue;
-            }
-            for (gi, g) in n.groups.iter().enumerate() {
-                for start in g.starts(len) {
-                    let chunk = Chunk {
-                        group: gi as u16,
-                        start,
-                        len,
-                    };
-                    let mut victims = Vec::new();
-                    let mut newest = 0;
-                    let mut ok = true;
-                    for (i, r) in self.replicas.iter().enumerate() {
-                        if r.resident && &r.node == id && r.chunk.overlaps(&chunk) {
-                            if r.draining || r.ready_at_ms > now_ms {
-                                ok = false;
-                                break;
-                            }
-                            newest = newest.max(r.last_used_ms);
-                            victims.push(i);
-                        }
-                    }
-                    if ok && !victims.is_empty() {
-                        let key = (newest, victims.len());
-                        if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                            best = Some((key, victims));
-                        }
-                    }
-                }
-            }
-        }
-        if let Some((_, victims)) = best {
+        let best = self.lru_chunk(len, |r| !r.draining && r.ready_at_ms <= now_ms);
+        if let Some((_, _, victims)) = best {
             for v in victims {
                 self.replicas[v].draining = true;
             }

@@ -76,11 +76,6 @@ impl Quota {
         }
     }
 
-    /// The declared quota.
-    pub fn spec(&self) -> &ProviderQuota {
-        &self.spec
-    }
-
     /// Updates the declared quota (a worker's config changed); keeps live state.
     pub fn redeclare(&mut self, spec: ProviderQuota, now_ms: u64) {
         if spec != self.spec {

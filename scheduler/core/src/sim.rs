@@ -142,12 +142,31 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
+/// An event on a simulator's virtual clock. In a `BinaryHeap` (a max-heap) the earliest
+/// comes out first, and events at the same time in the order they were pushed (`seq`).
 #[derive(Debug, PartialEq)]
-struct Event {
-    at_ms: f64,
-    seq: u64,
-    kind: EventKind,
+pub(crate) struct Timed<K> {
+    pub(crate) at_ms: f64,
+    pub(crate) seq: u64,
+    pub(crate) kind: K,
 }
+
+impl<K: PartialEq> Eq for Timed<K> {}
+impl<K: PartialEq> PartialOrd for Timed<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K: PartialEq> Ord for Timed<K> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .at_ms
+            .total_cmp(&self.at_ms)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+type Event = Timed<EventKind>;
 
 #[derive(Debug, PartialEq)]
 enum EventKind {
@@ -159,22 +178,6 @@ enum EventKind {
     Complete { t: usize },
     /// A provider's next token is due: retry waiting api actions.
     Wake,
-}
-
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    // Earliest first in a max-heap.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at_ms
-            .total_cmp(&self.at_ms)
-            .then(other.seq.cmp(&self.seq))
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -196,13 +199,14 @@ enum Phase {
         started_ms: f64,
         queued_ms: f64,
     },
-    /// Its reward or api action runs (on `replica`, or under quota `quota`).
+    /// Its reward or api action runs (on `replica`, or under quota `quota.0` of provider
+    /// `quota.1`).
     Side {
         queued_ms: f64,
         overhead_ms: f64,
         exec_ms: f64,
         replica: Option<usize>,
-        quota: Option<usize>,
+        quota: Option<(usize, usize)>,
     },
     Done,
 }
@@ -373,81 +377,56 @@ pub fn simulate_with(
                 EventKind::Complete { t } => {
                     let spec = &workload.trajectories[t];
                     let st = &mut trajs[t];
-                    if let Phase::Side {
-                        queued_ms,
-                        overhead_ms,
-                        exec_ms,
-                        replica,
-                        quota,
-                    } = st.phase
-                    {
-                        report.actions.push(ActionRecord {
-                            queue_ms: queued_ms,
-                            exec_ms,
+                    match st.phase {
+                        Phase::Side {
+                            queued_ms,
                             overhead_ms,
-                            cores: 0,
-                        });
-                        if let Some(i) = replica {
-                            eoe.finish(i, now as u64);
-                        }
-                        if let Some(q) = quota {
-                            quotas[q].finish(now as u64, Some(200), exec_ms as u64);
-                            if let SimCall::Api { provider } = &spec.steps[st.next].action.call {
-                                if let Some(p) =
-                                    workload.providers.iter().position(|x| &x.name == provider)
-                                {
-                                    api_inflight[p] -= 1;
-                                }
-                            }
-                        }
-                        st.next += 1;
-                        if st.next < spec.steps.len() {
-                            st.phase = Phase::Thinking;
-                            heap.push(Event {
-                                at_ms: now + spec.steps[st.next].think_ms,
-                                seq,
-                                kind: EventKind::Arrive { t },
+                            exec_ms,
+                            replica,
+                            quota,
+                        } => {
+                            report.actions.push(ActionRecord {
+                                queue_ms: queued_ms,
+                                exec_ms,
+                                overhead_ms,
+                                cores: 0,
                             });
-                            seq += 1;
-                        } else {
-                            st.phase = Phase::Done;
-                            last_end = last_end.max(now);
-                            if let (Some(c), Some(since)) = (static_cores, st.sandbox_since_ms) {
-                                free[st.home] += c;
-                                held -= c;
-                                report.reserved_core_ms += c as f64 * (now - since);
+                            if let Some(i) = replica {
+                                eoe.finish(i, now as u64);
+                            }
+                            if let Some((q, p)) = quota {
+                                quotas[q].finish(now as u64, Some(200), exec_ms as u64);
+                                api_inflight[p] -= 1;
                             }
                         }
-                        continue;
+                        Phase::Running {
+                            node,
+                            cores,
+                            started_ms,
+                            queued_ms,
+                        } => {
+                            let action = &spec.steps[st.next].action;
+                            report.actions.push(ActionRecord {
+                                queue_ms: queued_ms,
+                                exec_ms: now - started_ms,
+                                overhead_ms: 0.0,
+                                cores,
+                            });
+                            report.used_core_ms += action.t1_ms;
+                            learner.observe(
+                                &format!("{}/{}", spec.job, action.tool),
+                                cores,
+                                now - started_ms,
+                            );
+                            if static_cores.is_none() {
+                                free[node] += cores;
+                                held -= cores;
+                                report.reserved_core_ms += cores as f64 * (now - started_ms);
+                            }
+                        }
+                        _ => continue,
                     }
-                    let Phase::Running {
-                        node,
-                        cores,
-                        started_ms,
-                        queued_ms,
-                    } = st.phase
-                    else {
-                        continue;
-                    };
-                    let action = &spec.steps[st.next].action;
-                    report.actions.push(ActionRecord {
-                        queue_ms: queued_ms,
-                        exec_ms: now - started_ms,
-                        overhead_ms: 0.0,
-                        cores,
-                    });
-                    report.used_core_ms += action.t1_ms;
-                    learner.observe(
-                        &format!("{}/{}", spec.job, action.tool),
-                        cores,
-                        now - started_ms,
-                    );
                     st.next += 1;
-                    if static_cores.is_none() {
-                        free[node] += cores;
-                        held -= cores;
-                        report.reserved_core_ms += cores as f64 * (now - started_ms);
-                    }
                     if st.next < spec.steps.len() {
                         st.phase = Phase::Thinking;
                         heap.push(Event {
@@ -639,7 +618,7 @@ pub fn simulate_with(
                                 overhead_ms: 0.0,
                                 exec_ms: action.t1_ms,
                                 replica: None,
-                                quota: Some(q),
+                                quota: Some((q, p)),
                             };
                             heap.push(Event {
                                 at_ms: now + action.t1_ms,

@@ -5,8 +5,7 @@
 
 use crate::gpu::{Eoe, ServiceSpec};
 use crate::quota::{ProviderQuota, Quota};
-use crate::sim::{ActionRecord, Rng, SimReport};
-use std::cmp::Ordering;
+use crate::sim::{ActionRecord, Rng, SimReport, Timed};
 use std::collections::{BinaryHeap, VecDeque};
 use tangram_shared::WorkerId;
 
@@ -69,12 +68,7 @@ pub enum QuotaMode {
     PerTrajectory,
 }
 
-#[derive(Debug, PartialEq)]
-struct Ev {
-    at: f64,
-    seq: u64,
-    kind: EvKind,
-}
+type Ev = Timed<EvKind>;
 #[derive(Debug, PartialEq)]
 enum EvKind {
     Arrive(usize),
@@ -84,17 +78,6 @@ enum EvKind {
         replica: usize,
     },
     Retry(Option<usize>),
-}
-impl Eq for Ev {}
-impl PartialOrd for Ev {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Ev {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.at.total_cmp(&self.at).then(o.seq.cmp(&self.seq))
-    }
 }
 
 /// Runs the workload with the quota shared as `mode` says.
@@ -124,7 +107,11 @@ pub fn simulate_api(w: &ApiWorkload, mode: QuotaMode, name: &str) -> SimReport {
     let mut heap = BinaryHeap::new();
     let mut seq = 0u64;
     let mut push = |heap: &mut BinaryHeap<Ev>, at: f64, kind: EvKind| {
-        heap.push(Ev { at, seq, kind });
+        heap.push(Ev {
+            at_ms: at,
+            seq,
+            kind,
+        });
         seq += 1;
     };
     let mut next = vec![0usize; w.trajectories.len()];
@@ -156,7 +143,7 @@ pub fn simulate_api(w: &ApiWorkload, mode: QuotaMode, name: &str) -> SimReport {
         .fold(f64::INFINITY, f64::min);
     let mut last_end = 0f64;
     while let Some(ev) = heap.pop() {
-        let now = ev.at;
+        let now = ev.at_ms;
         match ev.kind {
             EvKind::Arrive(t) => {
                 due[t] = now;

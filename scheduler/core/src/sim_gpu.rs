@@ -7,8 +7,7 @@
 //! (overhead: the service's restore time) and evict idle ones, least recently used first.
 
 use crate::gpu::{Eoe, ServiceSpec};
-use crate::sim::{ActionRecord, Rng, SimReport};
-use std::cmp::Ordering;
+use crate::sim::{ActionRecord, Rng, SimReport, Timed};
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use tangram_shared::WorkerId;
 
@@ -90,30 +89,11 @@ impl GpuWorkload {
     }
 }
 
-#[derive(Debug, PartialEq)]
-struct Ev {
-    at_ms: f64,
-    seq: u64,
-    kind: EvKind,
-}
+type Ev = Timed<EvKind>;
 #[derive(Debug, PartialEq)]
 enum EvKind {
     Arrive(usize),
     Done { t: usize, replica: usize },
-}
-impl Eq for Ev {}
-impl PartialOrd for Ev {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Ev {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at_ms
-            .total_cmp(&self.at_ms)
-            .then(other.seq.cmp(&self.seq))
-    }
 }
 
 /// Extra figures of a GPU run.
