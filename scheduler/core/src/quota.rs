@@ -32,6 +32,18 @@ pub const INCREASE_PER_S: f64 = 0.10;
 /// At most one decrease per this many ms (a burst of 429s is one signal).
 pub const DECREASE_EVERY_MS: u64 = 250;
 
+/// Headroom kept below the provider's burst, as time at the declared rate: calls admitted
+/// back to back can reach the provider closer together than they were admitted (dispatch and
+/// network jitter), and the provider's own bucket absorbs up to this much compression.
+pub const HEADROOM_S: f64 = 0.1;
+
+/// The burst the scheduler uses: the declared one less the tokens [`HEADROOM_S`] of the rate
+/// brings (at least one token of headroom, and at least one token left to use).
+fn usable_burst(spec: &ProviderQuota) -> f64 {
+    let headroom = (spec.rate_per_s * HEADROOM_S).ceil().max(1.0);
+    (spec.burst as f64 - headroom).max(1.0)
+}
+
 /// One provider's live state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Quota {
@@ -52,11 +64,11 @@ pub struct Quota {
 }
 
 impl Quota {
-    /// A provider with a full bucket at `now_ms`. One token of the burst is kept as headroom
-    /// for jitter between the scheduler's admission and the request's arrival at the
-    /// provider, so the provider never sees more than its own bucket allows.
+    /// A provider with a full bucket at `now_ms`. Part of the burst is kept as headroom for
+    /// jitter between the scheduler's admission and the request's arrival at the provider
+    /// (see [`HEADROOM_S`]), so the provider never sees more than its own bucket allows.
     pub fn new(spec: ProviderQuota, now_ms: u64) -> Self {
-        let burst = spec.burst.saturating_sub(1).max(1) as f64;
+        let burst = usable_burst(&spec);
         Self {
             bucket: TokenBucket {
                 rate_per_s: spec.rate_per_s,
@@ -79,7 +91,7 @@ impl Quota {
     /// Updates the declared quota (a worker's config changed); keeps live state.
     pub fn redeclare(&mut self, spec: ProviderQuota, now_ms: u64) {
         if spec != self.spec {
-            let burst = spec.burst.saturating_sub(1).max(1) as f64;
+            let burst = usable_burst(&spec);
             self.settle(now_ms);
             self.bucket.burst = burst;
             self.bucket.tokens = self.bucket.tokens.min(burst);
@@ -208,7 +220,7 @@ mod tests {
     #[test]
     fn rate_burst_and_concurrency_bound_admissions() {
         let mut q = Quota::new(spec(10.0, 4, 100), 0);
-        // Burst minus one token of headroom at once, then one per 100 ms.
+        // Burst less the headroom (one token at 10/s) at once, then one per 100 ms.
         for _ in 0..3 {
             assert_eq!(q.ready_in_ms(0), Some(0));
             q.take("a", 1.0, 0);
@@ -249,6 +261,27 @@ mod tests {
         assert!(
             (198..=202).contains(&a) && (98..=102).contains(&b) && (98..=102).contains(&c),
             "{m:?}"
+        );
+    }
+
+    #[test]
+    fn headroom_below_the_burst_grows_with_the_rate() {
+        // Regression: one token of headroom (25 ms at 40/s) let dispatch jitter under load
+        // bunch two calls into a provider whose own bucket was empty.
+        let q = Quota::new(spec(40.0, 10, 100), 0);
+        let mut n = 0;
+        let mut q = q;
+        while q.ready_in_ms(0) == Some(0) {
+            q.take("a", 1.0, 0);
+            n += 1;
+        }
+        assert_eq!(n, 6, "10 less the 4 tokens 100 ms of 40/s brings");
+        let mut small = Quota::new(spec(40.0, 2, 100), 0);
+        small.take("a", 1.0, 0);
+        assert_ne!(
+            small.ready_in_ms(0),
+            Some(0),
+            "at least one token of headroom, one left to use"
         );
     }
 

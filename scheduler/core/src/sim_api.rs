@@ -87,7 +87,7 @@ pub fn simulate_api(w: &ApiWorkload, mode: QuotaMode, name: &str) -> SimReport {
     let slice = ProviderQuota {
         name: w.provider.name.clone(),
         rate_per_s: w.provider.rate_per_s / n as f64,
-        // A slice of one token: Quota keeps one token of headroom below a burst of 2.
+        // A slice of one token: Quota keeps at least one token of headroom below a burst of 2.
         burst: 2,
         concurrency: u32::MAX,
         slow_ms: None,
