@@ -45,9 +45,7 @@ fn queue(n: usize, nodes: usize, rng: &mut Rng) -> Vec<Pending> {
         .collect()
 }
 
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
-}
+use tangram_shared::stats::quantile as pct;
 
 /// Runs the benchmark: for each policy, pending size and pool size, `iterations` full
 /// re-plans; then incremental decisions (one arrival planned against a busy pool).

@@ -248,7 +248,7 @@ pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<GpuCluster> {
     } else {
         let mut out = Vec::new();
         for s in c.services {
-            if ![1, 2, 4, 8].contains(&s.gpus) {
+            if !u8::try_from(s.gpus).is_ok_and(|g| tangram_shared::CHUNK_SIZES.contains(&g)) {
                 bail!(
                     "service {:?}: gpus must be 1, 2, 4 or 8, not {}",
                     s.name,

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod heartbeat;
 pub mod ids;
 pub mod result;
+pub mod stats;
 pub mod status;
 pub mod subject;
 
@@ -26,6 +27,10 @@ pub use dispatch::{Dispatch, Evict, GpuRoute, Grant};
 pub use heartbeat::{
     ChunkRef, GpuInventory, Heartbeat, ProviderReport, ReplicaReport, SandboxRef, ServiceReport,
 };
+/// GPUs per replica a service may use: chunks of 1, 2, 4 or 8 cards, aligned to their size
+/// inside one NVLink group.
+pub const CHUNK_SIZES: [u8; 4] = [1, 2, 4, 8];
+
 pub use ids::{ActionId, IdError, JobId, TrajectoryId, WorkerId};
 pub use result::{
     ActionResult, HttpReply, InfraCode, Outcome, Placement, RejectCode, Rejection, ServiceUse,

@@ -15,10 +15,7 @@ use tangram_worker::cgroup::{CgroupCpu, PERIOD_US};
 use tangram_worker::config::RawConfig;
 use tangram_worker::docker::{DockerSandboxes, PARKED_QUOTA_US};
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
+use tangram_shared::stats::quantile as percentile;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

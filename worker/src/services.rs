@@ -95,7 +95,7 @@ impl ServiceConfig {
         if self.name.is_empty() || self.name.len() > 128 {
             return Err("service.name must have 1 to 128 characters".into());
         }
-        if ![1, 2, 4, 8].contains(&self.gpus) {
+        if !tangram_shared::CHUNK_SIZES.contains(&self.gpus) {
             return Err(format!(
                 "service {:?}: gpus must be 1, 2, 4 or 8, not {}",
                 self.name, self.gpus
@@ -264,7 +264,7 @@ impl Services {
                 ))
             })?;
         let (s, l) = (chunk.start as usize, chunk.len as usize);
-        if ![1, 2, 4, 8].contains(&l) || s % l != 0 || s + l > group.len() {
+        if !tangram_shared::CHUNK_SIZES.contains(&chunk.len) || s % l != 0 || s + l > group.len() {
             return Err(ServiceError::BadRoute(format!(
                 "chunk {}+{} is not an aligned chunk of group {} ({} GPUs)",
                 s,

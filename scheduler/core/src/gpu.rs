@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use tangram_shared::WorkerId;
 
-/// Chunk sizes a replica may use.
-pub const CHUNK_SIZES: [u8; 4] = [1, 2, 4, 8];
+pub use tangram_shared::CHUNK_SIZES;
 
 /// One NVLink domain of at most 8 GPUs, as a bitmap of the cards in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

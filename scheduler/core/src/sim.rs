@@ -134,13 +134,7 @@ impl SimReport {
     }
 }
 
-/// The value at quantile `q` of a sorted slice.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
-}
+pub use tangram_shared::stats::quantile;
 
 /// An event on a simulator's virtual clock. In a `BinaryHeap` (a max-heap) the earliest
 /// comes out first, and events at the same time in the order they were pushed (`seq`).
