@@ -1,16 +1,19 @@
 //! Tangram's scheduler service.
 //!
-//! One task owns the cluster state ([`state::Scheduler`]); intake, result and heartbeat tasks
-//! feed it through one bounded channel. Each cycle it builds a snapshot, calls the pure core
-//! (the configured policy, `tangram` by default) and carries out the plan: a launch is published as a dispatch,
-//! counted against the worker at once (so two cycles never book the same cores), and the
-//! action is acked only after the dispatch publish is acknowledged by JetStream.
+//! An I/O shell around the decision engine ([`tangram_core::Engine`]): every decision is the
+//! engine's; this crate turns NATS messages into engine events and the engine's effects into
+//! NATS messages. One task owns the engine ([`shell`]); intake, results, heartbeats, status
+//! requests and ticks feed it through one bounded channel; the dispatcher stores dispatches
+//! and awaits their PubAcks concurrently. A launch is booked at once (so two cycles never
+//! book the same cores) and the action is acked only once its dispatch is durable. See
+//! `README.md` beside this crate for the lifecycles.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod metrics;
+mod dispatcher;
 mod service;
-mod state;
+mod shell;
 
 pub use config::Config;
 pub use service::run;

@@ -23,7 +23,7 @@ pub const RUNNING: &str = "tangram_scheduler_running";
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
 /// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
-/// Time spent in one call of the scheduling core.
+/// Time spent in one call of the decision engine (one burst of events and its cycle).
 pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
 /// Time from arrival to dispatch publish acknowledged.
 pub const QUEUE_SECONDS: &str = "tangram_scheduler_queue_wait_seconds";
@@ -74,8 +74,10 @@ pub(crate) fn result(outcome: &'static str) {
 pub(crate) fn worker_lost() {
     counter!(WORKERS_LOST).increment(1);
 }
-pub(crate) fn cycle(seconds: f64, queued: usize, running: usize, alive: usize) {
+pub(crate) fn cycle_seconds(seconds: f64) {
     histogram!(CYCLE_SECONDS).record(seconds);
+}
+pub(crate) fn gauges(queued: usize, running: usize, alive: usize) {
     gauge!(QUEUE_DEPTH).set(queued as f64);
     gauge!(RUNNING).set(running as f64);
     gauge!(WORKERS_ALIVE).set(alive as f64);
@@ -86,7 +88,7 @@ pub(crate) fn gpu_route(service: &str, restore: bool, evictions: usize) {
         counter!(GPU_EVICTIONS, "service" => service.to_string()).increment(evictions as u64);
     }
 }
-pub(crate) fn gpus(_worker: &tangram_shared::WorkerId, (total, resident): (u32, u32)) {
+pub(crate) fn gpus(total: u32, resident: u32) {
     gauge!(GPUS, "state" => "total").set(total as f64);
     gauge!(GPUS, "state" => "resident").set(resident as f64);
 }

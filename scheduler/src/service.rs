@@ -1,13 +1,22 @@
-//! Connections, tasks and shutdown around the state task.
+//! Connections, tasks and shutdown around the state task: the I/O shell of the engine.
+//!
+//! Intake decodes and validates action messages and looks up stored results (the duplicate
+//! check beyond the stream's window) on its own task, pipelined, in stream order; the state
+//! task ([`crate::shell`]) runs the engine; the dispatcher ([`crate::dispatcher`]) stores
+//! dispatches and awaits their PubAcks concurrently; results, heartbeats, status requests
+//! and ticks are fed in by their own tasks.
 
 use crate::config::Config;
-use crate::state::{Event, Scheduler};
+use crate::dispatcher;
+use crate::shell::{Input, Shell};
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use std::time::Duration;
+use tangram_core::engine::{self, Arrival, RawMessage};
+use tangram_core::{Engine, EngineConfig, Event};
 use tangram_shared::codec::{decode, Encoding};
-use tangram_shared::{subject, ActionResult, Heartbeat};
+use tangram_shared::{subject, ActionResult, Heartbeat, Limits};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,8 +24,10 @@ use tracing::{info, warn, Instrument};
 
 const EPOCH_BUCKET: &str = "tangram_scheduler";
 const EPOCH_KEY: &str = "epoch";
-/// Events waiting for the state task; intake pauses when it is full.
+/// Inputs waiting for the state task; intake pauses when it is full.
 const EVENT_CHANNEL: usize = 4096;
+/// Stored-result lookups in flight at once on the intake (their answers are taken in order).
+const LOOKUPS: usize = 64;
 
 /// Runs the scheduler until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -39,22 +50,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
     let tasks = TaskTracker::new();
     let intake_stop = shutdown.child_token();
+    let limits = Limits {
+        max_timeout_ms: config.max_timeout.as_millis() as u64,
+        ..Limits::default()
+    };
 
-    // Intake: actions, in stream order.
+    // Intake: actions, in stream order, validated and checked against stored results with
+    // up to LOOKUPS lookups in flight.
     let messages = actions.messages().await?;
+    let max_bytes = config.max_action_bytes;
+    let intake = {
+        let stream = results_stream.clone();
+        messages
+            .filter_map(|m| async move {
+                m.map_err(|e| warn!(error = %e, "action consumer error")).ok()
+            })
+            .map(move |msg| {
+                let stream = stream.clone();
+                async move { admit(msg, &limits, max_bytes, &stream).await }
+            })
+            .buffered(LOOKUPS)
+    };
     let to_state = tx.clone();
     tasks.spawn(
-        pump(messages, intake_stop.clone(), move |m| {
+        pump(intake, intake_stop.clone(), move |(msg, event)| {
             let tx = to_state.clone();
-            async move {
-                match m {
-                    Ok(m) => tx.send(Event::Action(Box::new(m))).await.is_ok(),
-                    Err(e) => {
-                        warn!(error = %e, "action consumer error");
-                        true
-                    }
-                }
-            }
+            async move { tx.send(Input::Message(Box::new(msg), event)).await.is_ok() }
         })
         .instrument(tracing::info_span!("intake")),
     );
@@ -75,7 +96,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 let enc = content_type(&msg.headers).unwrap_or_default();
                 match decode::<ActionResult>(&msg.payload, enc) {
                     Ok(r) => {
-                        if tx.send(Event::Result(Box::new(r))).await.is_err() {
+                        let event = Input::Engine(Event::Result(Box::new(r)));
+                        if tx.send(event).await.is_err() {
                             return false;
                         }
                     }
@@ -98,7 +120,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             let tx = to_state.clone();
             async move {
                 match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
-                    Ok(hb) => tx.send(Event::Heartbeat(Box::new(hb))).await.is_ok(),
+                    Ok(hb) => {
+                        let event = Input::Engine(Event::Heartbeat(Box::new(hb)));
+                        tx.send(event).await.is_ok()
+                    }
                     Err(e) => {
                         warn!(subject = %msg.subject, error = %e, "undecodable heartbeat");
                         true
@@ -118,7 +143,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             async move {
                 let Some(reply) = msg.reply else { return true };
                 let (otx, orx) = tokio::sync::oneshot::channel();
-                if tx.send(Event::Status(otx)).await.is_err() {
+                if tx.send(Input::Status(otx)).await.is_err() {
                     return false;
                 }
                 if let Ok(status) = orx.await {
@@ -131,34 +156,57 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         })
         .instrument(tracing::info_span!("status")),
     );
-    // Ticks: liveness checks and keeping queued actions' acks alive.
+    // Ticks: liveness checks, deadlines and keeping queued actions' acks alive.
     {
         let tx = tx.clone();
         let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {
-                        if tx.send(Event::Tick).await.is_err() { break; }
+        tasks.spawn(
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => {
+                            if tx.send(Input::Engine(Event::Tick)).await.is_err() { break; }
+                        }
                     }
                 }
             }
-        });
+            .instrument(tracing::info_span!("ticks")),
+        );
     }
+    // The dispatcher: PubAcks awaited concurrently, outcomes back to the state task.
+    let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
+    let dispatcher_stop = CancellationToken::new();
+    tasks.spawn(
+        dispatcher::run(js.clone(), dispatch_rx, tx.clone(), dispatcher_stop.clone())
+            .instrument(tracing::info_span!("dispatcher")),
+    );
     drop(tx);
-    tasks.close();
 
-    let mut state = Scheduler::new(config, epoch, js, results_stream);
-    state
+    let engine = Engine::new(EngineConfig {
+        epoch,
+        policy: config.policy.clone(),
+        static_cores: config.static_cores,
+        missed_heartbeats: config.worker_missed_heartbeats,
+        settle_ms: config.settle.as_millis() as u64,
+        job_weights: config.job_weights.clone(),
+        limits,
+        ..EngineConfig::default()
+    });
+    let mut shell = Shell::new(engine, js, dispatch_tx, tasks.clone());
+    shell
         .run(rx, shutdown.clone())
         .instrument(tracing::info_span!("state", epoch))
         .await;
+    drop(shell);
 
-    // Phase two: intake has stopped (shutdown cancelled it); let the tasks finish.
+    // Phase two: intake has stopped (shutdown cancelled it); let the tasks finish, the
+    // dispatcher reporting what it still had in flight.
     intake_stop.cancel();
+    dispatcher_stop.cancel();
+    tasks.close();
     if tokio::time::timeout(Duration::from_secs(5), tasks.wait())
         .await
         .is_err()
@@ -170,6 +218,54 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _ = tokio::time::timeout(Duration::from_secs(3), client.drain()).await;
     info!("scheduler stopped");
     Ok(())
+}
+
+/// Turns one action message into the engine's event: validated (or bad), with its stream
+/// position, publish time and whether a result is stored for its id already.
+async fn admit(
+    msg: jetstream::Message,
+    limits: &Limits,
+    max_bytes: usize,
+    results: &jetstream::stream::Stream,
+) -> (jetstream::Message, Event) {
+    let info = msg.info().ok();
+    let delivery = info.as_ref().map_or(0, |i| i.stream_sequence);
+    let submitted_at_us = info
+        .as_ref()
+        .map(|i| (i.published.unix_timestamp_nanos() / 1000) as u64)
+        .unwrap_or(0);
+    let header = |name: &str| {
+        msg.headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    let msg_id = header(subject::HEADER_MSG_ID);
+    let content_type = header(subject::HEADER_CONTENT_TYPE);
+    let raw = RawMessage {
+        subject: msg.subject.as_str(),
+        msg_id: msg_id.as_deref(),
+        content_type: content_type.as_deref(),
+        payload: &msg.payload,
+    };
+    let event = match engine::check(&raw, limits, max_bytes, delivery) {
+        Ok((action, encoding)) => {
+            let seen = results
+                .get_last_raw_message_by_subject(&subject::result(&action.job, &action.id))
+                .await
+                .is_ok();
+            Event::Arrived(Box::new(Arrival {
+                action,
+                encoding,
+                submitted_at_us,
+                delivery,
+                seen,
+                model: None,
+            }))
+        }
+        Err(bad) => Event::Bad(bad),
+    };
+    (msg, event)
 }
 
 /// Hands each item of `stream` to `handle` until `stop` is cancelled, the stream ends, or

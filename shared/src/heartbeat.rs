@@ -87,6 +87,32 @@ impl ProviderReport {
             method_ok && path_ok
         })
     }
+
+    /// Whether a rollout may make this call through this provider: its method and path match
+    /// an allow rule and every header it sets is allowed. The one check the scheduler (before
+    /// admission) and the worker (before calling) both apply; the reason is for the submitter.
+    pub fn permits(&self, api: &crate::Api) -> Result<(), String> {
+        if !self.allows(&api.method, &api.path) {
+            return Err(format!(
+                "{} {} is not allowed for provider {:?} (allowed: {})",
+                api.method,
+                api.path,
+                api.provider,
+                self.allow.join(", ")
+            ));
+        }
+        if let Some(h) = api
+            .headers
+            .keys()
+            .find(|h| !self.allow_headers.contains(&h.to_ascii_lowercase()))
+        {
+            return Err(format!(
+                "header {h:?} is not allowed for provider {:?}",
+                api.provider
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A worker's GPUs: NVLink groups of up to 8, as GPU indices.

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod elastic;
+pub mod engine;
 mod fcfs;
 pub mod gpu;
 pub mod learn;
@@ -18,6 +19,7 @@ pub mod sim_api;
 pub mod sim_gpu;
 
 pub use elastic::{ElasticModel, Speedup};
+pub use engine::{Effect, Engine, EngineConfig, Event, Now};
 pub use fcfs::FcfsFirstFit;
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{

@@ -1,0 +1,411 @@
+//! One planning cycle: GPU routes, API admission, sandbox constraints, the CPU policy, and
+//! launches booked at once (assumed) and handed out as dispatches.
+
+use super::lifecycle::{ActionState, Booking, SandboxKey, SandboxState};
+use super::{Effect, Engine, Now, Observation};
+use crate::model::{Constraint, Launch, Pending, Snapshot, Unplaced, WorkerView};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tangram_shared::{
+    ActionId, ActionKind, ActionSpec, ChunkRef, CpuRange, Dispatch, Evict, GpuRoute, Grant,
+    RejectCode, Rejection, WorkerId,
+};
+
+pub(crate) fn chunk_ref(c: crate::gpu::Chunk) -> ChunkRef {
+    ChunkRef {
+        group: c.group,
+        start: c.start,
+        len: c.len,
+    }
+}
+
+pub(crate) fn chunk_of(c: ChunkRef) -> crate::gpu::Chunk {
+    crate::gpu::Chunk {
+        group: c.group,
+        start: c.start,
+        len: c.len,
+    }
+}
+
+impl Engine {
+    /// Cores and memory booked per worker by launched actions and held sandboxes.
+    pub(crate) fn used(&self) -> HashMap<&WorkerId, (u32, u64)> {
+        let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
+        for e in self.actions.values() {
+            if let Some((w, b)) = e.placed() {
+                used.entry(w).or_default().0 += b.counted_cores;
+            }
+        }
+        for s in self.sandboxes.values().filter(|s| s.holds()) {
+            let u = used.entry(&s.worker).or_default();
+            u.0 += s.cores;
+            u.1 += s.mem_mb;
+        }
+        used
+    }
+
+    /// The cluster as the policy sees it: capacity minus what is booked.
+    pub fn snapshot(&self) -> Snapshot {
+        let used = self.used();
+        Snapshot::new(
+            self.workers
+                .iter()
+                .map(|(id, w)| {
+                    let (cores, mem) = used.get(id).copied().unwrap_or_default();
+                    WorkerView {
+                        id: id.clone(),
+                        total_cores: w.hb.cores,
+                        free_cores: w.hb.cores.saturating_sub(cores),
+                        total_mem_mb: w.hb.mem_mb,
+                        free_mem_mb: w.hb.mem_mb.saturating_sub(mem),
+                        accepting: !w.hb.draining,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    pub(crate) fn cycle(&mut self, now: Now) {
+        let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
+        self.pin_static_gpus();
+        let routes = self.plan_gpu(now, &mut rejections);
+        let api = self.plan_api(now, &mut rejections);
+        let mut forget = Vec::new();
+        let (pending, direct) = self.plan_sandboxes(&mut rejections, &mut forget);
+        // A lost sandbox's close is answered (rejected: nothing to close) and forgets it.
+        for key in forget {
+            self.sandboxes.remove(&key);
+        }
+        let plan = if pending.is_empty() {
+            Default::default()
+        } else {
+            self.policy.schedule(&self.snapshot(), &pending, now.ms)
+        };
+        for (id, rejection) in rejections {
+            self.reject_queued(&id, rejection, now);
+        }
+        for (id, why) in plan.unplaced {
+            // Just started: a worker large enough may not have reported yet.
+            if matches!(why, Unplaced::NeverFits(_)) && self.settled_in {
+                self.reject_queued(
+                    &id,
+                    Rejection::new(RejectCode::Unsatisfiable, why.to_string()),
+                    now,
+                );
+            }
+        }
+        for launch in plan.launches {
+            let counted = launch.grant.cores;
+            self.launch(launch, counted, None, None, now);
+        }
+        for (id, worker, cores) in direct {
+            let grant = Grant { cores, mem_mb: 0 };
+            self.launch(Launch { id, worker, grant }, 0, None, None, now);
+        }
+        for (id, worker, route) in routes {
+            let grant = Grant::default();
+            self.launch(Launch { id, worker, grant }, 0, Some(route), None, now);
+        }
+        for (id, worker, provider) in api {
+            let grant = Grant::default();
+            self.launch(Launch { id, worker, grant }, 0, None, Some(provider), now);
+        }
+        // Launched and rejected actions leave the queue (once per cycle, not once each).
+        let actions = &self.actions;
+        self.queue.retain(|id| {
+            actions
+                .get(id)
+                .is_some_and(|e| matches!(e.state, ActionState::Queued { .. }))
+        });
+        let running = self.actions.len() - self.queue.len();
+        self.out.push(Effect::Observe(Observation::Cycle {
+            queued: self.queue.len(),
+            running,
+            workers: self.workers.len(),
+        }));
+    }
+
+    /// `static`: once settled, split the GPUs evenly between the services, resident for good.
+    fn pin_static_gpus(&mut self) {
+        if self.static_cores.is_none() || self.pinned || !self.settled_in {
+            return;
+        }
+        let (total, _) = self.eoe.gpus();
+        let n = self.eoe.services().count() as u32;
+        if total > 0 && n > 0 {
+            self.eoe.pin(total / n);
+            self.pinned = true;
+        }
+    }
+
+    /// Reward actions, in queue order, through Evict-on-Execution.
+    fn plan_gpu(
+        &mut self,
+        now: Now,
+        rejections: &mut Vec<(ActionId, Rejection)>,
+    ) -> Vec<(ActionId, WorkerId, GpuRoute)> {
+        let mut backlog: HashMap<String, u32> = HashMap::new();
+        let rewards: Vec<(ActionId, String)> = self
+            .queue
+            .iter()
+            .filter_map(|id| match &self.actions[id].action.spec {
+                ActionSpec::Reward(r) => Some((id.clone(), r.service.clone())),
+                _ => None,
+            })
+            .collect();
+        for (_, s) in &rewards {
+            *backlog.entry(s.clone()).or_default() += 1;
+        }
+        let mut routes = Vec::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        for (id, service) in rewards {
+            if busy.contains(&service) {
+                continue;
+            }
+            let left = backlog.get(&service).copied().unwrap_or(1);
+            match self.eoe.route_with_backlog(&service, now.ms, left) {
+                Ok(route) => {
+                    if let Some(b) = backlog.get_mut(&service) {
+                        *b = b.saturating_sub(1);
+                    }
+                    let evict = route
+                        .evict
+                        .iter()
+                        .map(|e| Evict {
+                            service: e.service.clone(),
+                            chunk: chunk_ref(e.chunk),
+                        })
+                        .collect();
+                    routes.push((
+                        id,
+                        route.node.clone(),
+                        GpuRoute {
+                            service,
+                            chunk: chunk_ref(route.chunk),
+                            restore: route.restore,
+                            evict,
+                        },
+                    ));
+                }
+                Err(crate::gpu::Unrouted::Busy { .. }) => {
+                    busy.insert(service);
+                }
+                Err(why) if self.settled_in => {
+                    let code = match why {
+                        crate::gpu::Unrouted::UnknownService(_) => RejectCode::UnknownService,
+                        _ => RejectCode::Unsatisfiable,
+                    };
+                    let known: Vec<String> = self.eoe.services().map(|s| s.name.clone()).collect();
+                    let reason = if known.is_empty() {
+                        format!("{why}; no worker serves any model service")
+                    } else {
+                        format!("{why}; services: {}", known.join(", "))
+                    };
+                    rejections.push((id, Rejection::new(code, reason)));
+                }
+                // Settling: the worker serving it may not have reported yet.
+                Err(_) => {}
+            }
+        }
+        routes
+    }
+
+    /// Sandbox actions: resolve each to a constraint (or a rejection, or a wait), apply the
+    /// `static` baseline's rules, and return what the CPU policy plans plus the execs that
+    /// run at once on a `static` sandbox's own cores.
+    #[allow(clippy::type_complexity)]
+    fn plan_sandboxes(
+        &self,
+        rejections: &mut Vec<(ActionId, Rejection)>,
+        forget: &mut Vec<SandboxKey>,
+    ) -> (Vec<Pending>, Vec<(ActionId, WorkerId, u32)>) {
+        let mut pending = Vec::with_capacity(self.queue.len());
+        let mut direct = Vec::new();
+        let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
+        for id in &self.queue {
+            let e = &self.actions[id];
+            let a = &e.action;
+            let key = (a.job.clone(), a.trajectory.clone());
+            let sandbox = self.sandboxes.get(&key);
+            let constraint = match a.kind() {
+                ActionKind::Reward | ActionKind::Api => continue,
+                ActionKind::SandboxOpen => {
+                    let exists = sandbox.is_some_and(|s| s.state != SandboxState::Lost);
+                    if exists || !queued_opens.insert(key) {
+                        rejections.push((
+                            a.id.clone(),
+                            Rejection::new(
+                                RejectCode::SandboxExists,
+                                format!(
+                                    "trajectory {} of job {} already has a sandbox; close it first",
+                                    a.trajectory, a.job
+                                ),
+                            ),
+                        ));
+                        continue;
+                    }
+                    Constraint::Any
+                }
+                ActionKind::SandboxExec | ActionKind::SandboxClose => match sandbox {
+                    Some(s) if s.state == SandboxState::Open => {
+                        Constraint::OnWorker(s.worker.clone())
+                    }
+                    Some(s) if s.state == SandboxState::Lost => {
+                        if a.kind() == ActionKind::SandboxClose {
+                            forget.push(key.clone());
+                        }
+                        rejections.push((
+                            a.id.clone(),
+                            Rejection::new(
+                                RejectCode::NoSandbox,
+                                format!(
+                                    "the sandbox of trajectory {} of job {} was lost with worker {}; open a new one",
+                                    a.trajectory, a.job, s.worker
+                                ),
+                            ),
+                        ));
+                        continue;
+                    }
+                    // Wait for the open to finish or for the close ahead to take effect.
+                    Some(_) => continue,
+                    None if queued_opens.contains(&key) => continue,
+                    // Just started: the heartbeats that list sandboxes may still be coming.
+                    None if !self.settled_in => continue,
+                    None => {
+                        rejections.push((
+                            a.id.clone(),
+                            Rejection::new(
+                                RejectCode::NoSandbox,
+                                format!(
+                                    "trajectory {} of job {} has no open sandbox; send sandbox_open first",
+                                    a.trajectory, a.job
+                                ),
+                            ),
+                        ));
+                        continue;
+                    }
+                },
+            };
+            let mut demand = a.demand();
+            if let Some(c) = self.static_cores {
+                match a.kind() {
+                    // The trajectory's sandbox takes its fixed cores for its whole life.
+                    ActionKind::SandboxOpen => demand.cores = Some(CpuRange { min: c, max: c }),
+                    // Its commands run at once on those cores.
+                    ActionKind::SandboxExec => {
+                        let max = demand.cores.map_or(1, |r| r.max);
+                        if let Constraint::OnWorker(w) = &constraint {
+                            direct.push((a.id.clone(), w.clone(), c.min(max).max(1)));
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            let model = e
+                .model
+                .clone()
+                .or_else(|| super::learn_key(a).and_then(|k| self.learner.model(&k)));
+            pending.push(Pending {
+                id: a.id.clone(),
+                demand,
+                constraint,
+                model,
+                needs: Default::default(),
+            });
+        }
+        (pending, direct)
+    }
+
+    /// Books a launch and hands out its dispatch: the action becomes `Dispatching`.
+    fn launch(
+        &mut self,
+        launch: Launch,
+        counted_cores: u32,
+        gpu: Option<GpuRoute>,
+        provider: Option<String>,
+        now: Now,
+    ) {
+        let Some(e) = self.actions.get_mut(&launch.id) else {
+            return;
+        };
+        if !matches!(e.state, ActionState::Queued { .. }) {
+            return;
+        }
+        e.attempts += 1;
+        let attempt = e.attempts;
+        let kind = e.action.kind();
+        let dispatch = Dispatch {
+            epoch: self.config.epoch,
+            attempt,
+            action: e.action.clone(),
+            grant: launch.grant,
+            submitted_at_us: e.submitted_at_us,
+            result_encoding: e.encoding,
+            gpu: gpu.clone(),
+        };
+        e.state = ActionState::Dispatching {
+            worker: launch.worker.clone(),
+            booking: Booking {
+                grant: launch.grant,
+                counted_cores,
+                gpu: gpu.as_ref().map(|r| (r.service.clone(), chunk_of(r.chunk))),
+                provider: provider.clone(),
+            },
+            attempt,
+            since_ms: now.ms,
+        };
+        let key = (e.action.job.clone(), e.action.trajectory.clone());
+        let job = e.action.job.0.clone();
+        match kind {
+            ActionKind::SandboxOpen => {
+                self.sandboxes.insert(
+                    key,
+                    super::lifecycle::Sandbox {
+                        worker: launch.worker.clone(),
+                        mem_mb: launch.grant.mem_mb,
+                        cores: if self.static_cores.is_some() {
+                            launch.grant.cores
+                        } else {
+                            0
+                        },
+                        state: SandboxState::Opening,
+                    },
+                );
+            }
+            ActionKind::SandboxClose => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.state = SandboxState::Closing;
+                }
+            }
+            _ => {}
+        }
+        if let Some(r) = &gpu {
+            self.out.push(Effect::Observe(Observation::GpuRoute {
+                service: r.service.clone(),
+                restore: r.restore,
+                evictions: r.evict.len(),
+            }));
+        }
+        if let Some(p) = provider {
+            self.out
+                .push(Effect::Observe(Observation::ApiAdmitted { provider: p, job }));
+        }
+        self.out.push(Effect::Dispatch {
+            worker: launch.worker,
+            dispatch: Box::new(dispatch),
+        });
+    }
+}
+
+/// Spreads `n` items over `workers` least loaded first (ties by id): the worker for the next.
+pub(crate) fn least_loaded(
+    workers: &[WorkerId],
+    load: &mut BTreeMap<WorkerId, usize>,
+) -> Option<WorkerId> {
+    let w = workers
+        .iter()
+        .min_by_key(|w| (load.get(*w).copied().unwrap_or(0), (*w).clone()))?
+        .clone();
+    *load.entry(w.clone()).or_default() += 1;
+    Some(w)
+}

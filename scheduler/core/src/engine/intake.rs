@@ -1,0 +1,224 @@
+//! Intake: validating action messages (a pure function the service calls on its intake
+//! task, off the engine's path), arrivals, duplicates and rejections.
+
+use super::lifecycle::{ActionState, Entry};
+use super::{Arrival, Delivery, Effect, Engine, Now, Observation, Reject};
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{subject, Action, ActionId, ActionResult, JobId, RejectCode, Rejection};
+
+/// An action message as it came off the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct RawMessage<'a> {
+    /// Its subject.
+    pub subject: &'a str,
+    /// Its `Nats-Msg-Id` header.
+    pub msg_id: Option<&'a str>,
+    /// Its `Content-Type` header.
+    pub content_type: Option<&'a str>,
+    /// Its body.
+    pub payload: &'a [u8],
+}
+
+/// A message that will not be scheduled, and whom to tell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadMessage {
+    /// Its message.
+    pub delivery: Delivery,
+    /// The action id, when one could be read.
+    pub id: Option<String>,
+    /// The job, when one could be read.
+    pub job: Option<String>,
+    /// The encoding the rejection result is written in.
+    pub encoding: Encoding,
+    /// Why.
+    pub rejection: Rejection,
+}
+
+/// Decodes and validates one action message: size, encoding, the action's own rules, and
+/// that the subject, the `Nats-Msg-Id` and the body agree.
+pub fn check(
+    raw: &RawMessage<'_>,
+    limits: &tangram_shared::Limits,
+    max_action_bytes: usize,
+    delivery: Delivery,
+) -> Result<(Action, Encoding), Box<BadMessage>> {
+    let (subject_job, subject_kind) = subject::parse_action(raw.subject).unwrap_or(("", ""));
+    let mut bad = Box::new(BadMessage {
+        delivery,
+        id: raw.msg_id.map(str::to_string),
+        job: Some(subject_job.to_string()),
+        encoding: Encoding::Msgpack,
+        rejection: Rejection::new(RejectCode::Undecodable, ""),
+    });
+    let encoding = match Encoding::from_content_type(raw.content_type) {
+        Ok(e) => e,
+        Err(e) => {
+            bad.rejection = Rejection::new(RejectCode::Undecodable, e.to_string());
+            return Err(bad);
+        }
+    };
+    bad.encoding = encoding;
+    if raw.payload.len() > max_action_bytes {
+        bad.rejection = Rejection::new(
+            RejectCode::Oversized,
+            format!(
+                "action is {} bytes; the limit is {max_action_bytes} (put large inputs in the image)",
+                raw.payload.len(),
+            ),
+        );
+        if bad.id.is_none() {
+            bad.id = codec::read_envelope(raw.payload, encoding).id;
+        }
+        return Err(bad);
+    }
+    let action = match codec::decode_action(raw.payload, encoding) {
+        Ok(a) => a,
+        Err(f) => {
+            bad.id = bad.id.or(f.envelope.id);
+            bad.rejection = f.rejection;
+            return Err(bad);
+        }
+    };
+    bad.id = Some(action.id.to_string());
+    if let Err(r) = action.validate(limits) {
+        bad.rejection = r;
+        return Err(bad);
+    }
+    let mismatch = if action.job.as_str() != subject_job {
+        Some(format!(
+            "body job {:?} does not match the subject's job {subject_job:?}",
+            action.job.0
+        ))
+    } else if action.kind().as_str() != subject_kind {
+        Some(format!(
+            "body kind {:?} does not match the subject's kind {subject_kind:?}",
+            action.kind().as_str()
+        ))
+    } else if raw.msg_id.is_some_and(|h| h != action.id.as_str()) {
+        Some(format!(
+            "Nats-Msg-Id {:?} does not match the body id {:?}",
+            raw.msg_id.unwrap_or_default(),
+            action.id.0
+        ))
+    } else {
+        None
+    };
+    if let Some(reason) = mismatch {
+        bad.rejection = Rejection::new(RejectCode::Mismatch, reason);
+        return Err(bad);
+    }
+    Ok((action, encoding))
+}
+
+impl Engine {
+    pub(crate) fn on_arrived(&mut self, a: Arrival, now: Now) {
+        self.out
+            .push(Effect::Observe(Observation::Received(Some(a.action.kind()))));
+        if let Some(e) = self.actions.get_mut(&a.action.id) {
+            if e.delivery == a.delivery {
+                // A redelivery of the message we hold (its ack wait ran out while it waited or
+                // while its dispatch was being stored): the server now expects the ack on this
+                // delivery, which has the same handle. Nothing else changes.
+                if let ActionState::Queued { last_progress_ms } = &mut e.state {
+                    *last_progress_ms = now.ms;
+                }
+            } else {
+                // The same id in another message: a resubmission.
+                self.out.push(Effect::Observe(Observation::Duplicate));
+                self.out.push(Effect::Ack(a.delivery));
+            }
+            return;
+        }
+        if a.seen || self.settled_set.contains(&a.action.id) {
+            self.out.push(Effect::Observe(Observation::Duplicate));
+            self.out.push(Effect::Ack(a.delivery));
+            return;
+        }
+        let id = a.action.id.clone();
+        self.actions.insert(
+            id.clone(),
+            Entry {
+                action: a.action,
+                encoding: a.encoding,
+                submitted_at_us: a.submitted_at_us,
+                delivery: a.delivery,
+                arrived_ms: now.ms,
+                model: a.model,
+                attempts: 0,
+                state: ActionState::Queued {
+                    last_progress_ms: now.ms,
+                },
+            },
+        );
+        self.queue.push(id);
+        self.dirty = true;
+    }
+
+    pub(crate) fn on_bad(&mut self, bad: super::BadMessage, now: Now) {
+        self.out.push(Effect::Observe(Observation::Received(None)));
+        self.reject(bad.delivery, bad.id, bad.job, bad.encoding, bad.rejection, now);
+    }
+
+    /// Rejects a queued action: it leaves the queue settled, with a dead-letter record and a
+    /// rejection result.
+    pub(crate) fn reject_queued(&mut self, id: &ActionId, rejection: Rejection, now: Now) {
+        let Some(e) = self.actions.get(id) else {
+            return;
+        };
+        if !matches!(e.state, ActionState::Queued { .. }) {
+            return;
+        }
+        // It leaves the queue when the cycle compacts it.
+        let e = self.actions.remove(id).expect("present");
+        self.remember_settled(id.clone());
+        self.reject(
+            e.delivery,
+            Some(e.action.id.to_string()),
+            Some(e.action.job.0.clone()),
+            e.encoding,
+            rejection,
+            now,
+        );
+    }
+
+    fn reject(
+        &mut self,
+        delivery: Delivery,
+        id: Option<String>,
+        job: Option<String>,
+        encoding: codec::Encoding,
+        rejection: Rejection,
+        now: Now,
+    ) {
+        self.out
+            .push(Effect::Observe(Observation::Rejected(rejection.code.as_str())));
+        let addressable = match (&id, &job) {
+            (Some(id), Some(job)) => ActionId::new(id.clone())
+                .ok()
+                .zip(JobId::new(job.clone()).ok()),
+            _ => None,
+        };
+        let result = addressable.map(|(id, job)| {
+            ActionResult::rejected(id, job, rejection.clone(), now.unix_us / 1000)
+        });
+        self.out.push(Effect::Reject(Box::new(Reject {
+            delivery,
+            id,
+            job,
+            encoding,
+            rejection,
+            result,
+        })));
+    }
+
+    pub(crate) fn on_shutdown(&mut self) {
+        // Hand queued actions back at once (instead of after the ack wait) so that the next
+        // scheduler picks them up without delay. Dispatching and running ones stay with
+        // their workers.
+        for id in std::mem::take(&mut self.queue) {
+            if let Some(e) = self.actions.remove(&id) {
+                self.out.push(Effect::Nak(e.delivery));
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The lifecycles the engine tracks, as enums: one per action, one per sandbox.
+//!
+//! ```text
+//!  action:   Queued ──launch──► Dispatching ──stored──► Running{deadline} ──result──► settled
+//!              ▲  │                │   │                   │  └─ deadline passed / worker lost /
+//!              │  │                │   └─result (fast)─────┼──► settled   not reported twice
+//!              │  └─reject─► settled                       │
+//!              └────────── dispatch failed ◄───────────────┘ (only from Dispatching)
+//!
+//!  sandbox:  Opening ──open ok──► Open ──close dispatched──► Closing ──close result──► (gone)
+//!              │  └─open failed─► (gone)  │                                              
+//!              └──── worker lost / restarted without it ──► Lost ──new open or close──► (gone)
+//! ```
+
+use crate::elastic::ElasticModel;
+use tangram_shared::codec::Encoding;
+use tangram_shared::{Action, Grant, JobId, TrajectoryId, WorkerId};
+
+/// Where an action is in its life. Settled actions leave the table (their ids are
+/// remembered for a while to recognise late results and resubmissions).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ActionState {
+    /// Waiting for capacity, in arrival order.
+    Queued {
+        /// When the last in-progress ack was asked for.
+        last_progress_ms: u64,
+    },
+    /// A dispatch was handed to the service and is not yet durable. Its capacity is booked
+    /// already (assumed), so no later cycle can give it away; a failed store gives it back.
+    Dispatching {
+        /// Where.
+        worker: WorkerId,
+        /// With what.
+        booking: Booking,
+        /// The dispatch's attempt number (1 for the first).
+        attempt: u32,
+        /// When it was handed over.
+        since_ms: u64,
+    },
+    /// The dispatch is durable; the worker runs it.
+    Running {
+        /// Where.
+        worker: WorkerId,
+        /// With what.
+        booking: Booking,
+        /// The dispatch's attempt number.
+        attempt: u32,
+        /// When the dispatch was stored.
+        stored_ms: u64,
+        /// No result by then: the action is settled as lost.
+        deadline_ms: u64,
+        /// Heartbeats in a row (counted from a grace after `stored_ms`) that did not list it.
+        unreported: u8,
+    },
+}
+
+/// What a launched action holds until it settles.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Booking {
+    /// Cores and memory on the worker.
+    pub grant: Grant,
+    /// Cores counted against the worker (0 for an exec under `static`, which runs on its
+    /// sandbox's cores).
+    pub counted_cores: u32,
+    /// A reward action's replica: service and chunk.
+    pub gpu: Option<(String, crate::gpu::Chunk)>,
+    /// An api action's provider, and whether it took a `static` per-trajectory slice.
+    pub provider: Option<String>,
+}
+
+/// One action the engine has not settled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// The action.
+    pub action: Action,
+    /// Its result's encoding.
+    pub encoding: Encoding,
+    /// Published at, µs since the Unix epoch.
+    pub submitted_at_us: u64,
+    /// Its message, acked once the dispatch is durable.
+    pub delivery: super::Delivery,
+    /// Arrived at (engine clock).
+    pub arrived_ms: u64,
+    /// A given elasticity model (the simulator's oracle).
+    pub model: Option<ElasticModel>,
+    /// Dispatch attempts made so far.
+    pub attempts: u32,
+    /// Where it is.
+    pub state: ActionState,
+}
+
+impl Entry {
+    /// When this entry next needs the engine's attention: an in-progress ack or a deadline.
+    pub(crate) fn due_ms(&self, progress_every_ms: u64) -> Option<u64> {
+        match &self.state {
+            ActionState::Queued { last_progress_ms } => Some(last_progress_ms + progress_every_ms),
+            ActionState::Dispatching { .. } => None,
+            ActionState::Running { deadline_ms, .. } => Some(*deadline_ms),
+        }
+    }
+
+    /// Its worker and booking, once launched.
+    pub fn placed(&self) -> Option<(&WorkerId, &Booking)> {
+        match &self.state {
+            ActionState::Queued { .. } => None,
+            ActionState::Dispatching {
+                worker, booking, ..
+            }
+            | ActionState::Running {
+                worker, booking, ..
+            } => Some((worker, booking)),
+        }
+    }
+}
+
+/// A trajectory's sandbox: `(job, trajectory)`.
+pub type SandboxKey = (JobId, TrajectoryId);
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    /// Open dispatched, container not yet confirmed.
+    Opening,
+    /// Ready for commands.
+    Open,
+    /// Close dispatched.
+    Closing,
+    /// Its worker was lost or restarted without it; it holds nothing. Commands for it are
+    /// rejected until the trajectory opens a new one or closes it.
+    Lost,
+}
+
+/// A trajectory's sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sandbox {
+    /// The worker holding it.
+    pub worker: WorkerId,
+    /// Memory it reserves, MiB.
+    pub mem_mb: u64,
+    /// `static`: cores it holds for its whole life.
+    pub cores: u32,
+    /// Where it is.
+    pub state: SandboxState,
+}
+
+impl Sandbox {
+    /// True while it holds capacity on its worker.
+    pub fn holds(&self) -> bool {
+        self.state != SandboxState::Lost
+    }
+}

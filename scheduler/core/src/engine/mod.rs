@@ -1,0 +1,515 @@
+//! The decision engine: everything the scheduler decides, as a state machine with no I/O.
+//!
+//! `Engine::handle(event, now) -> effects`. Events are what the outside world tells the
+//! scheduler (an action arrived, a message was bad, a result, a heartbeat, a dispatch was
+//! stored or failed, a tick); effects are what the scheduler wants done (dispatch, reject,
+//! publish a result on a worker's behalf, ack, nak, wake me at). The service turns NATS
+//! messages into events and effects into NATS messages; the simulator drives the same engine
+//! on a virtual clock. Time is an argument, never read here.
+//!
+//! The engine owns the cluster view (workers, cores, memory, GPU chunks, services,
+//! providers), the queue and the running set (each action's lifecycle in
+//! [`lifecycle::ActionState`]), sandboxes ([`lifecycle::SandboxState`]), Evict-on-Execution,
+//! API quotas, the learner and every policy, the live `static` baseline included. See
+//! `scheduler/README.md` for the lifecycle diagrams.
+
+mod api;
+mod cycle;
+pub mod intake;
+pub mod lifecycle;
+mod results;
+mod status;
+mod workers;
+
+use crate::elastic::ElasticModel;
+use crate::model::Policy;
+use lifecycle::{Entry, Sandbox, SandboxKey};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use tangram_shared::codec::Encoding;
+use tangram_shared::{
+    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, Limits, Rejection, Timing,
+    WorkerId,
+};
+
+pub use intake::{check, BadMessage, RawMessage};
+
+/// The time of an event: a monotonic millisecond clock for decisions, and wall-clock time for
+/// the timestamps written into results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Now {
+    /// Monotonic milliseconds (any origin; the service counts from its start).
+    pub ms: u64,
+    /// Wall-clock time, microseconds since the Unix epoch.
+    pub unix_us: u64,
+}
+
+impl Now {
+    /// A virtual clock where wall time is the monotonic time (simulations, tests).
+    pub fn virtual_ms(ms: u64) -> Self {
+        Self {
+            ms,
+            unix_us: ms * 1000,
+        }
+    }
+}
+
+/// The service's handle on an action message, to ack or nak it: its stream sequence. A
+/// redelivery of the same message has the same one.
+pub type Delivery = u64;
+
+/// An action that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrival {
+    /// The action.
+    pub action: Action,
+    /// The encoding its result is written in.
+    pub encoding: Encoding,
+    /// When the rollout published it (the stream's timestamp), µs since the Unix epoch.
+    pub submitted_at_us: u64,
+    /// Its message.
+    pub delivery: Delivery,
+    /// True when a result for this id is already stored (a resubmission outside the
+    /// stream's duplicate window): the intake looks that up off the engine's path.
+    pub seen: bool,
+    /// Its elasticity when the caller knows it (the simulator's oracle); otherwise the
+    /// learner's model for its (job, tool) key.
+    pub model: Option<ElasticModel>,
+}
+
+/// What the outside world tells the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A valid action message.
+    Arrived(Box<Arrival>),
+    /// A message that will never be scheduled.
+    Bad(Box<BadMessage>),
+    /// A result (from a worker, or one the engine published itself).
+    Result(Box<ActionResult>),
+    /// A worker's heartbeat.
+    Heartbeat(Box<Heartbeat>),
+    /// A dispatch is durable in the stream.
+    DispatchStored {
+        /// The action.
+        id: ActionId,
+        /// The attempt the dispatch carried.
+        attempt: u32,
+    },
+    /// A dispatch could not be stored.
+    DispatchFailed {
+        /// The action.
+        id: ActionId,
+        /// The attempt the dispatch carried.
+        attempt: u32,
+        /// Why, for the log.
+        error: String,
+    },
+    /// Time passed: liveness, deadlines, in-progress acks.
+    Tick,
+    /// The scheduler is stopping: hand queued actions back.
+    Shutdown,
+}
+
+/// What the engine wants done.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Publish a dispatch to its worker, then report `DispatchStored` or `DispatchFailed`.
+    Dispatch {
+        /// The worker.
+        worker: WorkerId,
+        /// The decision.
+        dispatch: Box<Dispatch>,
+    },
+    /// Store a dead-letter record of the message, then (when `addressable`) publish the
+    /// rejection result, then ack the message.
+    Reject(Box<Reject>),
+    /// Publish a result on a worker's behalf (the worker is gone or never answered).
+    PublishResult {
+        /// The result.
+        result: Box<ActionResult>,
+        /// Its encoding.
+        encoding: Encoding,
+    },
+    /// Ack an action message (its dispatch is durable, or it needs nothing more).
+    Ack(Delivery),
+    /// Hand an action message back for redelivery.
+    Nak(Delivery),
+    /// Tell JetStream the message is still being worked on.
+    Progress(Delivery),
+    /// Call `handle(Event::Tick, ..)` at this monotonic time at the latest.
+    WakeAt(u64),
+    /// Something worth counting (metrics).
+    Observe(Observation),
+}
+
+/// A rejected message and whom to tell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reject {
+    /// Its message.
+    pub delivery: Delivery,
+    /// The action id, when one could be read.
+    pub id: Option<String>,
+    /// The job, when one could be read.
+    pub job: Option<String>,
+    /// Encoding of the result.
+    pub encoding: Encoding,
+    /// Why.
+    pub rejection: Rejection,
+    /// The rejection result to publish after the dead-letter record, when the submitter can
+    /// be addressed.
+    pub result: Option<ActionResult>,
+}
+
+/// Metrics the engine reports; the service owns their names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// An action (or an undecodable message: `None`) was received.
+    Received(Option<ActionKind>),
+    /// A resubmission was dropped.
+    Duplicate,
+    /// A message was rejected, by code.
+    Rejected(&'static str),
+    /// A dispatch was stored, with the action's time in the queue.
+    Dispatched {
+        /// Kind.
+        kind: ActionKind,
+        /// Arrival to dispatch stored, seconds.
+        queued_s: f64,
+    },
+    /// A result was seen, by outcome label.
+    Result(&'static str),
+    /// A worker was declared lost.
+    WorkerLost,
+    /// One planning cycle.
+    Cycle {
+        /// Actions queued.
+        queued: usize,
+        /// Actions dispatching or running.
+        running: usize,
+        /// Workers alive.
+        workers: usize,
+    },
+    /// A reward action was routed.
+    GpuRoute {
+        /// Service.
+        service: String,
+        /// The route restores the replica.
+        restore: bool,
+        /// Replicas evicted for it.
+        evictions: usize,
+    },
+    /// GPUs in the fleet and GPUs resident.
+    Gpus {
+        /// All.
+        total: u32,
+        /// Held by resident replicas.
+        resident: u32,
+    },
+    /// A provider's state after admission.
+    Provider {
+        /// Provider.
+        name: String,
+        /// Adaptive rate, per second.
+        rate: f64,
+        /// In flight.
+        inflight: u32,
+        /// Waiting.
+        waiting: usize,
+    },
+    /// An api action was admitted.
+    ApiAdmitted {
+        /// Provider.
+        provider: String,
+        /// Job.
+        job: String,
+    },
+}
+
+/// How the engine is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// The scheduler's epoch, carried by every dispatch.
+    pub epoch: u64,
+    /// Policy name (see [`crate::policies::NAMES`]).
+    pub policy: String,
+    /// Cores per sandbox under `static`.
+    pub static_cores: u32,
+    /// Heartbeat periods a worker may miss before it is declared lost.
+    pub missed_heartbeats: u32,
+    /// After start, how long to wait for heartbeats before rejecting on cluster knowledge.
+    pub settle_ms: u64,
+    /// Jobs' weights for shares of external API quota.
+    pub job_weights: BTreeMap<String, f64>,
+    /// Validation limits.
+    pub limits: Limits,
+    /// In-progress acks for queued actions this often (inside the consumer's ack wait).
+    pub progress_every_ms: u64,
+    /// A running action with no result this long past its timeout is settled as lost.
+    pub result_grace_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            epoch: 1,
+            policy: "tangram".into(),
+            static_cores: crate::sim::STATIC_CORES,
+            missed_heartbeats: 3,
+            settle_ms: 2_000,
+            job_weights: BTreeMap::new(),
+            limits: Limits::default(),
+            // Short, so that actions held by a scheduler that died come back quickly; the
+            // consumer's ack wait is 10 s.
+            progress_every_ms: 3_000,
+            // Room for a replica restore or a slow worker on top of the action's own timeout.
+            result_grace_ms: 60_000,
+        }
+    }
+}
+
+/// A worker as the engine knows it.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerState {
+    pub(crate) hb: Heartbeat,
+    pub(crate) last_seen_ms: u64,
+}
+
+/// An external API provider: its pooled quota, what may be called, who can call it.
+#[derive(Debug, Clone)]
+pub(crate) struct Provider {
+    pub(crate) quota: crate::quota::Quota,
+    pub(crate) report: tangram_shared::ProviderReport,
+    pub(crate) workers: std::collections::BTreeSet<WorkerId>,
+}
+
+/// How many settled ids are remembered to recognise late results and resubmissions.
+const SETTLED_MEMORY: usize = 100_000;
+/// Recent results kept for the status report.
+const RECENT: usize = 2_000;
+
+/// The scheduler's brain. See the module docs.
+#[derive(Debug)]
+pub struct Engine {
+    pub(crate) config: EngineConfig,
+    pub(crate) policy: Box<dyn Policy>,
+    /// `static` (per-trajectory provisioning): each sandbox's fixed cores.
+    pub(crate) static_cores: Option<u32>,
+    pub(crate) learner: crate::learn::Learner,
+    pub(crate) started_ms: Option<u64>,
+    pub(crate) workers: BTreeMap<WorkerId, WorkerState>,
+    /// Every action not yet settled, with its lifecycle state.
+    pub(crate) actions: HashMap<ActionId, Entry>,
+    /// Queued actions in arrival order.
+    pub(crate) queue: Vec<ActionId>,
+    /// Settled ids, oldest first (bounded).
+    pub(crate) settled: VecDeque<ActionId>,
+    pub(crate) settled_set: std::collections::HashSet<ActionId>,
+    pub(crate) sandboxes: HashMap<SandboxKey, Sandbox>,
+    /// GPU services: residency, routing, LRU eviction.
+    pub(crate) eoe: crate::gpu::Eoe,
+    /// `static`: GPU services pinned.
+    pub(crate) pinned: bool,
+    pub(crate) providers: BTreeMap<String, Provider>,
+    /// `static`: per-trajectory slices of each provider's rate.
+    pub(crate) slices: HashMap<(tangram_shared::JobId, tangram_shared::TrajectoryId, String), crate::quota::Quota>,
+    /// Recent completed results, by kind, for the status report.
+    pub(crate) recent: VecDeque<(ActionKind, Timing)>,
+    /// Something changed since the last plan.
+    pub(crate) dirty: bool,
+    /// True once `settle_ms` has passed since the first event.
+    pub(crate) settled_in: bool,
+    /// When a rate-limited action can go next.
+    pub(crate) wake_at: Option<u64>,
+    pub(crate) out: Vec<Effect>,
+}
+
+impl Engine {
+    /// An engine with no workers and an empty queue. An unknown policy name falls back to
+    /// `tangram`: callers validate names first (the service's config does).
+    pub fn new(config: EngineConfig) -> Self {
+        let policy: Box<dyn Policy> = if config.policy == "static" {
+            Box::new(crate::policies::Static {
+                cores: config.static_cores,
+            })
+        } else {
+            crate::by_name(&config.policy).unwrap_or_else(|| Box::new(crate::Tangram::default()))
+        };
+        Self::with_policy(config, policy)
+    }
+
+    /// An engine running `policy` (its name in `config` is then only informative).
+    pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
+        let static_cores = policy.per_trajectory_cores();
+        Self {
+            config,
+            policy,
+            static_cores,
+            learner: crate::learn::Learner::new(),
+            started_ms: None,
+            workers: BTreeMap::new(),
+            actions: HashMap::new(),
+            queue: Vec::new(),
+            settled: VecDeque::new(),
+            settled_set: Default::default(),
+            sandboxes: HashMap::new(),
+            eoe: crate::gpu::Eoe::new(Vec::new()),
+            pinned: false,
+            providers: BTreeMap::new(),
+            slices: HashMap::new(),
+            recent: VecDeque::new(),
+            dirty: false,
+            settled_in: false,
+            wake_at: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// Applies one event and plans if anything changed.
+    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        self.handle_all(std::iter::once(event), now)
+    }
+
+    /// Applies a burst of events, then plans once (coalescing: one cycle per burst).
+    pub fn handle_all(&mut self, events: impl IntoIterator<Item = Event>, now: Now) -> Vec<Effect> {
+        let started = *self.started_ms.get_or_insert(now.ms);
+        if !self.settled_in && now.ms.saturating_sub(started) >= self.config.settle_ms {
+            self.settled_in = true;
+            self.dirty = true; // decide what was held back while settling
+        }
+        for event in events {
+            self.apply(event, now);
+        }
+        if self.dirty {
+            self.dirty = false;
+            self.cycle(now);
+        }
+        if let Some(at) = self.next_wake(now) {
+            self.out.push(Effect::WakeAt(at));
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn apply(&mut self, event: Event, now: Now) {
+        match event {
+            Event::Arrived(a) => self.on_arrived(*a, now),
+            Event::Bad(b) => self.on_bad(*b, now),
+            Event::Result(r) => self.on_result(*r, now),
+            Event::Heartbeat(hb) => self.on_heartbeat(*hb, now),
+            Event::DispatchStored { id, attempt } => self.on_dispatch_stored(&id, attempt, now),
+            Event::DispatchFailed { id, attempt, .. } => self.on_dispatch_failed(&id, attempt, now),
+            Event::Tick => self.on_tick(now),
+            Event::Shutdown => self.on_shutdown(),
+        }
+    }
+
+    /// The earliest time something is due: a rate-limited action, a deadline, a worker's
+    /// grace, an in-progress ack, the end of settling.
+    fn next_wake(&self, now: Now) -> Option<u64> {
+        let mut at = self.wake_at;
+        let mut earliest = |t: u64| at = Some(at.map_or(t, |a: u64| a.min(t)));
+        if !self.settled_in {
+            if let Some(s) = self.started_ms {
+                earliest(s + self.config.settle_ms);
+            }
+        }
+        for w in self.workers.values() {
+            earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);
+        }
+        for e in self.actions.values() {
+            if let Some(t) = e.due_ms(self.config.progress_every_ms) {
+                earliest(t);
+            }
+        }
+        at.map(|t| t.max(now.ms))
+    }
+
+    /// How long a worker may stay silent before it is declared lost.
+    pub(crate) fn grace_ms(&self, hb: &Heartbeat) -> u64 {
+        hb.interval_ms.max(100) * self.config.missed_heartbeats as u64
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Actions not yet settled (queued, dispatching or running).
+    pub fn unsettled(&self) -> usize {
+        self.actions.len()
+    }
+
+    /// An action's lifecycle state, if it is not settled.
+    pub fn state_of(&self, id: &ActionId) -> Option<&lifecycle::ActionState> {
+        self.actions.get(id).map(|e| &e.state)
+    }
+
+    /// True when this id was settled (and is still remembered).
+    pub fn is_settled(&self, id: &ActionId) -> bool {
+        self.settled_set.contains(id)
+    }
+
+    /// Queued actions, in arrival order.
+    pub fn queued(&self) -> &[ActionId] {
+        &self.queue
+    }
+
+    /// A sandbox's state.
+    pub fn sandbox(&self, job: &tangram_shared::JobId, trajectory: &tangram_shared::TrajectoryId) -> Option<&Sandbox> {
+        self.sandboxes.get(&(job.clone(), trajectory.clone()))
+    }
+
+    /// Cores, memory and GPU slots booked per worker by actions and sandboxes: what the
+    /// snapshot subtracts from the workers' capacity.
+    pub fn booked(&self) -> BTreeMap<WorkerId, (u32, u64)> {
+        self.used()
+            .into_iter()
+            .map(|(w, u)| (w.clone(), u))
+            .collect()
+    }
+
+    /// Workers known alive.
+    pub fn workers(&self) -> impl Iterator<Item = (&WorkerId, &Heartbeat)> {
+        self.workers.iter().map(|(id, w)| (id, &w.hb))
+    }
+
+    /// The GPU manager (read only).
+    pub fn gpus(&self) -> &crate::gpu::Eoe {
+        &self.eoe
+    }
+
+    /// Marks an id settled: remembered for late results and resubmissions.
+    pub(crate) fn remember_settled(&mut self, id: ActionId) {
+        if self.settled_set.insert(id.clone()) {
+            self.settled.push_back(id);
+            while self.settled.len() > SETTLED_MEMORY {
+                if let Some(old) = self.settled.pop_front() {
+                    self.settled_set.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn push_recent(&mut self, kind: ActionKind, timing: Timing) {
+        self.recent.push_back((kind, timing));
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+    }
+}
+
+/// The key under which an exec's elasticity is learned: its job and the program it runs
+/// (`argv[0]` without its directory, or the module for `python -m`).
+pub fn learn_key(action: &Action) -> Option<String> {
+    let tangram_shared::ActionSpec::SandboxExec(e) = &action.spec else {
+        return None;
+    };
+    let prog = e.argv.first()?.rsplit('/').next()?.to_string();
+    let tool = match (
+        prog.starts_with("python"),
+        e.argv.get(1).map(String::as_str),
+        e.argv.get(2),
+    ) {
+        (true, Some("-m"), Some(module)) => format!("{prog} -m {module}"),
+        _ => prog,
+    };
+    Some(format!("{}/{tool}", action.job))
+}

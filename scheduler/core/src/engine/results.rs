@@ -1,0 +1,288 @@
+//! Dispatch outcomes and results: the transitions out of `Dispatching` and `Running`, and
+//! settling (every booking given back exactly once).
+
+use super::lifecycle::{ActionState, Booking, Entry, SandboxState};
+use super::{Effect, Engine, Now, Observation};
+use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
+
+impl Engine {
+    pub(crate) fn on_dispatch_stored(&mut self, id: &ActionId, attempt: u32, now: Now) {
+        let Some(e) = self.actions.get_mut(id) else {
+            return; // settled already (its result came first)
+        };
+        let ActionState::Dispatching {
+            worker,
+            booking,
+            attempt: a,
+            ..
+        } = &e.state
+        else {
+            return;
+        };
+        if *a != attempt {
+            return;
+        }
+        let deadline_ms = now.ms
+            + e.action.timeout_ms
+            + self.config.result_grace_ms;
+        let kind = e.action.kind();
+        let queued_s = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;
+        e.state = ActionState::Running {
+            worker: worker.clone(),
+            booking: booking.clone(),
+            attempt,
+            stored_ms: now.ms,
+            deadline_ms,
+            unreported: 0,
+        };
+        // Only now, with the dispatch durable, is the action acknowledged.
+        self.out.push(Effect::Ack(e.delivery));
+        self.out
+            .push(Effect::Observe(Observation::Dispatched { kind, queued_s }));
+    }
+
+    /// The dispatch was not stored: forget the assumption, give the booking back, and queue
+    /// the action again in its arrival position (the next attempt gets a new number).
+    pub(crate) fn on_dispatch_failed(&mut self, id: &ActionId, attempt: u32, now: Now) {
+        let Some(e) = self.actions.get_mut(id) else {
+            return;
+        };
+        let ActionState::Dispatching {
+            worker,
+            booking,
+            attempt: a,
+            ..
+        } = &e.state
+        else {
+            return;
+        };
+        if *a != attempt {
+            return;
+        }
+        let (worker, booking) = (worker.clone(), booking.clone());
+        let arrived = e.arrived_ms;
+        let last_progress_ms = arrived;
+        e.state = ActionState::Queued { last_progress_ms };
+        let (job, trajectory, kind) = (
+            e.action.job.clone(),
+            e.action.trajectory.clone(),
+            e.action.kind(),
+        );
+        self.unbook(&job, &trajectory, &worker, &booking, Release::default(), now.ms);
+        let key = (job, trajectory);
+        match kind {
+            ActionKind::SandboxOpen => {
+                self.sandboxes.remove(&key);
+            }
+            ActionKind::SandboxClose => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.state = SandboxState::Open;
+                }
+            }
+            _ => {}
+        }
+        // Back into its place by arrival.
+        let pos = self
+            .queue
+            .partition_point(|q| self.actions.get(q).is_some_and(|x| x.arrived_ms <= arrived));
+        self.queue.insert(pos, id.clone());
+        self.dirty = true;
+    }
+
+    pub(crate) fn on_result(&mut self, r: ActionResult, now: Now) {
+        self.out
+            .push(Effect::Observe(Observation::Result(r.outcome.label())));
+        let Some(queued) = self
+            .actions
+            .get(&r.id)
+            .map(|e| matches!(e.state, ActionState::Queued { .. }))
+        else {
+            // A late or repeated result of a settled action (or of one this engine never
+            // saw): nothing is booked for it.
+            if !self.settled_set.contains(&r.id) {
+                if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
+                    self.push_recent(kind, r.timing);
+                }
+            }
+            return;
+        };
+        if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
+            self.push_recent(kind, r.timing);
+        }
+        if queued {
+            // Dispatched by an earlier scheduler that stopped before acking the action: the
+            // worker ran it; running it again would be a second effect.
+            let e = self.actions.remove(&r.id).expect("present");
+            self.queue.retain(|q| q != &r.id);
+            self.remember_settled(r.id.clone());
+            self.out.push(Effect::Ack(e.delivery));
+            self.dirty = true;
+            return;
+        }
+        let e = self.settle(&r.id, now).expect("present");
+        if matches!(e.state, ActionState::Dispatching { .. }) {
+            // The result came before the store's acknowledgement: the dispatch is durable.
+            self.out.push(Effect::Ack(e.delivery));
+        }
+        let Some((worker, booking)) = e.placed() else {
+            return;
+        };
+        if let (Some(k), Outcome::Completed { .. }, Some(p)) =
+            (super::learn_key(&e.action), &r.outcome, &r.placement)
+        {
+            self.learner.observe(&k, p.cores, r.timing.exec_us as f64 / 1e3);
+        }
+        let (job, trajectory) = (e.action.job.clone(), e.action.trajectory.clone());
+        let service_failed = matches!(
+            r.outcome,
+            Outcome::InfraError {
+                code: InfraCode::Service,
+                ..
+            }
+        );
+        let release = Release {
+            http_status: r.http.as_ref().map(|h| h.status),
+            timed_out: matches!(r.outcome, Outcome::TimedOut),
+            latency_ms: r.timing.exec_us / 1000,
+            gpu_idle_at_ms: now.ms,
+        };
+        self.unbook(&job, &trajectory, worker, booking, release, now.ms);
+        if let Some((service, chunk)) = &booking.gpu {
+            if let Some(i) = self.eoe.find(service, worker, *chunk) {
+                // `unbook` finished the slot; a failed replica is restarted asleep.
+                if service_failed {
+                    self.eoe.mark_evicted(i);
+                }
+            }
+            if r.service.as_ref().is_some_and(|u| u.restored) {
+                self.eoe.observe_restore(service, r.timing.overhead_us / 1000);
+            }
+        }
+        self.settle_sandbox(&e, &r.outcome);
+        self.dirty = true;
+    }
+
+    /// What a sandbox action's outcome means for its sandbox.
+    fn settle_sandbox(&mut self, e: &Entry, outcome: &Outcome) {
+        let key = (e.action.job.clone(), e.action.trajectory.clone());
+        match (e.action.kind(), outcome) {
+            (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.state = SandboxState::Open;
+                }
+            }
+            (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
+                self.sandboxes.remove(&key);
+                self.slices
+                    .retain(|(j, t, _), _| !(j == &key.0 && t == &key.1));
+            }
+            (
+                ActionKind::SandboxExec,
+                Outcome::InfraError {
+                    code: InfraCode::SandboxLost,
+                    ..
+                },
+            ) => {
+                self.sandboxes.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes an unsettled action out of the table (queue position included) and remembers
+    /// its id. Its booking is the caller's to give back.
+    pub(crate) fn settle(&mut self, id: &ActionId, _now: Now) -> Option<Entry> {
+        let e = self.actions.remove(id)?;
+        if matches!(e.state, ActionState::Queued { .. }) {
+            self.queue.retain(|q| q != id);
+        }
+        self.remember_settled(id.clone());
+        Some(e)
+    }
+
+    /// Gives a booking back: GPU slot and API quota. Cores and memory need nothing: they are
+    /// counted from the table, so they free themselves when the entry leaves or is requeued.
+    pub(crate) fn unbook(
+        &mut self,
+        job: &tangram_shared::JobId,
+        trajectory: &tangram_shared::TrajectoryId,
+        worker: &WorkerId,
+        booking: &Booking,
+        release: Release,
+        now_ms: u64,
+    ) {
+        if let Some(p) = &booking.provider {
+            self.release_quota(
+                job,
+                trajectory,
+                p,
+                release.http_status,
+                release.timed_out,
+                release.latency_ms,
+                now_ms,
+            );
+        }
+        if let Some((service, chunk)) = &booking.gpu {
+            if let Some(i) = self.eoe.find(service, worker, *chunk) {
+                self.eoe.finish(i, release.gpu_idle_at_ms);
+            }
+        }
+    }
+
+    /// Settles a launched action the worker will not report: publishes an infrastructure
+    /// error on its behalf (with the result's own `Nats-Msg-Id`, so a worker's result stored
+    /// first wins) and gives its booking back.
+    pub(crate) fn settle_lost(&mut self, id: &ActionId, code: InfraCode, reason: String, now: Now) {
+        let Some(e) = self.settle(id, now) else {
+            return;
+        };
+        let attempt = match &e.state {
+            ActionState::Dispatching { attempt, .. } | ActionState::Running { attempt, .. } => {
+                *attempt
+            }
+            ActionState::Queued { .. } => e.attempts,
+        };
+        if matches!(e.state, ActionState::Dispatching { .. }) {
+            self.out.push(Effect::Ack(e.delivery));
+        }
+        if let Some((worker, booking)) = e.placed() {
+            self.unbook(
+                &e.action.job,
+                &e.action.trajectory,
+                worker,
+                booking,
+                Release::default(),
+                now.ms,
+            );
+        }
+        let outcome = Outcome::InfraError { code, reason };
+        let mut result =
+            ActionResult::new(id.clone(), e.action.job.clone(), outcome.clone(), now.unix_us / 1000)
+                .for_action(&e.action, attempt);
+        result.timing = tangram_shared::Timing::new(
+            now.unix_us.saturating_sub(e.submitted_at_us),
+            0,
+            0,
+        );
+        self.settle_sandbox(&e, &outcome);
+        self.out.push(Effect::PublishResult {
+            result: Box::new(result),
+            encoding: e.encoding,
+        });
+        self.dirty = true;
+    }
+
+}
+
+/// How a booking is given back.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Release {
+    /// The provider's HTTP status, for the adaptive rate.
+    pub(crate) http_status: Option<u16>,
+    /// The call timed out (counts as overload).
+    pub(crate) timed_out: bool,
+    /// The call's latency, ms.
+    pub(crate) latency_ms: u64,
+    /// The replica counts as idle from then (0: never used by this action).
+    pub(crate) gpu_idle_at_ms: u64,
+}

@@ -1,0 +1,106 @@
+//! The status report (`tangram status`): a read of the engine's state, no decisions.
+
+use super::{Engine, Now};
+use std::collections::BTreeMap;
+use tangram_shared::stats::quantile;
+use tangram_shared::status::*;
+use tangram_shared::Timing;
+
+impl Engine {
+    /// The status report as of `now`.
+    pub fn status(&self, now: Now) -> Status {
+        let started = self.started_ms.unwrap_or(now.ms);
+        let mut st = Status {
+            epoch: self.config.epoch,
+            policy: self.config.policy.clone(),
+            uptime_s: now.ms.saturating_sub(started) as f64 / 1e3,
+            sandboxes: self.sandboxes.values().filter(|s| s.holds()).count(),
+            ..Default::default()
+        };
+        let snapshot = self.snapshot();
+        for (id, w) in &self.workers {
+            let view = snapshot.worker(id);
+            st.workers.push(WorkerStatus {
+                id: id.to_string(),
+                cores: w.hb.cores,
+                cores_used: view.map_or(0, |v| v.total_cores - v.free_cores),
+                mem_mb: w.hb.mem_mb,
+                mem_used_mb: view.map_or(0, |v| v.total_mem_mb - v.free_mem_mb),
+                gpus: w
+                    .hb
+                    .gpus
+                    .as_ref()
+                    .map_or(0, |g| g.groups.iter().map(|x| x.len() as u32).sum()),
+                gpu_source: w.hb.gpus.as_ref().map(|g| g.source.clone()),
+                last_seen_s: now.ms.saturating_sub(w.last_seen_ms) as f64 / 1e3,
+                draining: w.hb.draining,
+            });
+        }
+        for e in self.actions.values() {
+            let kind = e.action.kind().as_str().to_string();
+            match e.placed() {
+                None => *st.queued.entry(kind).or_default() += 1,
+                Some(_) => *st.running.entry(kind).or_default() += 1,
+            }
+        }
+        for s in self.eoe.services() {
+            let mut svc = ServiceStatus {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                ..Default::default()
+            };
+            for r in self.eoe.replicas().iter().filter(|r| r.service == s.name) {
+                svc.busy += r.busy;
+                if r.resident {
+                    svc.resident.push(format!(
+                        "{}:{}/{}+{}",
+                        r.node, r.chunk.group, r.chunk.start, r.chunk.len
+                    ));
+                }
+            }
+            st.services.push(svc);
+        }
+        for (name, p) in &self.providers {
+            let inflight = self
+                .actions
+                .values()
+                .filter_map(|e| e.placed())
+                .filter(|(_, b)| b.provider.as_deref() == Some(name.as_str()))
+                .count() as u32;
+            st.providers.push(ProviderStatus {
+                name: name.clone(),
+                rate_per_s: p.report.rate_per_s,
+                effective_rate_per_s: p.quota.effective_rate(),
+                inflight,
+                concurrency: p.report.concurrency,
+                admitted: p.quota.admitted().clone(),
+            });
+        }
+        let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();
+        for (k, t) in &self.recent {
+            by_kind.entry(k.as_str()).or_default().push(t);
+        }
+        for (k, ts) in by_kind {
+            let n = ts.len();
+            let mut acts: Vec<f64> = ts.iter().map(|t| t.act_us as f64 / 1e6).collect();
+            acts.sort_by(f64::total_cmp);
+            let mean = |f: &dyn Fn(&Timing) -> u64| {
+                ts.iter().map(|t| f(t) as f64).sum::<f64>() / n as f64 / 1e6
+            };
+            st.recent.insert(
+                k.to_string(),
+                ActStats {
+                    count: n,
+                    mean_s: acts.iter().sum::<f64>() / n as f64,
+                    p50_s: quantile(&acts, 0.5),
+                    p99_s: quantile(&acts, 0.99),
+                    queued_s: mean(&|t| t.queued_us),
+                    overhead_s: mean(&|t| t.overhead_us),
+                    exec_s: mean(&|t| t.exec_us),
+                },
+            );
+        }
+        st
+    }
+}

@@ -1,0 +1,241 @@
+//! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
+//! liveness, and what the engine does when a worker stops reporting an action or itself.
+
+use super::cycle::chunk_of;
+use super::lifecycle::{ActionState, Sandbox, SandboxKey, SandboxState};
+use super::{Effect, Engine, Now, Observation, Provider, WorkerState};
+use std::collections::HashSet;
+use tangram_shared::{ActionId, Heartbeat, InfraCode, WorkerId};
+
+/// Heartbeats in a row that must leave out a running action before it is settled as lost.
+const UNREPORTED_LIMIT: u8 = 2;
+
+impl Engine {
+    pub(crate) fn on_heartbeat(&mut self, hb: Heartbeat, now: Now) {
+        if hb.worker.check().is_err() {
+            return;
+        }
+        let known = self.workers.get(&hb.worker);
+        let restarted = known.is_some_and(|w| w.hb.instance != hb.instance);
+        let joined = known.is_none();
+        if restarted {
+            // The new instance removed its predecessor's containers: its sandboxes that it
+            // does not list are lost, except those still being opened by a dispatch it will run.
+            let listed: HashSet<SandboxKey> = hb
+                .sandboxes
+                .iter()
+                .map(|s| (s.job.clone(), s.trajectory.clone()))
+                .collect();
+            for (k, s) in self.sandboxes.iter_mut() {
+                if s.worker == hb.worker && s.state == SandboxState::Open && !listed.contains(k) {
+                    s.state = SandboxState::Lost;
+                }
+            }
+        }
+        self.on_gpu_report(&hb, restarted || joined, now);
+        self.on_providers(&hb, now);
+        if joined {
+            // Sandboxes a worker reports (after a scheduler restart) are adopted.
+            for s in &hb.sandboxes {
+                let key = (s.job.clone(), s.trajectory.clone());
+                let adopt = self
+                    .sandboxes
+                    .get(&key)
+                    .is_none_or(|x| x.state == SandboxState::Lost);
+                if adopt {
+                    self.sandboxes.insert(
+                        key,
+                        Sandbox {
+                            worker: hb.worker.clone(),
+                            mem_mb: s.mem_mb,
+                            cores: self.static_cores.unwrap_or(0),
+                            state: SandboxState::Open,
+                        },
+                    );
+                }
+            }
+        }
+        self.reconcile_running(&hb, now);
+        self.workers.insert(
+            hb.worker.clone(),
+            WorkerState {
+                hb,
+                last_seen_ms: now.ms,
+            },
+        );
+        self.dirty = true;
+    }
+
+    /// The heartbeat's `running` list against the running set: an action the worker has not
+    /// listed in [`UNREPORTED_LIMIT`] heartbeats in a row (counting only heartbeats from a
+    /// grace after its dispatch was stored, so a dispatch still on its way is not missed)
+    /// and that never settled is resolved as lost: it holds no capacity past that.
+    fn reconcile_running(&mut self, hb: &Heartbeat, now: Now) {
+        let listed: HashSet<&ActionId> = hb.running.iter().collect();
+        let grace = self.grace_ms(hb);
+        let mut lost = Vec::new();
+        for (id, e) in self.actions.iter_mut() {
+            let ActionState::Running {
+                worker,
+                stored_ms,
+                unreported,
+                ..
+            } = &mut e.state
+            else {
+                continue;
+            };
+            if worker != &hb.worker {
+                continue;
+            }
+            if listed.contains(id) {
+                *unreported = 0;
+            } else if now.ms >= *stored_ms + grace {
+                *unreported += 1;
+                if *unreported >= UNREPORTED_LIMIT {
+                    lost.push(id.clone());
+                }
+            }
+        }
+        lost.sort();
+        for id in lost {
+            let reason = format!(
+                "worker {} no longer reports this action and no result came for it",
+                hb.worker
+            );
+            self.settle_lost(&id, InfraCode::WorkerLost, reason, now);
+        }
+    }
+
+    /// GPU inventory and services from a heartbeat. The engine's view of residency is
+    /// authoritative while a worker instance lives; a new instance's report replaces it.
+    fn on_gpu_report(&mut self, hb: &Heartbeat, fresh: bool, now: Now) {
+        for s in &hb.services {
+            self.eoe.declare(crate::gpu::ServiceSpec {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                slots: s.slots.max(1),
+            });
+        }
+        let Some(inv) = &hb.gpus else {
+            if fresh {
+                self.eoe.remove_node(&hb.worker);
+            }
+            return;
+        };
+        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
+        if fresh {
+            self.eoe.remove_node(&hb.worker);
+        }
+        self.eoe.set_node(&hb.worker, &sizes, !hb.draining);
+        if fresh {
+            for s in &hb.services {
+                for r in &s.replicas {
+                    self.eoe
+                        .adopt(&s.name, &hb.worker, chunk_of(r.chunk), r.resident, now.ms);
+                }
+            }
+        }
+        let (total, resident) = self.eoe.gpus();
+        self.out
+            .push(Effect::Observe(Observation::Gpus { total, resident }));
+    }
+
+    fn on_providers(&mut self, hb: &Heartbeat, now: Now) {
+        for p in self.providers.values_mut() {
+            p.workers.remove(&hb.worker);
+        }
+        for r in &hb.providers {
+            let spec = crate::quota::ProviderQuota {
+                name: r.name.clone(),
+                rate_per_s: r.rate_per_s,
+                burst: r.burst,
+                concurrency: r.concurrency,
+                slow_ms: r.slow_ms,
+            };
+            let p = self
+                .providers
+                .entry(r.name.clone())
+                .or_insert_with(|| Provider {
+                    quota: crate::quota::Quota::new(spec.clone(), now.ms),
+                    report: r.clone(),
+                    workers: Default::default(),
+                });
+            p.quota.redeclare(spec, now.ms);
+            p.report = r.clone();
+            p.workers.insert(hb.worker.clone());
+        }
+    }
+
+    pub(crate) fn on_tick(&mut self, now: Now) {
+        let lost: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| now.ms.saturating_sub(w.last_seen_ms) > self.grace_ms(&w.hb))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for worker in lost {
+            self.worker_lost(&worker, now);
+        }
+        // Deadlines: a running action with no result long past its timeout.
+        let mut overdue: Vec<(ActionId, WorkerId)> = Vec::new();
+        for (id, e) in self.actions.iter_mut() {
+            match &mut e.state {
+                ActionState::Queued { last_progress_ms }
+                    if now.ms >= *last_progress_ms + self.config.progress_every_ms =>
+                {
+                    *last_progress_ms = now.ms;
+                    self.out.push(Effect::Progress(e.delivery));
+                }
+                ActionState::Running {
+                    worker,
+                    deadline_ms,
+                    ..
+                } if now.ms >= *deadline_ms => overdue.push((id.clone(), worker.clone())),
+                _ => {}
+            }
+        }
+        overdue.sort();
+        for (id, worker) in overdue {
+            let reason = format!(
+                "no result from worker {worker} within the action's timeout plus {} s",
+                self.config.result_grace_ms / 1000
+            );
+            self.settle_lost(&id, InfraCode::WorkerLost, reason, now);
+        }
+        // Actions a rate limit held back may go now.
+        if self.wake_at.is_some_and(|t| t <= now.ms) {
+            self.wake_at = None;
+            self.dirty = true;
+        }
+    }
+
+    /// A worker went silent past its grace: its sandboxes are lost, its GPUs and providers
+    /// leave the pool, and everything launched there is settled with an infrastructure error.
+    pub(crate) fn worker_lost(&mut self, worker: &WorkerId, now: Now) {
+        self.out.push(Effect::Observe(Observation::WorkerLost));
+        self.workers.remove(worker);
+        for s in self.sandboxes.values_mut() {
+            if &s.worker == worker {
+                s.state = SandboxState::Lost;
+            }
+        }
+        self.eoe.remove_node(worker);
+        for p in self.providers.values_mut() {
+            p.workers.remove(worker);
+        }
+        let mut ids: Vec<ActionId> = self
+            .actions
+            .iter()
+            .filter(|(_, e)| e.placed().is_some_and(|(w, _)| w == worker))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        for id in ids {
+            let reason =
+                format!("worker {worker} stopped sending heartbeats while running this action");
+            self.settle_lost(&id, InfraCode::WorkerLost, reason, now);
+        }
+        self.dirty = true;
+    }
+}

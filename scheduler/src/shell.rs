@@ -1,0 +1,308 @@
+//! The state task: the one owner of the engine. It turns inputs into engine events, runs the
+//! engine once per burst, and carries its effects out without awaiting NATS round trips
+//! itself: dispatches go to the dispatcher, rejections and results to tracked tasks, acks to
+//! the acker. It holds each action message until the engine acks, naks or rejects it.
+
+use crate::dispatcher::Outgoing;
+use crate::metrics as m;
+use async_nats::jetstream::{self, AckKind};
+use async_nats::HeaderMap;
+use std::collections::HashMap;
+use std::time::Duration;
+use tangram_core::engine::{Delivery, Observation, Reject};
+use tangram_core::{Effect, Engine, Event, Now};
+use tangram_shared::codec::Encoding;
+use tangram_shared::{subject, ActionResult};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn, Instrument};
+
+/// Dead-letter records keep at most this much of the original payload.
+const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
+
+/// What the other tasks send the state task.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// An action message and what the intake made of it.
+    Message(Box<jetstream::Message>, Event),
+    /// Anything else for the engine.
+    Engine(Event),
+    /// Someone asked for the status report.
+    Status(oneshot::Sender<tangram_shared::status::Status>),
+}
+
+/// Ack-type replies to action messages, sent in order by one task.
+#[derive(Debug)]
+enum Reply {
+    Ack(Box<jetstream::Message>),
+    Nak(Box<jetstream::Message>),
+    Progress(Box<jetstream::Message>),
+}
+
+/// The engine's clock: monotonic since start, and wall time for result timestamps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    start: Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+    pub(crate) fn now(&self) -> Now {
+        Now {
+            ms: self.start.elapsed().as_millis() as u64,
+            unix_us: unix_us(),
+        }
+    }
+    fn at(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+}
+
+pub(crate) struct Shell {
+    engine: Engine,
+    clock: Clock,
+    js: jetstream::Context,
+    /// Action messages the engine has not finished with, by delivery (stream sequence).
+    messages: HashMap<Delivery, Box<jetstream::Message>>,
+    dispatches: mpsc::UnboundedSender<Outgoing>,
+    replies: mpsc::UnboundedSender<Reply>,
+    replies_rx: Option<mpsc::UnboundedReceiver<Reply>>,
+    tasks: TaskTracker,
+    wake_at: Option<u64>,
+}
+
+impl Shell {
+    pub(crate) fn new(
+        engine: Engine,
+        js: jetstream::Context,
+        dispatches: mpsc::UnboundedSender<Outgoing>,
+        tasks: TaskTracker,
+    ) -> Self {
+        let (replies, replies_rx) = mpsc::unbounded_channel();
+        Self {
+            engine,
+            clock: Clock::new(),
+            js,
+            messages: HashMap::new(),
+            dispatches,
+            replies,
+            replies_rx: Some(replies_rx),
+            tasks,
+            wake_at: None,
+        }
+    }
+
+    pub(crate) async fn run(&mut self, mut rx: mpsc::Receiver<Input>, shutdown: CancellationToken) {
+        if let Some(rx) = self.replies_rx.take() {
+            self.tasks
+                .spawn(replier(rx).instrument(tracing::info_span!("acks")));
+        }
+        let mut burst: Vec<Event> = Vec::new();
+        loop {
+            let wake = self.wake_at.map(|ms| self.clock.at(ms));
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                input = rx.recv() => match input { Some(i) => Some(i), None => break },
+                _ = async {
+                    match wake {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                } => None,
+            };
+            burst.clear();
+            if let Some(input) = first {
+                self.take(input, &mut burst);
+            } else {
+                self.wake_at = None;
+                burst.push(Event::Tick);
+            }
+            // Coalesce a burst: what is already waiting is decided in one cycle.
+            while burst.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(input) => self.take(input, &mut burst),
+                    Err(_) => break,
+                }
+            }
+            if burst.is_empty() {
+                continue;
+            }
+            let t0 = Instant::now();
+            let effects = self.engine.handle_all(burst.drain(..), self.clock.now());
+            m::cycle_seconds(t0.elapsed().as_secs_f64());
+            self.apply(effects);
+        }
+        let effects = self.engine.handle(Event::Shutdown, self.clock.now());
+        self.apply(effects);
+    }
+
+    fn take(&mut self, input: Input, burst: &mut Vec<Event>) {
+        match input {
+            Input::Message(msg, event) => {
+                let delivery = match &event {
+                    Event::Arrived(a) => a.delivery,
+                    Event::Bad(b) => b.delivery,
+                    _ => return,
+                };
+                // A redelivery replaces the message the ack is expected on.
+                self.messages.insert(delivery, msg);
+                burst.push(event);
+            }
+            Input::Engine(event) => burst.push(event),
+            Input::Status(reply) => {
+                let _ = reply.send(self.engine.status(self.clock.now()));
+            }
+        }
+    }
+
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Dispatch { worker, dispatch } => {
+                    let _ = self.dispatches.send(Outgoing { worker, dispatch });
+                }
+                Effect::Ack(d) => self.reply(d, Reply::Ack),
+                Effect::Nak(d) => self.reply(d, Reply::Nak),
+                Effect::Progress(d) => {
+                    if let Some(msg) = self.messages.get(&d) {
+                        let _ = self.replies.send(Reply::Progress(msg.clone()));
+                    }
+                }
+                Effect::Reject(r) => {
+                    let Some(msg) = self.messages.remove(&r.delivery) else {
+                        continue;
+                    };
+                    let js = self.js.clone();
+                    self.tasks.spawn(
+                        reject(js, msg, r).instrument(tracing::info_span!("reject")),
+                    );
+                }
+                Effect::PublishResult { result, encoding } => {
+                    let js = self.js.clone();
+                    self.tasks.spawn(
+                        async move { publish_result(&js, &result, encoding).await }
+                            .instrument(tracing::info_span!("result")),
+                    );
+                }
+                Effect::WakeAt(ms) => self.wake_at = Some(ms),
+                Effect::Observe(o) => observe(o),
+            }
+        }
+    }
+
+    fn reply(&mut self, d: Delivery, make: fn(Box<jetstream::Message>) -> Reply) {
+        if let Some(msg) = self.messages.remove(&d) {
+            let _ = self.replies.send(make(msg));
+        }
+    }
+}
+
+/// Wall-clock time, for the timestamps written into results.
+#[allow(clippy::disallowed_methods)] // wall time is what a timestamp is
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Sends acks in the order the engine decided them; each is one publish, no round trip.
+async fn replier(mut rx: mpsc::UnboundedReceiver<Reply>) {
+    while let Some(reply) = rx.recv().await {
+        let (msg, kind) = match reply {
+            Reply::Ack(m) => (m, AckKind::Ack),
+            Reply::Nak(m) => (m, AckKind::Nak(None)),
+            Reply::Progress(m) => (m, AckKind::Progress),
+        };
+        let sent = tokio::time::timeout(Duration::from_secs(1), msg.ack_with(kind)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            warn!(subject = %msg.subject, "ack not sent; the action may be redelivered (and deduplicated)");
+        }
+    }
+}
+
+fn observe(o: Observation) {
+    match o {
+        Observation::Received(kind) => m::received(kind.map_or("unknown", |k| k.as_str())),
+        Observation::Duplicate => m::duplicate(),
+        Observation::Rejected(code) => m::rejected(code),
+        Observation::Dispatched { kind, queued_s } => m::dispatched(kind.as_str(), queued_s),
+        Observation::Result(outcome) => m::result(outcome),
+        Observation::WorkerLost => {
+            warn!("worker lost: no heartbeat within the grace period");
+            m::worker_lost()
+        }
+        Observation::Cycle {
+            queued,
+            running,
+            workers,
+        } => m::gauges(queued, running, workers),
+        Observation::GpuRoute {
+            service,
+            restore,
+            evictions,
+        } => m::gpu_route(&service, restore, evictions),
+        Observation::Gpus { total, resident } => m::gpus(total, resident),
+        Observation::Provider {
+            name,
+            rate,
+            inflight,
+            waiting,
+        } => m::provider(&name, rate, inflight, waiting),
+        Observation::ApiAdmitted { provider, job } => m::api_admitted(&provider, &job),
+    }
+}
+
+/// Stores the dead-letter record, then tells the submitter (when it can be addressed), then
+/// acks the message: whoever sees a rejection can find it in the dead-letter stream.
+async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Reject>) {
+    info!(subject = %msg.subject, code = r.rejection.code.as_str(), reason = %r.rejection.reason, "action rejected");
+    let mut headers = HeaderMap::new();
+    headers.insert(subject::HEADER_DLQ_CODE, r.rejection.code.as_str());
+    // Header values cannot hold line breaks.
+    let reason: String = r
+        .rejection
+        .reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
+    headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
+    if let Some(id) = &r.id {
+        let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
+        headers.insert("Tangram-Action-Id", id.as_str());
+    }
+    headers.insert(subject::HEADER_CONTENT_TYPE, r.encoding.content_type());
+    let payload = msg
+        .payload
+        .slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
+    match js
+        .publish_with_headers(subject::deadletter(r.rejection.code), headers, payload)
+        .await
+    {
+        Ok(f) => {
+            if let Err(e) = f.await {
+                warn!(error = %e, "dead-letter publish not acknowledged");
+            }
+        }
+        Err(e) => warn!(error = %e, "dead-letter publish failed"),
+    }
+    if let Some(result) = &r.result {
+        publish_result(&js, result, r.encoding).await;
+    }
+    if let Err(e) = msg.ack().await {
+        warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");
+    }
+}
+
+async fn publish_result(js: &jetstream::Context, result: &ActionResult, encoding: Encoding) {
+    if let Err(e) = tangram_nats::publish_result(js, result, encoding, 3).await {
+        warn!(action = %result.id, error = %e, "result lost");
+    }
+}
