@@ -1,0 +1,242 @@
+//! Property tests: random event sequences (arrivals, dispatch outcomes, results,
+//! heartbeats, worker loss and restarts, time) against the engine's invariants.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::{BTreeMap as Map, BTreeSet};
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Trajectory `t` sends its next action (open, exec or close by its state).
+    Submit { t: usize, min: u32, max: u32 },
+    /// The `k`-th dispatch handed out is stored (or fails).
+    Store { k: usize, ok: bool },
+    /// The `k`-th action a worker runs completes.
+    Finish { k: usize },
+    /// Worker `w` reports (alive workers only).
+    Beat { w: usize },
+    /// Worker `w` dies: no more heartbeats or results.
+    Kill { w: usize },
+    /// Worker `w` comes back as a new instance, with nothing running.
+    Restart { w: usize },
+    /// Time passes.
+    Wait { ms: u64 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..6usize, 1..3u32, 0..4u32).prop_map(|(t, min, extra)| Step::Submit { t, min, max: min + extra }),
+        3 => (0..8usize, prop::bool::weighted(0.85)).prop_map(|(k, ok)| Step::Store { k, ok }),
+        3 => (0..8usize).prop_map(|k| Step::Finish { k }),
+        3 => (0..3usize).prop_map(|w| Step::Beat { w }),
+        1 => (0..3usize).prop_map(|w| Step::Kill { w }),
+        1 => (0..3usize).prop_map(|w| Step::Restart { w }),
+        2 => (1..4_000u64).prop_map(|ms| Step::Wait { ms }),
+    ]
+}
+
+const WORKERS: [(&str, u32, u64); 3] = [("w0", 4, 2048), ("w1", 2, 1024), ("w2", 8, 4096)];
+
+/// The world around the engine: workers that run what was stored, and a ledger of how each
+/// accepted action ended.
+struct World {
+    h: Harness,
+    alive: [bool; 3],
+    /// Dispatches handed out, not yet stored or failed.
+    handed: Vec<(String, Dispatch)>,
+    /// Stored dispatches the workers run: (worker, dispatch).
+    running: Vec<(String, Dispatch)>,
+    /// Per trajectory: how many actions it sent.
+    sent: Map<usize, u32>,
+    /// Accepted ids and how many times each ended (a result it was settled by).
+    ends: Map<ActionId, u32>,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            h: Harness::new(&WORKERS),
+            alive: [true; 3],
+            handed: vec![],
+            running: vec![],
+            sent: Map::new(),
+            ends: Map::new(),
+        }
+    }
+
+    fn absorb(&mut self, fx: Vec<Effect>) {
+        for e in fx {
+            match e {
+                Effect::Dispatch { worker, dispatch } => {
+                    self.handed.push((worker.to_string(), *dispatch))
+                }
+                Effect::PublishResult { result, .. } => {
+                    *self.ends.entry(result.id.clone()).or_default() += 1;
+                }
+                Effect::Reject(r) => {
+                    if let Some(id) = r.id.as_deref().and_then(|i| ActionId::new(i).ok()) {
+                        *self.ends.entry(id).or_default() += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn apply(&mut self, s: Step) {
+        let fx = match s {
+            Step::Submit { t, min, max } => {
+                let n = self.sent.entry(t).or_default();
+                *n += 1;
+                let traj = format!("t{t}");
+                let id = format!("t{t}-{n}");
+                let a = match *n % 6 {
+                    1 => open(&id, "j", &traj),
+                    0 => close(&id, "j", &traj),
+                    _ => exec(&id, "j", &traj, min, max),
+                };
+                self.ends.entry(a.id.clone()).or_default();
+                self.h.arrive(a).1
+            }
+            Step::Store { k, ok } => {
+                if self.handed.is_empty() {
+                    return;
+                }
+                let (w, d) = self.handed.remove(k % self.handed.len());
+                if ok {
+                    let fx = self.h.stored(&d);
+                    let wi = WORKERS.iter().position(|x| x.0 == w).unwrap();
+                    if self.alive[wi] {
+                        self.running.push((w, d));
+                    }
+                    fx
+                } else {
+                    self.h.step(Event::DispatchFailed {
+                        id: d.action.id.clone(),
+                        attempt: d.attempt,
+                        error: "test".into(),
+                    })
+                }
+            }
+            Step::Finish { k } => {
+                if self.running.is_empty() {
+                    return;
+                }
+                let (w, d) = self.running.remove(k % self.running.len());
+                let unsettled = self.h.engine.state_of(&d.action.id).is_some();
+                let fx = self.h.complete(&d, &w);
+                if unsettled {
+                    *self.ends.entry(d.action.id.clone()).or_default() += 1;
+                }
+                fx
+            }
+            Step::Beat { w } => {
+                if !self.alive[w] {
+                    return;
+                }
+                let (name, cores, mem) = WORKERS[w];
+                let running: Vec<String> = self
+                    .running
+                    .iter()
+                    .filter(|(x, _)| x == name)
+                    .map(|(_, d)| d.action.id.to_string())
+                    .collect();
+                let running: Vec<&str> = running.iter().map(String::as_str).collect();
+                self.h.heartbeat(name, cores, mem, &running, &[])
+            }
+            Step::Kill { w } => {
+                self.alive[w] = false;
+                let name = WORKERS[w].0;
+                self.running.retain(|(x, _)| x != name);
+                return;
+            }
+            Step::Restart { w } => {
+                self.alive[w] = true;
+                let name = WORKERS[w].0;
+                self.running.retain(|(x, _)| x != name);
+                let inst = format!("i{}", self.h.now);
+                self.h.instance.insert(name.to_string(), inst);
+                let (_, cores, mem) = WORKERS[w];
+                self.h.heartbeat(name, cores, mem, &[], &[])
+            }
+            Step::Wait { ms } => self.h.advance(ms),
+        };
+        self.absorb(fx);
+    }
+
+    fn check_capacity(&self) -> Result<(), TestCaseError> {
+        let booked = self.h.engine.booked();
+        for (id, hb) in self.h.engine.workers() {
+            let (cores, mem) = booked.get(id).copied().unwrap_or_default();
+            prop_assert!(cores <= hb.cores, "{id}: {cores} cores booked of {}", hb.cores);
+            prop_assert!(mem <= hb.mem_mb, "{id}: {mem} MiB booked of {}", hb.mem_mb);
+        }
+        Ok(())
+    }
+
+    /// Ends the run: every handed dispatch stored, every live worker finishes and keeps
+    /// reporting, time runs past every deadline.
+    fn drain(&mut self) {
+        for _ in 0..200 {
+            if self.h.engine.unsettled() == 0 {
+                break;
+            }
+            while !self.handed.is_empty() {
+                self.apply(Step::Store { k: 0, ok: true });
+            }
+            while !self.running.is_empty() {
+                self.apply(Step::Finish { k: 0 });
+            }
+            // Queued actions that can never run now (their worker died) wait for capacity;
+            // the trajectories close: every queued action is given time.
+            for w in 0..3 {
+                self.apply(Step::Beat { w });
+            }
+            self.apply(Step::Wait { ms: 1_000 });
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn capacity_holds_every_action_ends_once_and_nothing_outlives_its_worker(
+        steps in prop::collection::vec(step(), 1..120)
+    ) {
+        let mut world = World::new();
+        for s in steps {
+            world.apply(s);
+            world.check_capacity()?;
+        }
+        // Nothing stays placed on a worker that stopped reporting, once its grace is over.
+        world.apply(Step::Wait { ms: 5_000 });
+        for _ in 0..3 {
+            for w in 0..3 { world.apply(Step::Beat { w }); }
+            world.apply(Step::Wait { ms: 1_000 });
+        }
+        let dead: BTreeSet<String> = WORKERS
+            .iter()
+            .zip(world.alive)
+            .filter(|(_, a)| !a)
+            .map(|(w, _)| w.0.to_string())
+            .collect();
+        for (id, _) in world.h.engine.workers() {
+            prop_assert!(!dead.contains(id.as_str()), "{id} is dead but still in the cluster");
+        }
+        // Bring every worker back and let everything finish: every accepted action must
+        // end exactly once (a worker's result, a rejection, or a result published for it).
+        for w in 0..3 {
+            if !world.alive[w] {
+                world.apply(Step::Restart { w });
+            }
+        }
+        world.drain();
+        for (id, n) in &world.ends {
+            let state = world.h.engine.state_of(id);
+            prop_assert!(state.is_none(), "{id} never settled: {state:?}");
+            prop_assert!(world.h.engine.is_settled(id));
+            prop_assert_eq!(*n, 1, "{} ended {} times", id, n);
+        }
+    }
+}
