@@ -14,6 +14,9 @@ use tangram_shared::Grant;
 pub struct FcfsFirstFit;
 
 impl Policy for FcfsFirstFit {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "fcfs-first-fit"
     }

@@ -359,4 +359,6 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn per_task_pools(&self) -> bool {
         false
     }
+    /// A boxed copy (the engine owns its policy; callers may hold theirs by reference).
+    fn boxed(&self) -> Box<dyn Policy>;
 }

@@ -299,7 +299,17 @@ fn select<'a>(
             .clone()
             .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem)
             .filter(|&w| !extra || book.fits(p, w))
-            .max_by(|&a, &b| free[a].0.cmp(&free[b].0).then(b.cmp(&a)));
+            .max_by(|&a, &b| {
+                let cores = free[a].0.cmp(&free[b].0);
+                // Memory-only actions (sandbox opens) spread by free memory, so that a burst
+                // of opens does not pile onto the first worker while cores are all free.
+                let primary = if need_cores == 0 {
+                    free[a].1.cmp(&free[b].1).then(cores)
+                } else {
+                    cores
+                };
+                primary.then(b.cmp(&a))
+            });
         match fit {
             Some(w) => {
                 free[w].0 -= need_cores;
@@ -398,6 +408,9 @@ impl Default for Tangram {
 }
 
 impl Policy for Tangram {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "tangram"
     }
@@ -627,6 +640,9 @@ pub struct FixedDop {
 }
 
 impl Policy for FixedDop {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         self.name
     }
@@ -662,6 +678,9 @@ pub struct Static {
 }
 
 impl Policy for Static {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "static"
     }
@@ -684,6 +703,9 @@ impl Policy for Static {
 pub struct KubeFirstFit;
 
 impl Policy for KubeFirstFit {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "first-fit"
     }
@@ -703,6 +725,9 @@ impl Policy for KubeFirstFit {
 pub struct EqualSplit;
 
 impl Policy for EqualSplit {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "equal-split"
     }
@@ -762,6 +787,9 @@ pub struct PerTask {
 }
 
 impl Policy for PerTask {
+    fn boxed(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
     fn name(&self) -> &'static str {
         "per-task"
     }

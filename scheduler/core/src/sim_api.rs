@@ -3,11 +3,11 @@
 //! trajectories ([`crate::quota::Quota`], the scheduler's own code) or sliced evenly per
 //! trajectory (the per-trajectory limiters frameworks use today, the paper's baseline).
 
-use crate::gpu::{Eoe, ServiceSpec};
-use crate::quota::{ProviderQuota, Quota};
-use crate::sim::{ActionRecord, Rng, SimReport, Timed};
-use std::collections::{BinaryHeap, VecDeque};
-use tangram_shared::WorkerId;
+use crate::elastic::Speedup;
+use crate::gpu::ServiceSpec;
+use crate::quota::ProviderQuota;
+use crate::sim::{Rng, SimAction, SimCall, SimReport, SimStep, SimTrajectory, Workload};
+use tangram_shared::CpuRange;
 
 /// What a step calls.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,214 +68,82 @@ pub enum QuotaMode {
     PerTrajectory,
 }
 
-type Ev = Timed<EvKind>;
-#[derive(Debug, PartialEq)]
-enum EvKind {
-    Arrive(usize),
-    Done {
-        t: usize,
-        search: bool,
-        replica: usize,
-    },
-    Retry(Option<usize>),
+impl ApiWorkload {
+    /// The same trajectories as the simulator's general workload.
+    fn to_workload(&self) -> Workload {
+        Workload {
+            trajectories: self
+                .trajectories
+                .iter()
+                .enumerate()
+                .map(|(i, t)| SimTrajectory {
+                    job: t.job.clone(),
+                    id: format!("t{i}"),
+                    start_ms: t.start_ms,
+                    steps: t
+                        .steps
+                        .iter()
+                        .map(|s| {
+                            let (call, t1_ms) = match s.call {
+                                ApiCall::Search { latency_ms } => (
+                                    SimCall::Api {
+                                        provider: self.provider.name.clone(),
+                                    },
+                                    latency_ms,
+                                ),
+                                ApiCall::Judge { exec_ms } => (
+                                    SimCall::Reward {
+                                        service: self.judge.name.clone(),
+                                    },
+                                    exec_ms,
+                                ),
+                            };
+                            SimStep {
+                                think_ms: s.think_ms,
+                                action: SimAction {
+                                    call,
+                                    tool: "call".into(),
+                                    cores: CpuRange { min: 1, max: 1 },
+                                    t1_ms,
+                                    speedup: Speedup::Amdahl(0.0),
+                                },
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+            services: vec![self.judge.clone()],
+            gpus: self.gpus.clone(),
+            providers: vec![self.provider.clone()],
+            ..Default::default()
+        }
+    }
 }
 
-/// Runs the workload with the quota shared as `mode` says.
+/// Runs the workload with the quota shared as `mode` says, through the scheduler's decision
+/// engine: `Pooled` is the `tangram` policy (one pooled quota, the judge under
+/// Evict-on-Execution), `PerTrajectory` the `static` baseline (rate / N per trajectory, the
+/// judge pinned on the GPUs).
 pub fn simulate_api(w: &ApiWorkload, mode: QuotaMode, name: &str) -> SimReport {
-    let n = w.trajectories.len().max(1);
-    let mut pooled = Quota::new(w.provider.clone(), 0);
-    let slice = ProviderQuota {
-        name: w.provider.name.clone(),
-        rate_per_s: w.provider.rate_per_s / n as f64,
-        // A slice of one token: Quota keeps at least one token of headroom below a burst of 2.
-        burst: 2,
-        concurrency: u32::MAX,
-        slow_ms: None,
+    let policy = match mode {
+        QuotaMode::Pooled => "tangram",
+        QuotaMode::PerTrajectory => "static",
     };
-    let mut slices: Vec<Quota> = match mode {
-        QuotaMode::Pooled => Vec::new(),
-        QuotaMode::PerTrajectory => (0..w.trajectories.len())
-            .map(|_| Quota::new(slice.clone(), 0))
-            .collect(),
-    };
-    let mut eoe = Eoe::new([w.judge.clone()]);
-    for (i, g) in w.gpus.iter().enumerate() {
-        eoe.set_node(&WorkerId::new(format!("g{i}")).expect("id"), g, true);
-    }
-    let gpus: u32 = w.gpus.iter().flatten().map(|&g| g as u32).sum();
-    eoe.pin(gpus);
-    let mut heap = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut push = |heap: &mut BinaryHeap<Ev>, at: f64, kind: EvKind| {
-        heap.push(Ev {
-            at_ms: at,
-            seq,
-            kind,
-        });
-        seq += 1;
-    };
-    let mut next = vec![0usize; w.trajectories.len()];
-    let mut due = vec![0f64; w.trajectories.len()];
-    for (i, t) in w.trajectories.iter().enumerate() {
-        if let Some(s) = t.steps.first() {
-            push(&mut heap, t.start_ms + s.think_ms, EvKind::Arrive(i));
-        }
-    }
-    let mut search_q: VecDeque<usize> = VecDeque::new();
-    let mut judge_q: VecDeque<usize> = VecDeque::new();
-    let mut retry_pending = false;
-    let mut inflight = 0u32;
-    let mut slice_retry = vec![false; w.trajectories.len()];
-    let mut report = SimReport {
-        policy: name.to_string(),
-        actions: Vec::new(),
-        step_time_ms: 0.0,
-        reserved_core_ms: 0.0,
-        used_core_ms: 0.0,
-        utilisation: Vec::new(),
-        pool_cores: w.provider.concurrency,
-        unit: "api",
-    };
-    let first = w
+    let policy = crate::by_name(policy).expect("a built-in policy");
+    let workload = w.to_workload();
+    let (mut report, _) =
+        crate::sim::run_stats(&workload, policy.as_ref(), crate::sim::Elasticity::Oracle);
+    report.policy = name.to_string();
+    report.unit = "api";
+    report.pool_cores = w.provider.concurrency;
+    report.reserved_core_ms = 0.0;
+    // One unit of work per search call.
+    report.used_core_ms = w
         .trajectories
         .iter()
-        .map(|t| t.start_ms)
-        .fold(f64::INFINITY, f64::min);
-    let mut last_end = 0f64;
-    while let Some(ev) = heap.pop() {
-        let now = ev.at_ms;
-        match ev.kind {
-            EvKind::Arrive(t) => {
-                due[t] = now;
-                match w.trajectories[t].steps[next[t]].call {
-                    ApiCall::Search { .. } => search_q.push_back(t),
-                    ApiCall::Judge { .. } => judge_q.push_back(t),
-                }
-            }
-            EvKind::Done { t, search, replica } => {
-                if search {
-                    match mode {
-                        QuotaMode::Pooled => pooled.finish(now as u64, Some(200), 0),
-                        QuotaMode::PerTrajectory => {
-                            slices[t].finish(now as u64, Some(200), 0);
-                            inflight -= 1;
-                        }
-                    }
-                } else {
-                    eoe.finish(replica, now as u64);
-                }
-                next[t] += 1;
-                match w.trajectories[t].steps.get(next[t]) {
-                    Some(s) => push(&mut heap, now + s.think_ms, EvKind::Arrive(t)),
-                    None => last_end = last_end.max(now),
-                }
-            }
-            EvKind::Retry(None) => retry_pending = false,
-            EvKind::Retry(Some(t)) => slice_retry[t] = false,
-        }
-        // Search calls.
-        let now_ms = now as u64;
-        let mut started: Vec<usize> = Vec::new();
-        match mode {
-            QuotaMode::Pooled => {
-                while let Some(&t) = search_q.front() {
-                    match pooled.ready_in_ms(now_ms) {
-                        Some(0) => {
-                            pooled.take(&w.trajectories[t].job, 1.0, now_ms);
-                            search_q.pop_front();
-                            started.push(t);
-                        }
-                        Some(ms) => {
-                            if !retry_pending {
-                                retry_pending = true;
-                                push(&mut heap, now + ms as f64, EvKind::Retry(None));
-                            }
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-            }
-            QuotaMode::PerTrajectory => {
-                let mut keep = VecDeque::new();
-                while let Some(t) = search_q.pop_front() {
-                    if inflight >= w.provider.concurrency {
-                        keep.push_back(t);
-                        continue;
-                    }
-                    match slices[t].ready_in_ms(now_ms) {
-                        Some(0) => {
-                            inflight += 1;
-                            slices[t].take(&w.trajectories[t].job, 1.0, now_ms);
-                            started.push(t);
-                        }
-                        Some(ms) => {
-                            if !slice_retry[t] {
-                                slice_retry[t] = true;
-                                push(&mut heap, now + ms as f64, EvKind::Retry(Some(t)));
-                            }
-                            keep.push_back(t);
-                        }
-                        None => keep.push_back(t),
-                    }
-                }
-                search_q = keep;
-            }
-        }
-        for t in started {
-            let ApiCall::Search { latency_ms } = w.trajectories[t].steps[next[t]].call else {
-                continue;
-            };
-            report.actions.push(ActionRecord {
-                queue_ms: now - due[t],
-                exec_ms: latency_ms,
-                overhead_ms: 0.0,
-                cores: 0,
-            });
-            report.used_core_ms += 1.0;
-            push(
-                &mut heap,
-                now + latency_ms,
-                EvKind::Done {
-                    t,
-                    search: true,
-                    replica: 0,
-                },
-            );
-        }
-        // Judge calls.
-        while let Some(&t) = judge_q.front() {
-            match eoe.route(&w.judge.name, now_ms) {
-                Ok(r) => {
-                    judge_q.pop_front();
-                    let ApiCall::Judge { exec_ms } = w.trajectories[t].steps[next[t]].call else {
-                        continue;
-                    };
-                    report.actions.push(ActionRecord {
-                        queue_ms: now - due[t],
-                        exec_ms,
-                        overhead_ms: 0.0,
-                        cores: 1,
-                    });
-                    push(
-                        &mut heap,
-                        now + exec_ms,
-                        EvKind::Done {
-                            t,
-                            search: false,
-                            replica: r.replica,
-                        },
-                    );
-                }
-                Err(_) => break,
-            }
-        }
-    }
-    report.step_time_ms = if first.is_finite() {
-        last_end - first
-    } else {
-        0.0
-    };
+        .flat_map(|t| &t.steps)
+        .filter(|s| matches!(s.call, ApiCall::Search { .. }))
+        .count() as f64;
     report
 }
 

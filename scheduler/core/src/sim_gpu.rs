@@ -1,15 +1,16 @@
-//! The simulator's GPU side: reward and teacher actions served by the Evict-on-Execution
-//! manager ([`crate::gpu::Eoe`], the same code the scheduler runs) or by a static deployment
-//! (fixed resident replicas per service, the paper's SGLang baseline), on a virtual clock.
+//! The simulator's GPU side: the `mopd` workload (teacher calls on GPU services) and its two
+//! deployments, run by the scheduler's decision engine on a virtual clock
+//! ([`crate::sim`]): Evict-on-Execution on a shared pool (`tangram`), or the `static`
+//! baseline's fixed resident replicas per service (the paper's SGLang baseline).
 //!
-//! Trajectories are closed loops as on the CPU side. A reward action waits in a FIFO queue
-//! until its service has a replica with a free slot; routing it may restore the replica
-//! (overhead: the service's restore time) and evict idle ones, least recently used first.
+//! A reward action waits until its service has a replica with a free slot; routing it may
+//! restore the replica (overhead: the service's restore time) and evict idle ones, least
+//! recently used first.
 
-use crate::gpu::{Eoe, ServiceSpec};
-use crate::sim::{ActionRecord, Rng, SimReport, Timed};
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use tangram_shared::WorkerId;
+use crate::elastic::Speedup;
+use crate::gpu::ServiceSpec;
+use crate::sim::{Rng, SimAction, SimCall, SimReport, SimStep, SimTrajectory, Workload};
+use tangram_shared::CpuRange;
 
 /// One step of a GPU trajectory: think, then call a service.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,13 +90,6 @@ impl GpuWorkload {
     }
 }
 
-type Ev = Timed<EvKind>;
-#[derive(Debug, PartialEq)]
-enum EvKind {
-    Arrive(usize),
-    Done { t: usize, replica: usize },
-}
-
 /// Extra figures of a GPU run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuStats {
@@ -109,167 +103,76 @@ pub struct GpuStats {
     pub unserved: u64,
 }
 
-/// Runs the workload with the services deployed as `mode` says. The report's resource unit
-/// is GPUs: reserved GPU-ms are the GPUs held by resident replicas over time, used GPU-ms the
-/// execution time each action took of its replica (its share of the replica's slots).
-pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, GpuStats) {
-    let mut eoe = Eoe::new(w.services.iter().cloned());
-    let nodes = match mode {
-        GpuMode::Pooled { gpus } => w.nodes_limited(gpus),
-        GpuMode::Static { .. } => w.nodes.clone(),
-    };
-    for (i, groups) in nodes.iter().enumerate() {
-        eoe.set_node(
-            &WorkerId::new(format!("g{i:03}")).expect("valid id"),
-            groups,
-            true,
-        );
-    }
-    let pool: u32 = match mode {
-        GpuMode::Pooled { .. } => nodes.iter().flatten().map(|&g| g as u32).sum(),
-        GpuMode::Static { gpus_per_service } => {
-            let _short = eoe.pin(gpus_per_service);
-            eoe.gpus().1
-        }
-    };
-    let slots: BTreeMap<&str, u32> = w
-        .services
-        .iter()
-        .map(|s| (s.name.as_str(), s.slots))
-        .collect();
-    let mut heap = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut next = vec![0usize; w.trajectories.len()];
-    let mut due = vec![0f64; w.trajectories.len()];
-    for (i, t) in w.trajectories.iter().enumerate() {
-        if let Some(s) = t.steps.first() {
-            heap.push(Ev {
-                at_ms: t.start_ms + s.think_ms,
-                seq,
-                kind: EvKind::Arrive(i),
-            });
-            seq += 1;
-        }
-    }
-    // Waiting actions per service, FIFO; services are tried in the order of their oldest.
-    let mut waiting: BTreeMap<String, VecDeque<usize>> = BTreeMap::new();
-    let mut report = SimReport {
-        policy: name.to_string(),
-        actions: Vec::new(),
-        step_time_ms: 0.0,
-        reserved_core_ms: 0.0,
-        used_core_ms: 0.0,
-        utilisation: Vec::new(),
-        pool_cores: pool,
-        unit: "gpu",
-    };
-    let mut stats = GpuStats {
-        restores: 0,
-        evictions: 0,
-        gpus: pool,
-        unserved: 0,
-    };
-    let first = w
-        .trajectories
-        .iter()
-        .map(|t| t.start_ms)
-        .fold(f64::INFINITY, f64::min);
-    let mut last_end = 0f64;
-    let mut last_t = if first.is_finite() { first } else { 0.0 };
-    let mut held = if matches!(mode, GpuMode::Static { .. }) {
-        pool
-    } else {
-        0
-    };
-    while let Some(ev) = heap.pop() {
-        let now = ev.at_ms;
-        report.reserved_core_ms += held as f64 * (now - last_t);
-        last_t = now;
-        let mut batch = vec![ev];
-        while heap.peek().is_some_and(|e| e.at_ms <= now) {
-            batch.push(heap.pop().expect("peeked"));
-        }
-        for ev in batch {
-            match ev.kind {
-                EvKind::Arrive(t) => {
-                    due[t] = now;
-                    let svc = &w.trajectories[t].steps[next[t]].service;
-                    waiting.entry(svc.clone()).or_default().push_back(t);
-                }
-                EvKind::Done { t, replica } => {
-                    eoe.finish(replica, now as u64);
-                    next[t] += 1;
-                    let tr = &w.trajectories[t];
-                    if let Some(s) = tr.steps.get(next[t]) {
-                        heap.push(Ev {
-                            at_ms: now + s.think_ms,
-                            seq,
-                            kind: EvKind::Arrive(t),
-                        });
-                        seq += 1;
-                    } else {
-                        last_end = last_end.max(now);
-                    }
-                }
-            }
-        }
-        // Route: oldest waiting action first, per service until that service is busy.
-        let mut order: Vec<(f64, String)> = waiting
-            .iter()
-            .filter_map(|(s, q)| q.front().map(|&t| (due[t], s.clone())))
-            .collect();
-        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for (_, svc) in order {
-            let q = waiting.get_mut(&svc).expect("listed");
-            while let Some(&t) = q.front() {
-                match eoe.route_with_backlog(&svc, now as u64, q.len() as u32) {
-                    Ok(r) => {
-                        q.pop_front();
-                        let step = &w.trajectories[t].steps[next[t]];
-                        let overhead = (r.ready_at_ms as f64 - now).max(0.0);
-                        stats.restores += r.restore as u64;
-                        stats.evictions += r.evict.len() as u64;
-                        report.actions.push(ActionRecord {
-                            queue_ms: now - due[t],
-                            exec_ms: step.exec_ms,
-                            overhead_ms: overhead,
-                            cores: r.chunk.len as u32,
-                        });
-                        report.used_core_ms +=
-                            step.exec_ms * r.chunk.len as f64 / slots[svc.as_str()].max(1) as f64;
-                        heap.push(Ev {
-                            at_ms: now + overhead + step.exec_ms,
-                            seq,
-                            kind: EvKind::Done {
-                                t,
-                                replica: r.replica,
+impl GpuWorkload {
+    /// The same trajectories as the simulator's general workload: reward steps on `gpus`.
+    fn to_workload(&self, gpus: Vec<Vec<u8>>) -> Workload {
+        Workload {
+            trajectories: self
+                .trajectories
+                .iter()
+                .enumerate()
+                .map(|(i, t)| SimTrajectory {
+                    job: t.job.clone(),
+                    id: format!("t{i}"),
+                    start_ms: t.start_ms,
+                    steps: t
+                        .steps
+                        .iter()
+                        .map(|s| SimStep {
+                            think_ms: s.think_ms,
+                            action: SimAction {
+                                call: SimCall::Reward {
+                                    service: s.service.clone(),
+                                },
+                                tool: s.service.clone(),
+                                cores: CpuRange { min: 1, max: 1 },
+                                t1_ms: s.exec_ms,
+                                speedup: Speedup::Amdahl(0.0),
                             },
-                        });
-                        seq += 1;
-                    }
-                    Err(crate::gpu::Unrouted::Busy { .. }) => break,
-                    Err(_) => {
-                        // Never servable here: the trajectory stops, and the run says so.
-                        stats.unserved += q.len() as u64;
-                        q.clear();
-                    }
-                }
-            }
-        }
-        waiting.retain(|_, q| !q.is_empty());
-        if matches!(mode, GpuMode::Pooled { .. }) {
-            held = eoe.gpus().1;
-        }
-        if pool > 0 {
-            report.utilisation.push((now, held as f64 / pool as f64));
+                        })
+                        .collect(),
+                })
+                .collect(),
+            services: self.services.clone(),
+            gpus,
+            ..Default::default()
         }
     }
-    report.step_time_ms = if first.is_finite() {
-        last_end - first
-    } else {
-        0.0
+}
+
+/// Runs the workload with the services deployed as `mode` says, through the scheduler's
+/// decision engine: `Pooled` is the `tangram` policy (Evict-on-Execution) on the first `gpus`
+/// GPUs; `Static` is the `static` baseline, which pins an even split of the GPUs, here
+/// `gpus_per_service` times the services. The report's resource unit is GPUs: reserved
+/// GPU-ms are the GPUs held by resident replicas over time, used GPU-ms the execution time
+/// each action took of its replica (its share of the replica's slots).
+pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, GpuStats) {
+    let (policy, gpus) = match mode {
+        GpuMode::Pooled { gpus } => ("tangram", w.nodes_limited(gpus)),
+        GpuMode::Static { gpus_per_service } => (
+            "static",
+            w.nodes_limited(gpus_per_service * w.services.len() as u32),
+        ),
     };
-    (report, stats)
+    let policy = crate::by_name(policy).expect("a built-in policy");
+    let (mut report, stats) = crate::sim::run_stats(
+        &w.to_workload(gpus),
+        policy.as_ref(),
+        crate::sim::Elasticity::Oracle,
+    );
+    report.policy = name.to_string();
+    report.unit = "gpu";
+    report.pool_cores = stats.gpus;
+    report.reserved_core_ms = stats.gpu_reserved_ms;
+    report.used_core_ms = stats.gpu_used_ms;
+    report.utilisation = stats.gpu_utilisation.clone();
+    let gpu = GpuStats {
+        restores: stats.restores,
+        evictions: stats.evictions,
+        gpus: stats.gpus,
+        unserved: stats.unserved,
+    };
+    (report, gpu)
 }
 
 /// Parameters of the `mopd` generator: multi-teacher on-policy distillation.

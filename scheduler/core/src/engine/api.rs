@@ -69,7 +69,11 @@ impl Engine {
                 }
             }
         }
-        let sandboxes = self.sandboxes.len().max(1) as f64;
+        let sandboxes = self
+            .config
+            .static_trajectories
+            .map_or(self.sandboxes.len(), |n| n as usize)
+            .max(1) as f64;
         for (name, list) in waiting {
             let Some(p) = self.providers.get_mut(&name) else {
                 continue;

@@ -243,7 +243,7 @@ impl Engine {
                         ));
                         continue;
                     }
-                    Constraint::Any
+                    e.pin.clone().map_or(Constraint::Any, Constraint::OnWorker)
                 }
                 ActionKind::SandboxExec | ActionKind::SandboxClose => match sandbox {
                     Some(s) if s.state == SandboxState::Open => {

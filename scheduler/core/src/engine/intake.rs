@@ -135,6 +135,7 @@ impl Engine {
             return;
         }
         let id = a.action.id.clone();
+        let pin = self.task_pool_home(&a.action);
         self.actions.insert(
             id.clone(),
             Entry {
@@ -145,6 +146,7 @@ impl Engine {
                 arrived_ms: now.ms,
                 model: a.model,
                 attempts: 0,
+                pin,
                 state: ActionState::Queued {
                     last_progress_ms: now.ms,
                 },
@@ -152,6 +154,27 @@ impl Engine {
         );
         self.queue.push(id);
         self.dirty = true;
+    }
+
+    /// `per-task`: the worker a job's sandbox goes to, round robin over the job's share of
+    /// the workers.
+    fn task_pool_home(&mut self, action: &Action) -> Option<tangram_shared::WorkerId> {
+        if !self.policy.per_task_pools() || action.kind() != tangram_shared::ActionKind::SandboxOpen {
+            return None;
+        }
+        let jobs = &self.config.task_pools;
+        let j = jobs.iter().position(|x| x == action.job.as_str())?;
+        let workers: Vec<&tangram_shared::WorkerId> = self.workers.keys().collect();
+        let mine: Vec<&tangram_shared::WorkerId> = workers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % jobs.len() == j)
+            .map(|(_, w)| *w)
+            .collect();
+        let pool = if mine.is_empty() { workers } else { mine };
+        let n = self.task_opens.entry(action.job.0.clone()).or_default();
+        *n += 1;
+        pool.get((*n - 1) % pool.len().max(1)).map(|w| (*w).clone())
     }
 
     pub(crate) fn on_bad(&mut self, bad: super::BadMessage, now: Now) {

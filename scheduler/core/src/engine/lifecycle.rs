@@ -85,6 +85,8 @@ pub struct Entry {
     pub model: Option<ElasticModel>,
     /// Dispatch attempts made so far.
     pub attempts: u32,
+    /// The only worker it may go to, when a baseline confines it (`per-task` opens).
+    pub pin: Option<WorkerId>,
     /// Where it is.
     pub state: ActionState,
 }

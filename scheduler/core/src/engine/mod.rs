@@ -245,6 +245,13 @@ pub struct EngineConfig {
     pub progress_every_ms: u64,
     /// A running action with no result this long past its timeout is settled as lost.
     pub result_grace_ms: u64,
+    /// Per-task pools (`per-task`): the jobs isolated, in order; worker `i` (by id) belongs
+    /// to job `i mod n`. Jobs not listed may use any worker.
+    pub task_pools: Vec<String>,
+    /// `static`: the trajectories each provider's rate is split between (the batch the
+    /// deployment is provisioned for); `None`: the sandboxes open when a trajectory first
+    /// calls.
+    pub static_trajectories: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -262,6 +269,8 @@ impl Default for EngineConfig {
             progress_every_ms: 3_000,
             // Room for a replica restore or a slow worker on top of the action's own timeout.
             result_grace_ms: 60_000,
+            task_pools: Vec::new(),
+            static_trajectories: None,
         }
     }
 }
@@ -320,6 +329,8 @@ pub struct Engine {
     /// When a rate-limited action can go next.
     pub(crate) wake_at: Option<u64>,
     pub(crate) out: Vec<Effect>,
+    /// `per-task`: opens placed so far per job, for round robin inside its pool.
+    pub(crate) task_opens: HashMap<String, usize>,
 }
 
 impl Engine {
@@ -360,6 +371,7 @@ impl Engine {
             settled_in: false,
             wake_at: None,
             out: Vec::new(),
+            task_opens: HashMap::new(),
         }
     }
 

@@ -1,0 +1,629 @@
+//! The simulator's driver: the scheduler's decision engine ([`crate::engine::Engine`]) on a
+//! virtual clock, with simulated workers around it. Every decision (placement, elastic
+//! cores, GPU routes and evictions, API admission, the baselines) is the engine's; the driver
+//! only plays the rollouts and the workers:
+//!
+//! - Each trajectory with sandbox commands opens its sandbox when it starts (the open takes
+//!   no time), submits each step's action when the previous one completed plus the step's
+//!   think time, and closes the sandbox after its last step.
+//! - Workers: one per CPU node (`n0000`, ...), one per GPU node (`g0000`, ..., serving every
+//!   service), and one (`api`) that calls every provider. They report once, never fail, and
+//!   store every dispatch at once.
+//! - An exec runs for its true duration with the cores it was granted; a reward call for its
+//!   execution time after its replica is ready (a restore takes the service's restore time,
+//!   and a request routed to a replica still restoring waits for it); an api call answers
+//!   after its latency with status 200.
+//!
+//! ACT is measured from when an action was due (its trajectory's think time ended) to its
+//! completion, so a `static` trajectory's wait for its sandbox counts against its first
+//! action, as it would for a rollout.
+
+use super::{ActionRecord, Elasticity, SimCall, SimReport, Workload};
+use crate::elastic::ElasticModel;
+use crate::engine::{Arrival, Now};
+use crate::model::Policy;
+use crate::{Effect, Engine, EngineConfig, Event};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use tangram_shared::codec::Encoding;
+use tangram_shared::{
+    Action, ActionId, ActionKind, ActionResult, ActionSpec, Api, ChunkRef, Dispatch, GpuInventory,
+    Heartbeat, HttpReply, JobId, Outcome, Placement, ProviderReport, Reward, SandboxClose,
+    SandboxExec, SandboxOpen, ServiceReport, ServiceUse, Timing, TrajectoryId, WorkerId,
+};
+
+/// What a run counted beyond the report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimStats {
+    /// Replica restores.
+    pub restores: u64,
+    /// Replica evictions.
+    pub evictions: u64,
+    /// Actions rejected by the engine (their trajectory stops there).
+    pub unserved: u64,
+    /// GPU-milliseconds held by resident replicas.
+    pub gpu_reserved_ms: f64,
+    /// GPU-milliseconds of work: each reward call's execution times its replica's GPUs,
+    /// divided by the replica's slots.
+    pub gpu_used_ms: f64,
+    /// GPUs known to the engine.
+    pub gpus: u32,
+    /// (time ms, fraction of the GPUs resident), sampled at events.
+    pub gpu_utilisation: Vec<(f64, f64)>,
+}
+
+/// An event on the virtual clock. In the max-heap the earliest comes out first, and events
+/// at the same time in the order they were pushed.
+#[derive(Debug, PartialEq)]
+struct Timed {
+    at_ms: f64,
+    seq: u64,
+    kind: Kind,
+}
+
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .at_ms
+            .total_cmp(&self.at_ms)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Kind {
+    /// Trajectory `t` starts.
+    Start(usize),
+    /// Trajectory `t` submits its next step's action.
+    Submit(usize),
+    /// A dispatched action completes on its worker.
+    Done(Box<ActionResult>),
+    /// The engine asked to be woken.
+    Tick,
+}
+
+/// Per trajectory.
+#[derive(Debug, Clone, Default)]
+struct Traj {
+    /// Next step.
+    next: usize,
+    /// When the next step's action is due.
+    due_ms: f64,
+    /// `static`: the sandbox's cores and since when it holds them.
+    held: Option<(u32, f64)>,
+    /// It stopped (finished, or an action was rejected).
+    done: bool,
+}
+
+/// What the driver remembers of a dispatched step.
+#[derive(Debug, Clone)]
+struct Started {
+    t: usize,
+    at_ms: f64,
+    cores: u32,
+    overhead_ms: f64,
+}
+
+struct Driver<'w> {
+    w: &'w Workload,
+    engine: Engine,
+    elasticity: Elasticity,
+    heap: BinaryHeap<Timed>,
+    seq: u64,
+    trajs: Vec<Traj>,
+    jobs: Vec<JobId>,
+    ids: Vec<TrajectoryId>,
+    has_cpu: Vec<bool>,
+    started: HashMap<ActionId, Started>,
+    /// Replica readiness: (service, worker, chunk) -> ready at.
+    ready: HashMap<(String, WorkerId, ChunkRef), f64>,
+    restore_ms: BTreeMap<String, f64>,
+    slots: BTreeMap<String, u32>,
+    tick_at: Option<f64>,
+    report: SimReport,
+    stats: SimStats,
+    static_cores: Option<u32>,
+    last_end: f64,
+    next_delivery: u64,
+}
+
+/// Runs `w` under `policy` through the decision engine.
+pub(crate) fn run(w: &Workload, policy: &dyn Policy, elasticity: Elasticity) -> (SimReport, SimStats) {
+    let static_cores = policy.per_trajectory_cores();
+    let mut jobs_in_order: Vec<String> = Vec::new();
+    for t in &w.trajectories {
+        if !jobs_in_order.contains(&t.job) {
+            jobs_in_order.push(t.job.clone());
+        }
+    }
+    let config = EngineConfig {
+        policy: policy.name().to_string(),
+        static_cores: static_cores.unwrap_or(super::STATIC_CORES),
+        // Simulated workers never fail: no liveness, no deadlines, no in-progress acks.
+        missed_heartbeats: u32::MAX,
+        settle_ms: 0,
+        progress_every_ms: u64::MAX / 4,
+        result_grace_ms: u64::MAX / 4,
+        task_pools: jobs_in_order,
+        static_trajectories: Some(w.trajectories.len() as u32),
+        ..EngineConfig::default()
+    };
+    let pool: u32 = w.nodes.iter().sum();
+    let mut d = Driver {
+        w,
+        engine: Engine::with_policy(config, policy.boxed()),
+        elasticity,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        trajs: vec![Traj::default(); w.trajectories.len()],
+        jobs: w
+            .trajectories
+            .iter()
+            .map(|t| JobId::new(t.job.clone()).expect("valid job name"))
+            .collect(),
+        ids: (0..w.trajectories.len())
+            .map(|i| TrajectoryId::new(format!("t{i}")).expect("valid id"))
+            .collect(),
+        has_cpu: w
+            .trajectories
+            .iter()
+            .map(|t| t.steps.iter().any(|s| s.action.call == SimCall::Cpu))
+            .collect(),
+        started: HashMap::new(),
+        ready: HashMap::new(),
+        restore_ms: w
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), s.restore_ms as f64))
+            .collect(),
+        slots: w.services.iter().map(|s| (s.name.clone(), s.slots.max(1))).collect(),
+        tick_at: None,
+        report: SimReport {
+            policy: policy.name().to_string(),
+            actions: Vec::new(),
+            step_time_ms: 0.0,
+            reserved_core_ms: 0.0,
+            used_core_ms: 0.0,
+            utilisation: Vec::new(),
+            pool_cores: pool,
+            unit: "cpu",
+        },
+        stats: SimStats::default(),
+        static_cores,
+        last_end: 0.0,
+        next_delivery: 1,
+    };
+    let first = w
+        .trajectories
+        .iter()
+        .map(|t| t.start_ms)
+        .fold(f64::INFINITY, f64::min);
+    let start = if first.is_finite() { first.min(0.0) } else { 0.0 };
+    let fx = d.engine.handle_all(d.heartbeats(), Now::virtual_ms(start.max(0.0) as u64));
+    d.effects(fx, start);
+    d.stats.gpus = d.engine.gpus().gpus().0;
+    for (i, t) in w.trajectories.iter().enumerate() {
+        if !t.steps.is_empty() {
+            d.push(t.start_ms, Kind::Start(i));
+        }
+    }
+    d.run_loop();
+    d.report.step_time_ms = if first.is_finite() {
+        d.last_end - first
+    } else {
+        0.0
+    };
+    (d.report, d.stats)
+}
+
+impl Driver<'_> {
+    fn push(&mut self, at_ms: f64, kind: Kind) {
+        self.heap.push(Timed {
+            at_ms,
+            seq: self.seq,
+            kind,
+        });
+        self.seq += 1;
+    }
+
+    fn heartbeats(&self) -> Vec<Event> {
+        let hb = |id: String, cores: u32, mem_mb: u64| Heartbeat {
+            worker: WorkerId::new(id).expect("valid id"),
+            instance: "sim".into(),
+            seq: 0,
+            interval_ms: 1_000,
+            cores,
+            mem_mb,
+            running: vec![],
+            sandboxes: vec![],
+            draining: false,
+            gpus: None,
+            services: vec![],
+            providers: vec![],
+        };
+        let mut out = Vec::new();
+        for (i, &cores) in self.w.nodes.iter().enumerate() {
+            // Memory is never the limit in these workloads.
+            out.push(hb(format!("n{i:04}"), cores, 1 << 40));
+        }
+        for (i, groups) in self.w.gpus.iter().enumerate() {
+            let mut h = hb(format!("g{i:04}"), 0, 0);
+            let mut next = 0u32;
+            h.gpus = Some(GpuInventory {
+                source: "declared".into(),
+                groups: groups
+                    .iter()
+                    .map(|&g| {
+                        let ids = (next..next + g as u32).collect();
+                        next += g as u32;
+                        ids
+                    })
+                    .collect(),
+                devices: vec![],
+            });
+            h.services = self
+                .w
+                .services
+                .iter()
+                .map(|s| ServiceReport {
+                    name: s.name.clone(),
+                    gpus: s.gpus,
+                    restore_ms: s.restore_ms,
+                    slots: s.slots,
+                    replicas: vec![],
+                })
+                .collect();
+            out.push(h);
+        }
+        if !self.w.providers.is_empty() {
+            let mut h = hb("api".into(), 0, 0);
+            h.providers = self
+                .w
+                .providers
+                .iter()
+                .map(|p| ProviderReport {
+                    name: p.name.clone(),
+                    rate_per_s: p.rate_per_s,
+                    burst: p.burst,
+                    concurrency: p.concurrency,
+                    allow: vec!["* /*".into()],
+                    allow_headers: vec![],
+                    slow_ms: p.slow_ms,
+                })
+                .collect();
+            out.push(h);
+        }
+        out.into_iter().map(|h| Event::Heartbeat(Box::new(h))).collect()
+    }
+
+    fn run_loop(&mut self) {
+        let mut resident_since = 0.0f64;
+        while let Some(ev) = self.heap.pop() {
+            let now = ev.at_ms;
+            // GPU-ms held by resident replicas since the last event.
+            let resident = self.engine.gpus().gpus().1;
+            self.stats.gpu_reserved_ms += resident as f64 * (now - resident_since).max(0.0);
+            resident_since = now;
+            let mut batch = vec![ev];
+            while self.heap.peek().is_some_and(|e| e.at_ms <= now) {
+                batch.push(self.heap.pop().expect("peeked"));
+            }
+            let mut events = Vec::new();
+            for ev in batch {
+                self.event(ev.kind, now, &mut events);
+            }
+            if events.is_empty() {
+                continue;
+            }
+            let fx = self.engine.handle_all(events, Now::virtual_ms(now as u64));
+            self.effects(fx, now);
+            if self.stats.gpus > 0 {
+                let resident = self.engine.gpus().gpus().1;
+                self.stats
+                    .gpu_utilisation
+                    .push((now, resident as f64 / self.stats.gpus as f64));
+            }
+            if self.report.pool_cores > 0 {
+                let held: u32 = self.engine.booked().values().map(|b| b.0).sum();
+                self.report
+                    .utilisation
+                    .push((now, held as f64 / self.report.pool_cores as f64));
+            }
+            if self.trajs.iter().all(|t| t.done) {
+                break;
+            }
+        }
+    }
+
+    fn event(&mut self, kind: Kind, now: f64, events: &mut Vec<Event>) {
+        match kind {
+            Kind::Start(t) => {
+                let spec = &self.w.trajectories[t];
+                self.trajs[t].due_ms = spec.start_ms + spec.steps[0].think_ms;
+                if self.has_cpu[t] {
+                    let a = self.action(t, "open", ActionSpec::SandboxOpen(SandboxOpen::default()));
+                    events.push(self.arrival(a, None));
+                } else {
+                    let due = self.trajs[t].due_ms;
+                    self.push(due, Kind::Submit(t));
+                }
+            }
+            Kind::Submit(t) => {
+                let step = &self.w.trajectories[t].steps[self.trajs[t].next];
+                let a = &step.action;
+                let spec = match &a.call {
+                    SimCall::Cpu => ActionSpec::SandboxExec(SandboxExec {
+                        argv: vec![a.tool.clone()],
+                        cpus: a.cores,
+                        ..Default::default()
+                    }),
+                    SimCall::Reward { service } => ActionSpec::Reward(Reward {
+                        service: service.clone(),
+                        inputs: vec!["x".into()],
+                        options: Default::default(),
+                    }),
+                    SimCall::Api { provider } => ActionSpec::Api(Api {
+                        provider: provider.clone(),
+                        method: "GET".into(),
+                        path: "/".into(),
+                        query: Default::default(),
+                        body: None,
+                        headers: Default::default(),
+                    }),
+                };
+                let model = match (&a.call, self.elasticity) {
+                    (SimCall::Cpu, Elasticity::Oracle) => Some(ElasticModel {
+                        t1_ms: a.t1_ms,
+                        speedup: a.speedup.clone(),
+                    }),
+                    _ => None,
+                };
+                let step_no = self.trajs[t].next;
+                let action = self.action(t, &format!("s{step_no}"), spec);
+                events.push(self.arrival(action, model));
+            }
+            Kind::Done(r) => {
+                let next = self.completed(&r, now);
+                events.push(Event::Result(r));
+                events.extend(next);
+            }
+            Kind::Tick => {
+                if self.tick_at.is_some_and(|t| t <= now) {
+                    self.tick_at = None;
+                }
+                events.push(Event::Tick);
+            }
+        }
+    }
+
+    fn action(&self, t: usize, what: &str, spec: ActionSpec) -> Action {
+        Action {
+            id: ActionId::new(format!("t{t}-{what}")).expect("valid id"),
+            job: self.jobs[t].clone(),
+            trajectory: self.ids[t].clone(),
+            timeout_ms: 3_600_000,
+            spec,
+        }
+    }
+
+    fn arrival(&mut self, action: Action, model: Option<ElasticModel>) -> Event {
+        let delivery = self.next_delivery;
+        self.next_delivery += 1;
+        Event::Arrived(Box::new(Arrival {
+            action,
+            encoding: Encoding::Msgpack,
+            submitted_at_us: 0,
+            delivery,
+            seen: false,
+            model,
+        }))
+    }
+
+    fn traj_of(id: &ActionId) -> usize {
+        let s = id.as_str();
+        s[1..s.find('-').expect("sim ids are t<i>-<what>")]
+            .parse()
+            .expect("sim ids are t<i>-<what>")
+    }
+
+    /// Carries out the engine's effects at `now`: dispatches are stored at once and run.
+    fn effects(&mut self, mut fx: Vec<Effect>, now: f64) {
+        loop {
+            let mut follow = Vec::new();
+            for e in fx {
+                match e {
+                    Effect::Dispatch { worker, dispatch } => {
+                        follow.push(Event::DispatchStored {
+                            id: dispatch.action.id.clone(),
+                            attempt: dispatch.attempt,
+                        });
+                        self.execute(&worker, &dispatch, now);
+                    }
+                    Effect::Reject(r) => {
+                        if let Some(id) = r.id.as_deref().and_then(|i| ActionId::new(i).ok()) {
+                            self.stop(Self::traj_of(&id), now);
+                        }
+                    }
+                    Effect::PublishResult { result, .. } => {
+                        self.stop(Self::traj_of(&result.id), now)
+                    }
+                    Effect::WakeAt(at) => {
+                        let at = at as f64;
+                        // Far-off wakes are the liveness and deadline timers of workers that
+                        // never fail: the run ends long before.
+                        if at < 1e12 && self.tick_at.is_none_or(|t| at < t) {
+                            self.tick_at = Some(at);
+                            self.push(at.max(now), Kind::Tick);
+                        }
+                    }
+                    Effect::Ack(_) | Effect::Nak(_) | Effect::Progress(_) | Effect::Observe(_) => {}
+                }
+            }
+            if follow.is_empty() {
+                break;
+            }
+            fx = self.engine.handle_all(follow, Now::virtual_ms(now as u64));
+        }
+    }
+
+    fn stop(&mut self, t: usize, now: f64) {
+        if !self.trajs[t].done {
+            self.stats.unserved += 1;
+            self.finish(t, now);
+        }
+    }
+
+    fn finish(&mut self, t: usize, now: f64) {
+        let tr = &mut self.trajs[t];
+        tr.done = true;
+        if let Some((cores, since)) = tr.held.take() {
+            self.report.reserved_core_ms += cores as f64 * (now - since);
+        }
+    }
+
+    /// A worker runs a stored dispatch: when does it complete, and with what result?
+    fn execute(&mut self, worker: &WorkerId, d: &Dispatch, now: f64) {
+        let t = Self::traj_of(&d.action.id);
+        let mut result = ActionResult::new(
+            d.action.id.clone(),
+            d.action.job.clone(),
+            Outcome::Completed { exit_code: 0 },
+            now as u64,
+        )
+        .for_action(&d.action, d.attempt);
+        result.placement = Some(Placement {
+            worker: worker.clone(),
+            cores: d.grant.cores,
+            cpuset: String::new(),
+        });
+        let (overhead_ms, exec_ms, cores) = match d.action.kind() {
+            ActionKind::SandboxOpen => {
+                if self.static_cores.is_some() {
+                    self.trajs[t].held = Some((d.grant.cores, now));
+                }
+                (0.0, 0.0, 0)
+            }
+            ActionKind::SandboxClose => (0.0, 0.0, 0),
+            ActionKind::SandboxExec => {
+                let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
+                let exec = ElasticModel {
+                    t1_ms: a.t1_ms,
+                    speedup: a.speedup.clone(),
+                }
+                .dur_ms(d.grant.cores);
+                (0.0, exec, d.grant.cores)
+            }
+            ActionKind::Reward => {
+                let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
+                let route = d.gpu.as_ref().expect("reward dispatches carry a route");
+                for e in &route.evict {
+                    self.ready.remove(&(e.service.clone(), worker.clone(), e.chunk));
+                    self.stats.evictions += 1;
+                }
+                let key = (route.service.clone(), worker.clone(), route.chunk);
+                let ready = if route.restore {
+                    self.stats.restores += 1;
+                    let at = now + self.restore_ms.get(&route.service).copied().unwrap_or(0.0);
+                    self.ready.insert(key, at);
+                    at
+                } else {
+                    *self.ready.entry(key).or_insert(now)
+                };
+                let overhead = (ready - now).max(0.0);
+                result.service = Some(ServiceUse {
+                    service: route.service.clone(),
+                    gpus: vec![],
+                    restored: route.restore,
+                    evicted: route.evict.iter().map(|e| e.service.clone()).collect(),
+                });
+                let slots = self.slots.get(&route.service).copied().unwrap_or(1);
+                self.stats.gpu_used_ms += a.t1_ms * route.chunk.len as f64 / slots as f64;
+                (overhead, a.t1_ms, route.chunk.len as u32)
+            }
+            ActionKind::Api => {
+                let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
+                result.http = Some(HttpReply {
+                    status: 200,
+                    headers: Default::default(),
+                    body: String::new(),
+                    truncated: false,
+                });
+                (0.0, a.t1_ms, 0)
+            }
+        };
+        result.timing = Timing::new(0, (overhead_ms * 1e3) as u64, (exec_ms * 1e3) as u64);
+        if matches!(
+            d.action.kind(),
+            ActionKind::SandboxExec | ActionKind::Reward | ActionKind::Api
+        ) {
+            self.started.insert(
+                d.action.id.clone(),
+                Started {
+                    t,
+                    at_ms: now,
+                    cores,
+                    overhead_ms,
+                },
+            );
+        }
+        self.push(now + overhead_ms + exec_ms, Kind::Done(Box::new(result)));
+    }
+
+    /// The driver's side of a completion: records, and the trajectory's next move (a close
+    /// to submit now, when it was the last step).
+    fn completed(&mut self, r: &ActionResult, now: f64) -> Option<Event> {
+        let t = Self::traj_of(&r.id);
+        match r.kind {
+            Some(ActionKind::SandboxOpen) => {
+                let due = self.trajs[t].due_ms.max(now);
+                self.push(due, Kind::Submit(t));
+                None
+            }
+            Some(ActionKind::SandboxClose) => {
+                self.finish(t, now);
+                None
+            }
+            _ => {
+                let s = self.started.remove(&r.id)?;
+                let spec = &self.w.trajectories[s.t];
+                let step = &spec.steps[self.trajs[s.t].next];
+                let exec_ms = now - s.at_ms - s.overhead_ms;
+                self.report.actions.push(ActionRecord {
+                    queue_ms: s.at_ms - self.trajs[s.t].due_ms,
+                    exec_ms,
+                    overhead_ms: s.overhead_ms,
+                    cores: s.cores,
+                });
+                if step.action.call == SimCall::Cpu {
+                    self.report.used_core_ms += step.action.t1_ms;
+                    if self.static_cores.is_none() {
+                        self.report.reserved_core_ms += s.cores as f64 * exec_ms;
+                    }
+                }
+                let tr = &mut self.trajs[s.t];
+                tr.next += 1;
+                if let Some(next) = spec.steps.get(tr.next) {
+                    tr.due_ms = now + next.think_ms;
+                    let due = tr.due_ms;
+                    self.push(due, Kind::Submit(s.t));
+                    None
+                } else {
+                    self.last_end = self.last_end.max(now);
+                    if self.has_cpu[s.t] {
+                        let a = self.action(s.t, "close", ActionSpec::SandboxClose(SandboxClose {}));
+                        Some(self.arrival(a, None))
+                    } else {
+                        self.finish(s.t, now);
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
