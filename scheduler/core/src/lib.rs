@@ -1,9 +1,10 @@
-//! Tangram's scheduling core: a pure function from a cluster snapshot, the pending queue and
-//! the current time to a plan. See `README.md` beside this crate for the vocabulary and the
-//! invariants.
+//! Tangram's decision engine ([`Engine`]: `handle(event, now) -> effects`) and, inside it,
+//! the scheduling core (a pure function from a cluster snapshot, the pending queue and the
+//! current time to a plan). See `README.md` beside this crate for the vocabulary and the
+//! invariants, and `scheduler/README.md` for the lifecycles.
 //!
 //! No channels, locks, clocks or I/O live here, so the same code runs in the scheduler
-//! service, in tests and (later) in the simulator, and its decisions are reproducible.
+//! service, in tests and in the simulator, and its decisions are reproducible.
 #![forbid(unsafe_code)]
 
 pub mod elastic;
