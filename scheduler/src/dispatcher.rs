@@ -4,10 +4,10 @@
 //! waits on the state task and no state task waits on a PubAck.
 
 use crate::shell::Input;
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
 use tangram_core::Event;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, ActionId, Dispatch, WorkerId};
@@ -91,7 +91,10 @@ async fn publish(
         )
         .as_str(),
     );
-    headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Msgpack.content_type());
+    headers.insert(
+        subject::HEADER_CONTENT_TYPE,
+        Encoding::Msgpack.content_type(),
+    );
     js.publish_with_headers(subject::dispatch(&out.worker), headers, payload.into())
         .await
         .map_err(|e| e.to_string())

@@ -10,8 +10,8 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
-pub mod metrics;
 mod dispatcher;
+pub mod metrics;
 mod service;
 mod shell;
 

@@ -63,7 +63,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let stream = results_stream.clone();
         messages
             .filter_map(|m| async move {
-                m.map_err(|e| warn!(error = %e, "action consumer error")).ok()
+                m.map_err(|e| warn!(error = %e, "action consumer error"))
+                    .ok()
             })
             .map(move |msg| {
                 let stream = stream.clone();

@@ -179,9 +179,8 @@ impl Shell {
                         continue;
                     };
                     let js = self.js.clone();
-                    self.tasks.spawn(
-                        reject(js, msg, r).instrument(tracing::info_span!("reject")),
-                    );
+                    self.tasks
+                        .spawn(reject(js, msg, r).instrument(tracing::info_span!("reject")));
                 }
                 Effect::PublishResult { result, encoding } => {
                     let js = self.js.clone();

@@ -387,8 +387,10 @@ impl Engine {
             }));
         }
         if let Some(p) = provider {
-            self.out
-                .push(Effect::Observe(Observation::ApiAdmitted { provider: p, job }));
+            self.out.push(Effect::Observe(Observation::ApiAdmitted {
+                provider: p,
+                job,
+            }));
         }
         self.out.push(Effect::Dispatch {
             worker: launch.worker,

@@ -112,8 +112,9 @@ pub fn check(
 
 impl Engine {
     pub(crate) fn on_arrived(&mut self, a: Arrival, now: Now) {
-        self.out
-            .push(Effect::Observe(Observation::Received(Some(a.action.kind()))));
+        self.out.push(Effect::Observe(Observation::Received(Some(
+            a.action.kind(),
+        ))));
         if let Some(e) = self.actions.get_mut(&a.action.id) {
             if e.delivery == a.delivery {
                 // A redelivery of the message we hold (its ack wait ran out while it waited or
@@ -159,7 +160,8 @@ impl Engine {
     /// `per-task`: the worker a job's sandbox goes to, round robin over the job's share of
     /// the workers.
     fn task_pool_home(&mut self, action: &Action) -> Option<tangram_shared::WorkerId> {
-        if !self.policy.per_task_pools() || action.kind() != tangram_shared::ActionKind::SandboxOpen {
+        if !self.policy.per_task_pools() || action.kind() != tangram_shared::ActionKind::SandboxOpen
+        {
             return None;
         }
         let jobs = &self.config.task_pools;
@@ -179,7 +181,14 @@ impl Engine {
 
     pub(crate) fn on_bad(&mut self, bad: super::BadMessage, now: Now) {
         self.out.push(Effect::Observe(Observation::Received(None)));
-        self.reject(bad.delivery, bad.id, bad.job, bad.encoding, bad.rejection, now);
+        self.reject(
+            bad.delivery,
+            bad.id,
+            bad.job,
+            bad.encoding,
+            bad.rejection,
+            now,
+        );
     }
 
     /// Rejects a queued action: it leaves the queue settled, with a dead-letter record and a
@@ -213,8 +222,9 @@ impl Engine {
         rejection: Rejection,
         now: Now,
     ) {
-        self.out
-            .push(Effect::Observe(Observation::Rejected(rejection.code.as_str())));
+        self.out.push(Effect::Observe(Observation::Rejected(
+            rejection.code.as_str(),
+        )));
         let addressable = match (&id, &job) {
             (Some(id), Some(job)) => ActionId::new(id.clone())
                 .ok()

@@ -22,9 +22,7 @@ impl Engine {
         if *a != attempt {
             return;
         }
-        let deadline_ms = now.ms
-            + e.action.timeout_ms
-            + self.config.result_grace_ms;
+        let deadline_ms = now.ms + e.action.timeout_ms + self.config.result_grace_ms;
         let kind = e.action.kind();
         let queued_s = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;
         e.state = ActionState::Running {
@@ -68,7 +66,14 @@ impl Engine {
             e.action.trajectory.clone(),
             e.action.kind(),
         );
-        self.unbook(&job, &trajectory, &worker, &booking, Release::default(), now.ms);
+        self.unbook(
+            &job,
+            &trajectory,
+            &worker,
+            &booking,
+            Release::default(),
+            now.ms,
+        );
         let key = (job, trajectory);
         match kind {
             ActionKind::SandboxOpen => {
@@ -130,7 +135,8 @@ impl Engine {
         if let (Some(k), Outcome::Completed { .. }, Some(p)) =
             (super::learn_key(&e.action), &r.outcome, &r.placement)
         {
-            self.learner.observe(&k, p.cores, r.timing.exec_us as f64 / 1e3);
+            self.learner
+                .observe(&k, p.cores, r.timing.exec_us as f64 / 1e3);
         }
         let (job, trajectory) = (e.action.job.clone(), e.action.trajectory.clone());
         let service_failed = matches!(
@@ -155,7 +161,8 @@ impl Engine {
                 }
             }
             if r.service.as_ref().is_some_and(|u| u.restored) {
-                self.eoe.observe_restore(service, r.timing.overhead_us / 1000);
+                self.eoe
+                    .observe_restore(service, r.timing.overhead_us / 1000);
             }
         }
         self.settle_sandbox(&e, &r.outcome);
@@ -256,14 +263,15 @@ impl Engine {
             );
         }
         let outcome = Outcome::InfraError { code, reason };
-        let mut result =
-            ActionResult::new(id.clone(), e.action.job.clone(), outcome.clone(), now.unix_us / 1000)
-                .for_action(&e.action, attempt);
-        result.timing = tangram_shared::Timing::new(
-            now.unix_us.saturating_sub(e.submitted_at_us),
-            0,
-            0,
-        );
+        let mut result = ActionResult::new(
+            id.clone(),
+            e.action.job.clone(),
+            outcome.clone(),
+            now.unix_us / 1000,
+        )
+        .for_action(&e.action, attempt);
+        result.timing =
+            tangram_shared::Timing::new(now.unix_us.saturating_sub(e.submitted_at_us), 0, 0);
         self.settle_sandbox(&e, &outcome);
         self.out.push(Effect::PublishResult {
             result: Box::new(result),
@@ -271,7 +279,6 @@ impl Engine {
         });
         self.dirty = true;
     }
-
 }
 
 /// How a booking is given back.

@@ -134,7 +134,11 @@ struct Driver<'w> {
 }
 
 /// Runs `w` under `policy` through the decision engine.
-pub(crate) fn run(w: &Workload, policy: &dyn Policy, elasticity: Elasticity) -> (SimReport, SimStats) {
+pub(crate) fn run(
+    w: &Workload,
+    policy: &dyn Policy,
+    elasticity: Elasticity,
+) -> (SimReport, SimStats) {
     let static_cores = policy.per_trajectory_cores();
     let mut jobs_in_order: Vec<String> = Vec::new();
     for t in &w.trajectories {
@@ -182,7 +186,11 @@ pub(crate) fn run(w: &Workload, policy: &dyn Policy, elasticity: Elasticity) -> 
             .iter()
             .map(|s| (s.name.clone(), s.restore_ms as f64))
             .collect(),
-        slots: w.services.iter().map(|s| (s.name.clone(), s.slots.max(1))).collect(),
+        slots: w
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), s.slots.max(1)))
+            .collect(),
         tick_at: None,
         report: SimReport {
             policy: policy.name().to_string(),
@@ -204,8 +212,14 @@ pub(crate) fn run(w: &Workload, policy: &dyn Policy, elasticity: Elasticity) -> 
         .iter()
         .map(|t| t.start_ms)
         .fold(f64::INFINITY, f64::min);
-    let start = if first.is_finite() { first.min(0.0) } else { 0.0 };
-    let fx = d.engine.handle_all(d.heartbeats(), Now::virtual_ms(start.max(0.0) as u64));
+    let start = if first.is_finite() {
+        first.min(0.0)
+    } else {
+        0.0
+    };
+    let fx = d
+        .engine
+        .handle_all(d.heartbeats(), Now::virtual_ms(start.max(0.0) as u64));
     d.effects(fx, start);
     d.stats.gpus = d.engine.gpus().gpus().0;
     for (i, t) in w.trajectories.iter().enumerate() {
@@ -299,7 +313,9 @@ impl Driver<'_> {
                 .collect();
             out.push(h);
         }
-        out.into_iter().map(|h| Event::Heartbeat(Box::new(h))).collect()
+        out.into_iter()
+            .map(|h| Event::Heartbeat(Box::new(h)))
+            .collect()
     }
 
     fn run_loop(&mut self) {
@@ -523,7 +539,8 @@ impl Driver<'_> {
                 let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
                 let route = d.gpu.as_ref().expect("reward dispatches carry a route");
                 for e in &route.evict {
-                    self.ready.remove(&(e.service.clone(), worker.clone(), e.chunk));
+                    self.ready
+                        .remove(&(e.service.clone(), worker.clone(), e.chunk));
                     self.stats.evictions += 1;
                 }
                 let key = (route.service.clone(), worker.clone(), route.chunk);
@@ -616,7 +633,8 @@ impl Driver<'_> {
                 } else {
                     self.last_end = self.last_end.max(now);
                     if self.has_cpu[s.t] {
-                        let a = self.action(s.t, "close", ActionSpec::SandboxClose(SandboxClose {}));
+                        let a =
+                            self.action(s.t, "close", ActionSpec::SandboxClose(SandboxClose {}));
                         Some(self.arrival(a, None))
                     } else {
                         self.finish(s.t, now);

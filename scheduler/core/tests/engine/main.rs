@@ -160,7 +160,12 @@ fn action(id: &str, job: &str, traj: &str, spec: ActionSpec) -> Action {
 }
 
 pub(crate) fn open(id: &str, job: &str, traj: &str) -> Action {
-    action(id, job, traj, ActionSpec::SandboxOpen(SandboxOpen::default()))
+    action(
+        id,
+        job,
+        traj,
+        ActionSpec::SandboxOpen(SandboxOpen::default()),
+    )
 }
 
 pub(crate) fn exec(id: &str, job: &str, traj: &str, min: u32, max: u32) -> Action {
@@ -184,7 +189,9 @@ pub(crate) fn close(id: &str, job: &str, traj: &str) -> Action {
 pub(crate) fn dispatched(fx: &[Effect]) -> Vec<(String, Dispatch)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Dispatch { worker, dispatch } => Some((worker.to_string(), (**dispatch).clone())),
+            Effect::Dispatch { worker, dispatch } => {
+                Some((worker.to_string(), (**dispatch).clone()))
+            }
             _ => None,
         })
         .collect()

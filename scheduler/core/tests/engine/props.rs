@@ -168,7 +168,11 @@ impl World {
         let booked = self.h.engine.booked();
         for (id, hb) in self.h.engine.workers() {
             let (cores, mem) = booked.get(id).copied().unwrap_or_default();
-            prop_assert!(cores <= hb.cores, "{id}: {cores} cores booked of {}", hb.cores);
+            prop_assert!(
+                cores <= hb.cores,
+                "{id}: {cores} cores booked of {}",
+                hb.cores
+            );
             prop_assert!(mem <= hb.mem_mb, "{id}: {mem} MiB booked of {}", hb.mem_mb);
         }
         Ok(())

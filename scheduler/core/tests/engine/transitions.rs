@@ -14,13 +14,26 @@ fn an_exec_goes_queued_dispatching_running_settled_and_frees_its_cores() {
     let (w, disp) = &sent[0];
     assert_eq!(w, "w1");
     assert_eq!(disp.attempt, 1, "the first dispatch is attempt 1");
-    assert!(matches!(h.engine.state_of(&id("x1")), Some(ActionState::Dispatching { .. })));
-    assert!(acks(&fx).is_empty(), "no ack before the dispatch is durable");
-    assert_eq!(booked_cores(&h.engine, "w1"), disp.grant.cores, "assumed on send");
+    assert!(matches!(
+        h.engine.state_of(&id("x1")),
+        Some(ActionState::Dispatching { .. })
+    ));
+    assert!(
+        acks(&fx).is_empty(),
+        "no ack before the dispatch is durable"
+    );
+    assert_eq!(
+        booked_cores(&h.engine, "w1"),
+        disp.grant.cores,
+        "assumed on send"
+    );
 
     let fx = h.stored(disp);
     assert_eq!(acks(&fx), vec![d], "acked once the dispatch is durable");
-    assert!(matches!(h.engine.state_of(&id("x1")), Some(ActionState::Running { .. })));
+    assert!(matches!(
+        h.engine.state_of(&id("x1")),
+        Some(ActionState::Running { .. })
+    ));
 
     let fx = h.complete(disp, "w1");
     assert!(acks(&fx).is_empty(), "acked once only");
@@ -47,7 +60,10 @@ fn a_failed_dispatch_gives_its_booking_back_and_the_retry_counts_as_attempt_two(
     // A late outcome for the first attempt changes nothing.
     let fx = h.stored(&first);
     assert!(acks(&fx).is_empty());
-    assert!(matches!(h.engine.state_of(&id("x1")), Some(ActionState::Dispatching { attempt: 2, .. })));
+    assert!(matches!(
+        h.engine.state_of(&id("x1")),
+        Some(ActionState::Dispatching { attempt: 2, .. })
+    ));
 }
 
 #[test]
@@ -127,7 +143,10 @@ fn a_running_action_left_out_of_two_heartbeats_is_settled_lost_and_frees_its_cor
     assert_eq!(results.len(), 1, "{fx:?}");
     assert!(matches!(
         results[0].outcome,
-        Outcome::InfraError { code: InfraCode::WorkerLost, .. }
+        Outcome::InfraError {
+            code: InfraCode::WorkerLost,
+            ..
+        }
     ));
     assert_eq!(results[0].attempt, 1);
     assert_eq!(booked_cores(&h.engine, "w1"), 0);
@@ -179,10 +198,15 @@ fn a_silent_worker_is_lost_its_actions_settled_its_sandboxes_lost_and_their_exec
     assert_eq!(results.len(), 1, "{fx:?}");
     assert!(matches!(
         results[0].outcome,
-        Outcome::InfraError { code: InfraCode::WorkerLost, .. }
+        Outcome::InfraError {
+            code: InfraCode::WorkerLost,
+            ..
+        }
     ));
     assert_eq!(
-        h.engine.sandbox(&JobId::new("j").unwrap(), &TrajectoryId::new("t1").unwrap()).map(|s| s.state),
+        h.engine
+            .sandbox(&JobId::new("j").unwrap(), &TrajectoryId::new("t1").unwrap())
+            .map(|s| s.state),
         Some(SandboxState::Lost)
     );
     let (_, fx) = h.arrive(exec("x2", "j", "t1", 1, 1));
@@ -201,23 +225,39 @@ fn a_sandbox_goes_opening_open_closing_gone() {
     let (j, t) = (JobId::new("j").unwrap(), TrajectoryId::new("t1").unwrap());
     let (_, fx) = h.arrive(open("o", "j", "t1"));
     let (_, o) = dispatched(&fx).remove(0);
-    assert_eq!(h.engine.sandbox(&j, &t).map(|s| s.state), Some(SandboxState::Opening));
+    assert_eq!(
+        h.engine.sandbox(&j, &t).map(|s| s.state),
+        Some(SandboxState::Opening)
+    );
     // An exec waits for the open.
     let (_, fx) = h.arrive(exec("x", "j", "t1", 1, 1));
     assert!(dispatched(&fx).is_empty() && rejected(&fx).is_empty());
     h.stored(&o);
     let fx = h.complete(&o, "w1");
-    assert_eq!(h.engine.sandbox(&j, &t).map(|s| s.state), Some(SandboxState::Open));
+    assert_eq!(
+        h.engine.sandbox(&j, &t).map(|s| s.state),
+        Some(SandboxState::Open)
+    );
     let (_, x) = dispatched(&fx).remove(0);
     h.stored(&x);
     h.complete(&x, "w1");
     let (_, fx) = h.arrive(close("c", "j", "t1"));
     let (_, c) = dispatched(&fx).remove(0);
-    assert_eq!(h.engine.sandbox(&j, &t).map(|s| s.state), Some(SandboxState::Closing));
+    assert_eq!(
+        h.engine.sandbox(&j, &t).map(|s| s.state),
+        Some(SandboxState::Closing)
+    );
     h.stored(&c);
     h.complete(&c, "w1");
     assert!(h.engine.sandbox(&j, &t).is_none());
-    assert_eq!(h.engine.booked().get(&WorkerId::new("w1").unwrap()).copied().unwrap_or_default(), (0, 0));
+    assert_eq!(
+        h.engine
+            .booked()
+            .get(&WorkerId::new("w1").unwrap())
+            .copied()
+            .unwrap_or_default(),
+        (0, 0)
+    );
 }
 
 #[test]
@@ -262,7 +302,10 @@ fn queued_actions_get_progress_acks_and_are_handed_back_at_shutdown() {
     assert!(fx.contains(&Effect::Progress(d)), "{fx:?}");
     let fx = h.step(Event::Shutdown);
     assert!(fx.contains(&Effect::Nak(d)), "{fx:?}");
-    assert!(!fx.contains(&Effect::Nak(1)), "running actions stay with their worker");
+    assert!(
+        !fx.contains(&Effect::Nak(1)),
+        "running actions stay with their worker"
+    );
 }
 
 #[test]

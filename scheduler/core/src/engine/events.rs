@@ -1,0 +1,198 @@
+//! What crosses the engine's boundary: events in, effects out, and the clock.
+
+use crate::elastic::ElasticModel;
+use tangram_shared::codec::Encoding;
+use tangram_shared::{
+    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, Rejection, WorkerId,
+};
+
+/// The time of an event: a monotonic millisecond clock for decisions, and wall-clock time for
+/// the timestamps written into results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Now {
+    /// Monotonic milliseconds (any origin; the service counts from its start).
+    pub ms: u64,
+    /// Wall-clock time, microseconds since the Unix epoch.
+    pub unix_us: u64,
+}
+
+impl Now {
+    /// A virtual clock where wall time is the monotonic time (simulations, tests).
+    pub fn virtual_ms(ms: u64) -> Self {
+        Self {
+            ms,
+            unix_us: ms * 1000,
+        }
+    }
+}
+
+/// The service's handle on an action message, to ack or nak it: its stream sequence. A
+/// redelivery of the same message has the same one.
+pub type Delivery = u64;
+
+/// An action that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrival {
+    /// The action.
+    pub action: Action,
+    /// The encoding its result is written in.
+    pub encoding: Encoding,
+    /// When the rollout published it (the stream's timestamp), µs since the Unix epoch.
+    pub submitted_at_us: u64,
+    /// Its message.
+    pub delivery: Delivery,
+    /// True when a result for this id is already stored (a resubmission outside the
+    /// stream's duplicate window): the intake looks that up off the engine's path.
+    pub seen: bool,
+    /// Its elasticity when the caller knows it (the simulator's oracle); otherwise the
+    /// learner's model for its (job, tool) key.
+    pub model: Option<ElasticModel>,
+}
+
+/// What the outside world tells the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A valid action message.
+    Arrived(Box<Arrival>),
+    /// A message that will never be scheduled.
+    Bad(Box<super::BadMessage>),
+    /// A result (from a worker, or one the engine published itself).
+    Result(Box<ActionResult>),
+    /// A worker's heartbeat.
+    Heartbeat(Box<Heartbeat>),
+    /// A dispatch is durable in the stream.
+    DispatchStored {
+        /// The action.
+        id: ActionId,
+        /// The attempt the dispatch carried.
+        attempt: u32,
+    },
+    /// A dispatch could not be stored.
+    DispatchFailed {
+        /// The action.
+        id: ActionId,
+        /// The attempt the dispatch carried.
+        attempt: u32,
+        /// Why, for the log.
+        error: String,
+    },
+    /// Time passed: liveness, deadlines, in-progress acks.
+    Tick,
+    /// The scheduler is stopping: hand queued actions back.
+    Shutdown,
+}
+
+/// What the engine wants done.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Publish a dispatch to its worker, then report `DispatchStored` or `DispatchFailed`.
+    Dispatch {
+        /// The worker.
+        worker: WorkerId,
+        /// The decision.
+        dispatch: Box<Dispatch>,
+    },
+    /// Store a dead-letter record of the message, then (when `addressable`) publish the
+    /// rejection result, then ack the message.
+    Reject(Box<Reject>),
+    /// Publish a result on a worker's behalf (the worker is gone or never answered).
+    PublishResult {
+        /// The result.
+        result: Box<ActionResult>,
+        /// Its encoding.
+        encoding: Encoding,
+    },
+    /// Ack an action message (its dispatch is durable, or it needs nothing more).
+    Ack(Delivery),
+    /// Hand an action message back for redelivery.
+    Nak(Delivery),
+    /// Tell JetStream the message is still being worked on.
+    Progress(Delivery),
+    /// Call `handle(Event::Tick, ..)` at this monotonic time at the latest.
+    WakeAt(u64),
+    /// Something worth counting (metrics).
+    Observe(Observation),
+}
+
+/// A rejected message and whom to tell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reject {
+    /// Its message.
+    pub delivery: Delivery,
+    /// The action id, when one could be read.
+    pub id: Option<String>,
+    /// The job, when one could be read.
+    pub job: Option<String>,
+    /// Encoding of the result.
+    pub encoding: Encoding,
+    /// Why.
+    pub rejection: Rejection,
+    /// The rejection result to publish after the dead-letter record, when the submitter can
+    /// be addressed.
+    pub result: Option<ActionResult>,
+}
+
+/// Metrics the engine reports; the service owns their names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// An action (or an undecodable message: `None`) was received.
+    Received(Option<ActionKind>),
+    /// A resubmission was dropped.
+    Duplicate,
+    /// A message was rejected, by code.
+    Rejected(&'static str),
+    /// A dispatch was stored, with the action's time in the queue.
+    Dispatched {
+        /// Kind.
+        kind: ActionKind,
+        /// Arrival to dispatch stored, seconds.
+        queued_s: f64,
+    },
+    /// A result was seen, by outcome label.
+    Result(&'static str),
+    /// A worker was declared lost.
+    WorkerLost,
+    /// One planning cycle.
+    Cycle {
+        /// Actions queued.
+        queued: usize,
+        /// Actions dispatching or running.
+        running: usize,
+        /// Workers alive.
+        workers: usize,
+    },
+    /// A reward action was routed.
+    GpuRoute {
+        /// Service.
+        service: String,
+        /// The route restores the replica.
+        restore: bool,
+        /// Replicas evicted for it.
+        evictions: usize,
+    },
+    /// GPUs in the fleet and GPUs resident.
+    Gpus {
+        /// All.
+        total: u32,
+        /// Held by resident replicas.
+        resident: u32,
+    },
+    /// A provider's state after admission.
+    Provider {
+        /// Provider.
+        name: String,
+        /// Adaptive rate, per second.
+        rate: f64,
+        /// In flight.
+        inflight: u32,
+        /// Waiting.
+        waiting: usize,
+    },
+    /// An api action was admitted.
+    ApiAdmitted {
+        /// Provider.
+        provider: String,
+        /// Job.
+        job: String,
+    },
+}
