@@ -179,6 +179,8 @@ pub struct WorkerSpec {
     pub mem_mb: u64,
     /// `cgroup` or `docker` grants.
     pub grant_mode: tangram_worker::config::GrantMode,
+    /// What runs the sandboxes (`noop` only in benchmarks and the tests of it).
+    pub sandbox_runtime: tangram_worker::sandbox::RuntimeKind,
 }
 
 impl WorkerSpec {
@@ -189,6 +191,7 @@ impl WorkerSpec {
             cores: "0-1".into(),
             mem_mb: 4096,
             grant_mode: tangram_worker::config::GrantMode::Cgroup,
+            sandbox_runtime: tangram_worker::sandbox::RuntimeKind::Docker,
         }
     }
 }
@@ -345,6 +348,7 @@ impl Cluster {
             cores: Some(w.cores),
             mem_mb: Some(w.mem_mb),
             grant_mode: Some(w.grant_mode),
+            sandbox_runtime: Some(w.sandbox_runtime),
             heartbeat_ms: Some(200),
             shutdown_grace_ms: Some(2000),
             ..Default::default()
@@ -450,6 +454,7 @@ impl Cluster {
                 &w.cores,
             ])
             .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
+            .args(["--sandbox-runtime", w.sandbox_runtime.as_str()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
