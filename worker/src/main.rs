@@ -85,7 +85,11 @@ fn main() -> ExitCode {
         }
     };
     if args.print_gpus {
-        return match tangram_worker::gpu::discover(config.nvml, &config.gpu_groups) {
+        return match tangram_worker::gpu::discover(
+            &tangram_worker::gpu::NvmlDiscovery,
+            config.nvml,
+            &config.gpu_groups,
+        ) {
             Ok(inv) => {
                 println!("{}", serde_json::json!({ "gpus": inv }));
                 ExitCode::SUCCESS
