@@ -167,7 +167,7 @@ pub enum ServiceError {
         service: String,
         /// Why.
         #[source]
-        source: ReplicaError,
+        source: Box<ReplicaError>,
     },
     /// The replica could not be made resident.
     #[error("restoring {service:?} on GPUs {gpus:?}")]
@@ -178,7 +178,7 @@ pub enum ServiceError {
         gpus: Vec<u32>,
         /// Why.
         #[source]
-        source: ReplicaError,
+        source: Box<ReplicaError>,
     },
     /// Scoring failed.
     #[error("scoring on {service:?} (attempt {attempt})")]
@@ -189,7 +189,7 @@ pub enum ServiceError {
         attempt: u32,
         /// Why.
         #[source]
-        source: ReplicaError,
+        source: Box<ReplicaError>,
     },
     /// The replica returned the wrong number of scores.
     #[error("{service:?} returned {got} scores for {want} inputs")]
@@ -405,7 +405,7 @@ impl Services {
                     .await
                     .map_err(|source| ServiceError::Start {
                         service: route.service.clone(),
-                        source,
+                        source: Box::new(source),
                     })?,
             };
             {
@@ -416,7 +416,7 @@ impl Services {
                         last_err = Some(ServiceError::Restore {
                             service: route.service.clone(),
                             gpus: gpus.clone(),
-                            source,
+                            source: Box::new(source),
                         });
                         self.kill(&replica);
                         continue;
@@ -450,7 +450,7 @@ impl Services {
                     let err = ServiceError::Score {
                         service: route.service.clone(),
                         attempt,
-                        source,
+                        source: Box::new(source),
                     };
                     if replica.exited() {
                         replica.set_awake(false);
