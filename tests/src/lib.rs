@@ -16,9 +16,10 @@ use futures::StreamExt;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, Action, ActionId, ActionResult, JobId, WorkerId};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The repository root.
@@ -179,6 +180,8 @@ pub struct WorkerSpec {
     pub mem_mb: u64,
     /// `cgroup` or `docker` grants.
     pub grant_mode: tangram_worker::config::GrantMode,
+    /// What runs the sandboxes (`noop` only in benchmarks and the tests of it).
+    pub sandbox_runtime: tangram_worker::sandbox::RuntimeKind,
 }
 
 impl WorkerSpec {
@@ -189,6 +192,7 @@ impl WorkerSpec {
             cores: "0-1".into(),
             mem_mb: 4096,
             grant_mode: tangram_worker::config::GrantMode::Cgroup,
+            sandbox_runtime: tangram_worker::sandbox::RuntimeKind::Docker,
         }
     }
 }
@@ -262,7 +266,7 @@ pub fn gpu_worker_config(
         ),
         ..Default::default()
     };
-    raw.validate().map_err(|e| anyhow::anyhow!(e.0))
+    Ok(raw.validate()?)
 }
 
 /// Pids of reference replica processes serving `service`.
@@ -345,11 +349,12 @@ impl Cluster {
             cores: Some(w.cores),
             mem_mb: Some(w.mem_mb),
             grant_mode: Some(w.grant_mode),
+            sandbox_runtime: Some(w.sandbox_runtime),
             heartbeat_ms: Some(200),
             shutdown_grace_ms: Some(2000),
             ..Default::default()
         };
-        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let config = raw.validate()?;
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((w.id, token, handle));
@@ -402,7 +407,7 @@ impl Cluster {
             provider: Some(providers),
             ..Default::default()
         };
-        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let config = raw.validate()?;
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((id.to_string(), token, handle));
@@ -450,6 +455,7 @@ impl Cluster {
                 &w.cores,
             ])
             .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
+            .args(["--sandbox-runtime", w.sandbox_runtime.as_str()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
