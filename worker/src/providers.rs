@@ -261,25 +261,8 @@ impl Providers {
             .get(&api.provider)
             .ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
         let report = c.report();
-        if !report.allows(&api.method, &api.path) {
-            return Err(CallError::NotAllowed(format!(
-                "{} {} is not allowed for provider {:?} (allowed: {})",
-                api.method,
-                api.path,
-                api.provider,
-                c.allow.join(", ")
-            )));
-        }
-        if let Some(h) = api
-            .headers
-            .keys()
-            .find(|h| !report.allow_headers.contains(&h.to_ascii_lowercase()))
-        {
-            return Err(CallError::NotAllowed(format!(
-                "header {h:?} is not allowed for provider {:?}",
-                api.provider
-            )));
-        }
+        // The same check the scheduler made before admitting it (a worker never trusts that).
+        report.permits(api).map_err(CallError::NotAllowed)?;
         let method = reqwest::Method::from_bytes(api.method.as_bytes()).map_err(|_| {
             CallError::NotAllowed(format!("{:?} is not an HTTP method", api.method))
         })?;
@@ -409,12 +392,7 @@ impl ApiCaller for FakeProviders {
                 .iter()
                 .find(|c| c.name == api.provider)
                 .ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
-            if !c.report().allows(&api.method, &api.path) {
-                return Err(CallError::NotAllowed(format!(
-                    "{} {} is not allowed for provider {:?}",
-                    api.method, api.path, api.provider
-                )));
-            }
+            c.report().permits(api).map_err(CallError::NotAllowed)?;
             let limit = timeout.min(Duration::from_millis(c.timeout_ms));
             if self.latency > limit {
                 tokio::time::sleep(limit).await;
