@@ -39,7 +39,6 @@ fn queue(n: usize, nodes: usize, rng: &mut Rng) -> Vec<Pending> {
                     t1_ms: rng.lognormal(2000.0, 0.6),
                     speedup: Speedup::Amdahl(p),
                 }),
-                needs: Default::default(),
             }
         })
         .collect()

@@ -39,7 +39,6 @@ fn queue(n: usize, nodes: u32) -> Vec<Pending> {
                 t1_ms: rng.lognormal(2000.0, 0.6),
                 speedup: Speedup::Amdahl([0.0, 0.5, 0.9, 0.98][(rng.next_u64() % 4) as usize]),
             }),
-            needs: Default::default(),
         })
         .collect()
 }

@@ -24,8 +24,8 @@ pub use engine::{Effect, Engine, EngineConfig, Event, Now};
 pub use fcfs::FcfsFirstFit;
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
-    Constraint, Launch, Needs, NeverReason, Pending, Plan, Policy, Snapshot, TokenBucket, Unplaced,
-    WaitReason, WorkerView,
+    Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
+    WorkerView,
 };
 pub use policies::{by_name, Tangram};
 

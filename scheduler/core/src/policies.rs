@@ -55,11 +55,13 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     })
 }
 
-/// A candidate chosen by FCFS selection: the action (index into `pending`) and its worker.
+/// A candidate chosen by FCFS selection: the action (index into `pending`), its worker, and
+/// the cores it took there at selection.
 struct Candidate<'a> {
     index: usize,
     pending: &'a Pending,
     worker: usize,
+    cores: u32,
 }
 
 /// Decisions by index into `pending`; turned into a [`Plan`] in queue order at the end.
@@ -100,116 +102,44 @@ impl Decisions {
     }
 }
 
-/// Named resources and rate tokens as one selection books them, so that candidates never
-/// share what only one of them can have.
-pub(crate) struct ExtraBook<'s> {
-    snapshot: &'s Snapshot,
-    now_ms: u64,
-    /// Units booked per (worker index, resource).
-    units: std::collections::BTreeMap<(usize, String), u64>,
-    /// Tokens booked per rate resource.
-    tokens: std::collections::BTreeMap<String, f64>,
+/// Which of the allowed workers that have room an action goes to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pick {
+    /// The most free cores (for memory-only actions, the most free memory first), ties to the
+    /// lowest id: spreads elastic work and sandbox opens over the fleet.
+    MostFree,
+    /// The lowest id: packs the fleet from its first worker.
+    FirstById,
 }
 
-impl<'s> ExtraBook<'s> {
-    pub(crate) fn new(snapshot: &'s Snapshot, now_ms: u64) -> Self {
-        Self {
-            snapshot,
-            now_ms,
-            units: Default::default(),
-            tokens: Default::default(),
+/// The cores an action must find free on a worker to be selected there, and those it takes
+/// from that worker's free cores at selection. Actions without a core range need none.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cores {
+    /// Its minimum (the policy may share out the rest afterwards).
+    Min,
+    /// A fixed degree of parallelism, clamped to its range.
+    Dop(u32),
+    /// Its maximum: a fixed request, Kubernetes style.
+    Max,
+    /// Needs its minimum, takes all the free cores up to its maximum.
+    UpToMax,
+}
+
+impl Cores {
+    fn need(self, p: &Pending) -> u32 {
+        let Some(r) = p.demand.cores else { return 0 };
+        match self {
+            Cores::Min | Cores::UpToMax => r.min,
+            Cores::Dop(dop) => dop.clamp(r.min, r.max),
+            Cores::Max => r.max,
         }
     }
 
-    fn free_units(&self, w: usize, name: &str) -> u64 {
-        let id = &self.snapshot.workers()[w].id;
-        let free = self.snapshot.resource(id, name).map_or(0, |r| r.1);
-        free.saturating_sub(self.units.get(&(w, name.to_string())).copied().unwrap_or(0))
-    }
-
-    /// Why `p` can never run on any of `allowed`, if so.
-    pub(crate) fn never(
-        &self,
-        p: &Pending,
-        allowed: std::ops::Range<usize>,
-    ) -> Option<NeverReason> {
-        for (name, &need) in &p.needs.units {
-            let any = allowed.clone().any(|w| {
-                self.snapshot
-                    .resource(&self.snapshot.workers()[w].id, name)
-                    .is_some_and(|r| r.0 >= need)
-            });
-            if !any {
-                return Some(NeverReason::NoSuchResource(name.clone()));
-            }
-        }
-        for name in &p.needs.rates {
-            match self.snapshot.rate(name) {
-                Some(b) if b.ready_in_ms(1.0, self.now_ms).is_some() => {}
-                _ => return Some(NeverReason::NoSuchResource(name.clone())),
-            }
-        }
-        None
-    }
-
-    /// Why `p` has to wait for a rate token, if it does.
-    pub(crate) fn rate_wait(&self, p: &Pending) -> Option<WaitReason> {
-        for name in &p.needs.rates {
-            let b = self.snapshot.rate(name)?;
-            let booked = self.tokens.get(name).copied().unwrap_or(0.0);
-            let have = b.available(self.now_ms) - booked;
-            if have < 1.0 {
-                let mut later = *b;
-                later.tokens = have;
-                later.at_ms = later.at_ms.max(self.now_ms);
-                let ready_in_ms = later.ready_in_ms(1.0, self.now_ms).unwrap_or(u64::MAX);
-                return Some(WaitReason::Rate {
-                    name: name.clone(),
-                    ready_in_ms,
-                });
-            }
-        }
-        None
-    }
-
-    /// True when worker `w` has `p`'s named units free.
-    pub(crate) fn fits(&self, p: &Pending, w: usize) -> bool {
-        p.needs
-            .units
-            .iter()
-            .all(|(name, &need)| self.free_units(w, name) >= need)
-    }
-
-    /// The named resource `p` waits for on `allowed`.
-    pub(crate) fn unit_wait(
-        &self,
-        p: &Pending,
-        allowed: std::ops::Range<usize>,
-    ) -> Option<WaitReason> {
-        for (name, &need) in &p.needs.units {
-            let best_free = allowed
-                .clone()
-                .map(|w| self.free_units(w, name))
-                .max()
-                .unwrap_or(0);
-            if best_free < need {
-                return Some(WaitReason::Resource {
-                    name: name.clone(),
-                    need,
-                    best_free,
-                });
-            }
-        }
-        None
-    }
-
-    /// Books `p`'s needs on worker `w`.
-    pub(crate) fn book(&mut self, p: &Pending, w: usize) {
-        for (name, &need) in &p.needs.units {
-            *self.units.entry((w, name.clone())).or_default() += need;
-        }
-        for name in &p.needs.rates {
-            *self.tokens.entry(name.clone()).or_default() += 1.0;
+    fn take(self, p: &Pending, free: u32) -> u32 {
+        match (self, p.demand.cores) {
+            (Cores::UpToMax, Some(r)) => free.min(r.max),
+            _ => self.need(p),
         }
     }
 }
@@ -230,22 +160,22 @@ fn resolve(snapshot: &Snapshot, pending: &[Pending]) -> Vec<Result<Option<usize>
         .collect()
 }
 
-/// FCFS candidate selection shared by the action-level policies: scan in `order`; an action
-/// is a candidate when its base demand (minimum cores, memory) fits in what the candidates
-/// before it left free on an allowed worker. Everything else is explained in `out`.
-/// `cores_of` decides the cores an action reserves at selection (its minimum, or a fixed DoP).
-#[allow(clippy::too_many_arguments)]
+/// FCFS candidate selection, the one place that decides feasibility and writes the reasons
+/// for every policy: scan in `order`; an action is a candidate when its base demand (the
+/// cores `cores` says it needs, its memory) fits in what the candidates before it left free
+/// on an allowed worker that takes new work; `pick` chooses among such workers. Everything
+/// else is explained in `out`, as never fitting (pinned worker gone, more than any allowed
+/// worker has in all) or as waiting (no workers, not accepting, cores, memory).
 fn select<'a>(
     snapshot: &Snapshot,
     pending: &'a [Pending],
     where_: &[Result<Option<usize>, ()>],
     order: &[usize],
-    cores_of: impl Fn(&Pending) -> u32,
-    now_ms: u64,
+    pick: Pick,
+    cores: Cores,
     out: &mut Decisions,
 ) -> Vec<Candidate<'a>> {
     let workers = snapshot.workers();
-    let mut book = ExtraBook::new(snapshot, now_ms);
     let mut free: Vec<(u32, u64)> = workers
         .iter()
         .map(|w| (w.free_cores, w.free_mem_mb))
@@ -253,7 +183,7 @@ fn select<'a>(
     let mut cands = Vec::new();
     for &i in order {
         let p = &pending[i];
-        let need_cores = cores_of(p);
+        let need_cores = cores.need(p);
         let need_mem = p.demand.mem_mb;
         let allowed = match where_[i] {
             Err(()) => {
@@ -283,62 +213,39 @@ fn select<'a>(
             out.unplaced.push((i, Unplaced::NeverFits(why)));
             continue;
         }
-        let extra = !p.needs.is_empty();
-        if extra {
-            if let Some(why) = book.never(p, allowed.clone()) {
-                out.unplaced.push((i, Unplaced::NeverFits(why)));
-                continue;
-            }
-            if let Some(why) = book.rate_wait(p) {
-                out.unplaced.push((i, Unplaced::MayFitLater(why)));
-                continue;
-            }
-        }
-        // Among allowed workers, the one with the most free cores (spreads elastic work).
-        let fit = allowed
+        let mut room = allowed
             .clone()
-            .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem)
-            .filter(|&w| !extra || book.fits(p, w))
-            .max_by(|&a, &b| {
-                let cores = free[a].0.cmp(&free[b].0);
+            .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem);
+        let fit = match pick {
+            Pick::FirstById => room.next(),
+            Pick::MostFree => room.max_by(|&a, &b| {
+                let by_cores = free[a].0.cmp(&free[b].0);
                 // Memory-only actions (sandbox opens) spread by free memory, so that a burst
                 // of opens does not pile onto the first worker while cores are all free.
                 let primary = if need_cores == 0 {
-                    free[a].1.cmp(&free[b].1).then(cores)
+                    free[a].1.cmp(&free[b].1).then(by_cores)
                 } else {
-                    cores
+                    by_cores
                 };
                 primary.then(b.cmp(&a))
-            });
+            }),
+        };
         match fit {
             Some(w) => {
-                free[w].0 -= need_cores;
+                let took = cores.take(p, free[w].0);
+                free[w].0 -= took;
                 free[w].1 -= need_mem;
-                if extra {
-                    book.book(p, w);
-                }
                 cands.push(Candidate {
                     index: i,
                     pending: p,
                     worker: w,
+                    cores: took,
                 });
             }
             None => {
-                let best = allowed
-                    .clone()
-                    .filter(|&w| workers[w].accepting)
-                    .map(|w| free[w].0)
-                    .max();
-                let core_mem_ok = allowed.clone().any(|w| {
-                    workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem
-                });
-                let unit_wait = if extra && core_mem_ok {
-                    book.unit_wait(p, allowed.clone())
-                } else {
-                    None
-                };
-                let why = match best {
-                    _ if unit_wait.is_some() => unit_wait.unwrap_or(WaitReason::NoWorkers),
+                // Only workers taking new work count as having room later.
+                let open = || allowed.clone().filter(|&w| workers[w].accepting);
+                let why = match open().map(|w| free[w].0).max() {
                     None => match &p.constraint {
                         Constraint::OnWorker(id) => WaitReason::NotAccepting(id.clone()),
                         Constraint::Any => WaitReason::NoWorkers,
@@ -349,7 +256,7 @@ fn select<'a>(
                     },
                     Some(_) => WaitReason::Memory {
                         need_mb: need_mem,
-                        best_free_mb: allowed.clone().map(|w| free[w].1).max().unwrap_or(0),
+                        best_free_mb: open().map(|w| free[w].1).max().unwrap_or(0),
                     },
                 };
                 out.unplaced.push((i, Unplaced::MayFitLater(why)));
@@ -359,31 +266,32 @@ fn select<'a>(
     cands
 }
 
-/// Runs a fixed-grant policy: select in `order`, launch every candidate with `cores_of`.
+/// Runs a fixed-grant policy: select in `order`, launch every candidate with the cores it
+/// took at selection.
 fn fixed(
     snapshot: &Snapshot,
     pending: &[Pending],
     order: &[usize],
-    cores_of: impl Fn(&Pending) -> u32 + Copy,
-    now_ms: u64,
+    pick: Pick,
+    cores: Cores,
 ) -> Plan {
     let mut d = Decisions::default();
     let where_ = resolve(snapshot, pending);
-    for c in select(snapshot, pending, &where_, order, cores_of, now_ms, &mut d) {
-        d.launch(&c, cores_of(c.pending));
+    for c in select(snapshot, pending, &where_, order, pick, cores, &mut d) {
+        d.launch(&c, c.cores);
     }
     d.into_plan(snapshot, pending)
 }
 
 /// [`fixed`] in arrival order.
-fn fixed_fifo(
+pub(crate) fn fixed_fifo(
     snapshot: &Snapshot,
     pending: &[Pending],
-    cores_of: impl Fn(&Pending) -> u32 + Copy,
-    now_ms: u64,
+    pick: Pick,
+    cores: Cores,
 ) -> Plan {
     let order: Vec<usize> = (0..pending.len()).collect();
-    fixed(snapshot, pending, &order, cores_of, now_ms)
+    fixed(snapshot, pending, &order, pick, cores)
 }
 
 fn model_of(p: &Pending) -> ElasticModel {
@@ -418,14 +326,14 @@ impl Policy for Tangram {
     /// Runs passes until one launches nothing: units a pass leaves idle after its evictions
     /// go to actions further back in the queue, so a plan is complete (re-planning on the
     /// post-plan snapshot launches nothing new).
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
         let where_ = resolve(snapshot, pending);
         let mut all = Decisions::default();
         let mut snap = snapshot.clone();
         let mut order: Vec<usize> = (0..pending.len()).collect();
         for _ in 0..=pending.len() {
             let mut pass = Decisions::default();
-            self.pass(&snap, pending, &where_, &order, now_ms, &mut pass);
+            self.pass(&snap, pending, &where_, &order, &mut pass);
             if pass.launches.is_empty() {
                 all.unplaced.extend(pass.unplaced);
                 break;
@@ -441,7 +349,6 @@ impl Policy for Tangram {
                 let view = &mut snap.workers_mut()[w];
                 view.free_cores -= cores;
                 view.free_mem_mb -= pending[i].demand.mem_mb;
-                snap.take_needs(w, &pending[i].needs, now_ms);
             }
             all.launches.extend(pass.launches);
             // Nothing more can start when no worker has a core or any memory left.
@@ -573,7 +480,6 @@ impl Tangram {
         pending: &[Pending],
         where_: &[Result<Option<usize>, ()>],
         order: &[usize],
-        now_ms: u64,
         out: &mut Decisions,
     ) {
         let cands = select(
@@ -581,8 +487,8 @@ impl Tangram {
             pending,
             where_,
             order,
-            |p| p.demand.cores.map_or(0, |c| c.min),
-            now_ms,
+            Pick::MostFree,
+            Cores::Min,
             out,
         );
         let nworkers = snapshot.workers().len();
@@ -647,7 +553,7 @@ impl Policy for FixedDop {
         self.name
     }
 
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
         let mut order: Vec<usize> = (0..pending.len()).collect();
         if self.shortest_first {
             let unknown = ElasticModel::unknown().t1_ms;
@@ -657,13 +563,12 @@ impl Policy for FixedDop {
                 .collect();
             order.sort_by(|&a, &b| t1[a].total_cmp(&t1[b]).then(a.cmp(&b)));
         }
-        let dop = self.dop;
         fixed(
             snapshot,
             pending,
             &order,
-            move |p: &Pending| p.demand.cores.map_or(0, |r| dop.clamp(r.min, r.max)),
-            now_ms,
+            Pick::MostFree,
+            Cores::Dop(self.dop),
         )
     }
 }
@@ -684,13 +589,8 @@ impl Policy for Static {
     fn name(&self) -> &'static str {
         "static"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        fixed_fifo(
-            snapshot,
-            pending,
-            |p: &Pending| p.demand.cores.map_or(0, |r| r.min),
-            now_ms,
-        )
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+        fixed_fifo(snapshot, pending, Pick::MostFree, Cores::Min)
     }
     fn per_trajectory_cores(&self) -> Option<u32> {
         Some(self.cores)
@@ -709,13 +609,8 @@ impl Policy for KubeFirstFit {
     fn name(&self) -> &'static str {
         "first-fit"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
-        fixed_fifo(
-            snapshot,
-            pending,
-            |p: &Pending| p.demand.cores.map_or(0, |r| r.max),
-            now_ms,
-        )
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
+        fixed_fifo(snapshot, pending, Pick::MostFree, Cores::Max)
     }
 }
 
@@ -731,7 +626,7 @@ impl Policy for EqualSplit {
     fn name(&self) -> &'static str {
         "equal-split"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
         let mut d = Decisions::default();
         let order: Vec<usize> = (0..pending.len()).collect();
         let where_ = resolve(snapshot, pending);
@@ -740,8 +635,8 @@ impl Policy for EqualSplit {
             pending,
             &where_,
             &order,
-            |p| p.demand.cores.map_or(0, |c| c.min),
-            now_ms,
+            Pick::MostFree,
+            Cores::Min,
             &mut d,
         );
         for w in 0..snapshot.workers().len() {

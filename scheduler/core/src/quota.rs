@@ -5,8 +5,42 @@
 //!
 //! Pure: time is an argument.
 
-use crate::model::TokenBucket;
 use std::collections::BTreeMap;
+
+/// A token bucket: `rate_per_s` tokens a second, at most `burst` saved up; one request takes
+/// one token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TokenBucket {
+    /// Refill rate, tokens per second.
+    rate_per_s: f64,
+    /// Most tokens held.
+    burst: f64,
+    /// Tokens held at `at_ms`.
+    tokens: f64,
+    /// When `tokens` was measured, on the caller's clock.
+    at_ms: u64,
+}
+
+impl TokenBucket {
+    /// Tokens available at `now_ms`.
+    fn available(&self, now_ms: u64) -> f64 {
+        let dt = now_ms.saturating_sub(self.at_ms) as f64 / 1e3;
+        (self.tokens + dt * self.rate_per_s).min(self.burst)
+    }
+
+    /// Milliseconds from `now_ms` until `n` tokens are available (`None`: never, the bucket
+    /// neither holds nor refills that many).
+    fn ready_in_ms(&self, n: f64, now_ms: u64) -> Option<u64> {
+        let have = self.available(now_ms);
+        if have >= n {
+            Some(0)
+        } else if self.rate_per_s > 0.0 && n <= self.burst {
+            Some(((n - have) / self.rate_per_s * 1e3).ceil() as u64)
+        } else {
+            None
+        }
+    }
+}
 
 /// A provider's declared quota.
 #[derive(Debug, Clone, PartialEq)]

@@ -30,7 +30,6 @@ fn exec(id: &str, min: u32, max: u32) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
-        needs: Default::default(),
     }
 }
 
@@ -43,7 +42,6 @@ fn open(id: &str, mem: u64) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
-        needs: Default::default(),
     }
 }
 

@@ -310,7 +310,6 @@ impl Engine {
                 demand,
                 constraint,
                 model,
-                needs: Default::default(),
             });
         }
         (pending, direct)
