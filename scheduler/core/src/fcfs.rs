@@ -13,7 +13,7 @@ pub struct FcfsFirstFit;
 
 impl Policy for FcfsFirstFit {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "fcfs-first-fit"

@@ -317,7 +317,7 @@ impl Default for Tangram {
 
 impl Policy for Tangram {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "tangram"
@@ -547,7 +547,7 @@ pub struct FixedDop {
 
 impl Policy for FixedDop {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         self.name
@@ -584,7 +584,7 @@ pub struct Static {
 
 impl Policy for Static {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "static"
@@ -604,7 +604,7 @@ pub struct KubeFirstFit;
 
 impl Policy for KubeFirstFit {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "first-fit"
@@ -621,7 +621,7 @@ pub struct EqualSplit;
 
 impl Policy for EqualSplit {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "equal-split"
@@ -683,7 +683,7 @@ pub struct PerTask {
 
 impl Policy for PerTask {
     fn boxed(&self) -> Box<dyn Policy> {
-        Box::new(self.clone())
+        Box::new(*self)
     }
     fn name(&self) -> &'static str {
         "per-task"
