@@ -162,6 +162,8 @@ impl Shell {
     }
 
     fn apply(&mut self, effects: Vec<Effect>) {
+        // The engine asks for a wake-up whenever something is due; none means nothing is.
+        self.wake_at = None;
         for effect in effects {
             match effect {
                 Effect::Dispatch { worker, dispatch } => {

@@ -117,11 +117,13 @@ impl Engine {
         ))));
         if let Some(e) = self.actions.get_mut(&a.action.id) {
             if e.delivery == a.delivery {
-                // A redelivery of the message we hold (its ack wait ran out while it waited or
-                // while its dispatch was being stored): the server now expects the ack on this
-                // delivery, which has the same handle. Nothing else changes.
-                if let ActionState::Queued { last_progress_ms } = &mut e.state {
-                    *last_progress_ms = now.ms;
+                // A redelivery of the message we hold: the server now expects the ack on this
+                // delivery, which has the same handle. Queued or dispatching, the ack is still
+                // to come; running, it was sent and lost, so it is sent again.
+                match &mut e.state {
+                    ActionState::Queued { last_progress_ms } => *last_progress_ms = now.ms,
+                    ActionState::Dispatching { .. } => {}
+                    ActionState::Running { .. } => self.out.push(Effect::Ack(a.delivery)),
                 }
             } else {
                 // The same id in another message: a resubmission.

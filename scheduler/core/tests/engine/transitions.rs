@@ -102,6 +102,20 @@ fn a_redelivery_keeps_one_entry_and_a_resubmission_is_acked_as_a_duplicate() {
 }
 
 #[test]
+fn a_redelivery_of_a_running_action_is_acked_again_and_not_run_twice() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (d, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (_, disp) = dispatched(&fx).remove(0);
+    assert_eq!(acks(&h.stored(&disp)), vec![d]);
+    // The ack was lost and the server delivers the message again.
+    let fx = h.arrive_as(exec("x1", "j", "t1", 1, 1), d, false);
+    assert_eq!(acks(&fx), vec![d]);
+    assert!(dispatched(&fx).is_empty());
+    assert!(matches!(h.engine.state_of(&id("x1")), Some(ActionState::Running { .. })));
+}
+
+#[test]
 fn a_result_for_a_queued_action_from_an_earlier_scheduler_settles_it_without_a_second_run() {
     let mut h = Harness::new(&[("w1", 1, 4096)]);
     h.open_sandbox("j", "t1");
