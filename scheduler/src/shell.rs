@@ -177,7 +177,7 @@ impl Shell {
                     }
                 }
                 Effect::Reject(r) => {
-                    let Some(msg) = self.messages.remove(&r.delivery) else {
+                    let Some(msg) = self.messages.remove(&r.message.delivery) else {
                         continue;
                     };
                     let js = self.js.clone();
@@ -263,11 +263,12 @@ fn observe(o: Observation) {
 /// Stores the dead-letter record, then tells the submitter (when it can be addressed), then
 /// acks the message: whoever sees a rejection can find it in the dead-letter stream.
 async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Reject>) {
-    info!(subject = %msg.subject, code = r.rejection.code.as_str(), reason = %r.rejection.reason, "action rejected");
+    info!(subject = %msg.subject, code = r.message.rejection.code.as_str(), reason = %r.message.rejection.reason, "action rejected");
     let mut headers = HeaderMap::new();
-    headers.insert(subject::HEADER_DLQ_CODE, r.rejection.code.as_str());
+    headers.insert(subject::HEADER_DLQ_CODE, r.message.rejection.code.as_str());
     // Header values cannot hold line breaks.
     let reason: String = r
+        .message
         .rejection
         .reason
         .chars()
@@ -275,16 +276,23 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
         .collect();
     headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
     headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
-    if let Some(id) = &r.id {
+    if let Some(id) = &r.message.id {
         let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
         headers.insert("Tangram-Action-Id", id.as_str());
     }
-    headers.insert(subject::HEADER_CONTENT_TYPE, r.encoding.content_type());
+    headers.insert(
+        subject::HEADER_CONTENT_TYPE,
+        r.message.encoding.content_type(),
+    );
     let payload = msg
         .payload
         .slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
     match js
-        .publish_with_headers(subject::deadletter(r.rejection.code), headers, payload)
+        .publish_with_headers(
+            subject::deadletter(r.message.rejection.code),
+            headers,
+            payload,
+        )
         .await
     {
         Ok(f) => {
@@ -295,7 +303,7 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
         Err(e) => warn!(error = %e, "dead-letter publish failed"),
     }
     if let Some(result) = &r.result {
-        publish_result(&js, result, r.encoding).await;
+        publish_result(&js, result, r.message.encoding).await;
     }
     if let Err(e) = msg.ack().await {
         warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");

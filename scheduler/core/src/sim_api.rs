@@ -3,11 +3,9 @@
 //! trajectories ([`crate::quota::Quota`], the scheduler's own code) or sliced evenly per
 //! trajectory (the per-trajectory limiters frameworks use today, the paper's baseline).
 
-use crate::elastic::Speedup;
 use crate::gpu::ServiceSpec;
 use crate::quota::ProviderQuota;
-use crate::sim::{Rng, SimAction, SimCall, SimReport, SimStep, SimTrajectory, Workload};
-use tangram_shared::CpuRange;
+use crate::sim::{Rng, SimCall, SimReport, SimStep, SimTrajectory, Workload};
 
 /// What a step calls.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,16 +96,7 @@ impl ApiWorkload {
                                     exec_ms,
                                 ),
                             };
-                            SimStep {
-                                think_ms: s.think_ms,
-                                action: SimAction {
-                                    call,
-                                    tool: "call".into(),
-                                    cores: CpuRange { min: 1, max: 1 },
-                                    t1_ms,
-                                    speedup: Speedup::Amdahl(0.0),
-                                },
-                            }
+                            SimStep::call(s.think_ms, call, t1_ms)
                         })
                         .collect(),
                 })

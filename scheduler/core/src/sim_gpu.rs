@@ -7,10 +7,8 @@
 //! restore the replica (overhead: the service's restore time) and evict idle ones, least
 //! recently used first.
 
-use crate::elastic::Speedup;
 use crate::gpu::ServiceSpec;
-use crate::sim::{Rng, SimAction, SimCall, SimReport, SimStep, SimTrajectory, Workload};
-use tangram_shared::CpuRange;
+use crate::sim::{Rng, SimCall, SimReport, SimStep, SimTrajectory, Workload};
 
 /// One step of a GPU trajectory: think, then call a service.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,17 +116,11 @@ impl GpuWorkload {
                     steps: t
                         .steps
                         .iter()
-                        .map(|s| SimStep {
-                            think_ms: s.think_ms,
-                            action: SimAction {
-                                call: SimCall::Reward {
-                                    service: s.service.clone(),
-                                },
-                                tool: s.service.clone(),
-                                cores: CpuRange { min: 1, max: 1 },
-                                t1_ms: s.exec_ms,
-                                speedup: Speedup::Amdahl(0.0),
-                            },
+                        .map(|s| {
+                            let call = SimCall::Reward {
+                                service: s.service.clone(),
+                            };
+                            SimStep::call(s.think_ms, call, s.exec_ms)
                         })
                         .collect(),
                 })

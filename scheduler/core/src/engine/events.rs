@@ -2,9 +2,7 @@
 
 use crate::elastic::ElasticModel;
 use tangram_shared::codec::Encoding;
-use tangram_shared::{
-    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, Rejection, WorkerId,
-};
+use tangram_shared::{Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, WorkerId};
 
 /// The time of an event: a monotonic millisecond clock for decisions, and wall-clock time for
 /// the timestamps written into results.
@@ -114,19 +112,11 @@ pub enum Effect {
     Observe(Observation),
 }
 
-/// A rejected message and whom to tell.
+/// A rejected message, whom to tell, and what to tell them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reject {
-    /// Its message.
-    pub delivery: Delivery,
-    /// The action id, when one could be read.
-    pub id: Option<String>,
-    /// The job, when one could be read.
-    pub job: Option<String>,
-    /// Encoding of the result.
-    pub encoding: Encoding,
-    /// Why.
-    pub rejection: Rejection,
+    /// The message and why.
+    pub message: super::BadMessage,
     /// The rejection result to publish after the dead-letter record, when the submitter can
     /// be addressed.
     pub result: Option<ActionResult>,

@@ -237,11 +237,13 @@ impl Engine {
             ActionResult::rejected(id, job, rejection.clone(), now.unix_us / 1000)
         });
         self.out.push(Effect::Reject(Box::new(Reject {
-            delivery,
-            id,
-            job,
-            encoding,
-            rejection,
+            message: BadMessage {
+                delivery,
+                id,
+                job,
+                encoding,
+                rejection,
+            },
             result,
         })));
     }

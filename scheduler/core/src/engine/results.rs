@@ -6,35 +6,47 @@ use super::{Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
 
 impl Engine {
-    pub(crate) fn on_dispatch_stored(&mut self, id: &ActionId, attempt: u32, now: Now) {
-        let Some(e) = self.actions.get_mut(id) else {
-            return; // settled already (its result came first)
-        };
-        let ActionState::Dispatching {
-            worker,
-            booking,
-            attempt: a,
-            ..
-        } = &e.state
-        else {
-            return;
-        };
-        if *a != attempt {
-            return;
+    /// The action and its worker and booking, when it is dispatching this very attempt (an
+    /// outcome of an earlier attempt, or of an action settled meanwhile, changes nothing).
+    fn dispatching(
+        &mut self,
+        id: &ActionId,
+        attempt: u32,
+    ) -> Option<(&mut Entry, WorkerId, Booking)> {
+        let e = self.actions.get_mut(id)?;
+        match &e.state {
+            ActionState::Dispatching {
+                worker,
+                booking,
+                attempt: a,
+                ..
+            } if *a == attempt => {
+                let (w, b) = (worker.clone(), booking.clone());
+                Some((e, w, b))
+            }
+            _ => None,
         }
-        let deadline_ms = now.ms + e.action.timeout_ms + self.config.result_grace_ms;
+    }
+
+    pub(crate) fn on_dispatch_stored(&mut self, id: &ActionId, attempt: u32, now: Now) {
+        let grace = self.config.result_grace_ms;
+        let Some((e, worker, booking)) = self.dispatching(id, attempt) else {
+            return;
+        };
+        let deadline_ms = now.ms + e.action.timeout_ms + grace;
         let kind = e.action.kind();
         let queued_s = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;
         e.state = ActionState::Running {
-            worker: worker.clone(),
-            booking: booking.clone(),
+            worker,
+            booking,
             attempt,
             stored_ms: now.ms,
             deadline_ms,
             unreported: 0,
         };
         // Only now, with the dispatch durable, is the action acknowledged.
-        self.out.push(Effect::Ack(e.delivery));
+        let delivery = e.delivery;
+        self.out.push(Effect::Ack(delivery));
         self.out
             .push(Effect::Observe(Observation::Dispatched { kind, queued_s }));
     }
@@ -42,22 +54,9 @@ impl Engine {
     /// The dispatch was not stored: forget the assumption, give the booking back, and queue
     /// the action again in its arrival position (the next attempt gets a new number).
     pub(crate) fn on_dispatch_failed(&mut self, id: &ActionId, attempt: u32, now: Now) {
-        let Some(e) = self.actions.get_mut(id) else {
+        let Some((e, worker, booking)) = self.dispatching(id, attempt) else {
             return;
         };
-        let ActionState::Dispatching {
-            worker,
-            booking,
-            attempt: a,
-            ..
-        } = &e.state
-        else {
-            return;
-        };
-        if *a != attempt {
-            return;
-        }
-        let (worker, booking) = (worker.clone(), booking.clone());
         let arrived = e.arrived_ms;
         let last_progress_ms = arrived;
         e.state = ActionState::Queued { last_progress_ms };

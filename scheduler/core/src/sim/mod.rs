@@ -62,6 +62,22 @@ pub struct SimStep {
     pub action: SimAction,
 }
 
+impl SimStep {
+    /// A step that uses no cores: a reward or api call taking `t1_ms` once it runs.
+    pub fn call(think_ms: f64, call: SimCall, t1_ms: f64) -> Self {
+        Self {
+            think_ms,
+            action: SimAction {
+                call,
+                tool: "call".into(),
+                cores: CpuRange { min: 1, max: 1 },
+                t1_ms,
+                speedup: Speedup::Amdahl(0.0),
+            },
+        }
+    }
+}
+
 /// One trajectory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimTrajectory {

@@ -462,7 +462,9 @@ impl Driver<'_> {
                         self.execute(&worker, &dispatch, now);
                     }
                     Effect::Reject(r) => {
-                        if let Some(id) = r.id.as_deref().and_then(|i| ActionId::new(i).ok()) {
+                        if let Some(id) =
+                            r.message.id.as_deref().and_then(|i| ActionId::new(i).ok())
+                        {
                             self.stop(Self::traj_of(&id), now);
                         }
                     }

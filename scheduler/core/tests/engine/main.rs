@@ -218,7 +218,11 @@ pub(crate) fn published(fx: &[Effect]) -> Vec<ActionResult> {
 pub(crate) fn rejected(fx: &[Effect]) -> Vec<(Option<String>, tangram_shared::RejectCode, String)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Reject(r) => Some((r.id.clone(), r.rejection.code, r.rejection.reason.clone())),
+            Effect::Reject(r) => Some((
+                r.message.id.clone(),
+                r.message.rejection.code,
+                r.message.rejection.reason.clone(),
+            )),
             _ => None,
         })
         .collect()

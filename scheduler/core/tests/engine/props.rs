@@ -74,7 +74,7 @@ impl World {
                     *self.ends.entry(result.id.clone()).or_default() += 1;
                 }
                 Effect::Reject(r) => {
-                    if let Some(id) = r.id.as_deref().and_then(|i| ActionId::new(i).ok()) {
+                    if let Some(id) = r.message.id.as_deref().and_then(|i| ActionId::new(i).ok()) {
                         *self.ends.entry(id).or_default() += 1;
                     }
                 }

@@ -112,7 +112,10 @@ fn a_redelivery_of_a_running_action_is_acked_again_and_not_run_twice() {
     let fx = h.arrive_as(exec("x1", "j", "t1", 1, 1), d, false);
     assert_eq!(acks(&fx), vec![d]);
     assert!(dispatched(&fx).is_empty());
-    assert!(matches!(h.engine.state_of(&id("x1")), Some(ActionState::Running { .. })));
+    assert!(matches!(
+        h.engine.state_of(&id("x1")),
+        Some(ActionState::Running { .. })
+    ));
 }
 
 #[test]
