@@ -126,8 +126,7 @@ async fn reference_replica_keep_alive_requests_do_not_wait_for_delayed_acks() ->
 }
 
 #[tokio::test]
-async fn rate_limited_api_keep_alive_requests_do_not_wait_for_delayed_acks() -> anyhow::Result<()>
-{
+async fn rate_limited_api_keep_alive_requests_do_not_wait_for_delayed_acks() -> anyhow::Result<()> {
     let server = RateLimitedApi::start(10_000.0, 100.0, Duration::ZERO).await?;
     let port: u16 = server
         .url
