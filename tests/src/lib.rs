@@ -185,6 +185,8 @@ pub struct WorkerSpec {
     pub mem_mb: u64,
     /// `cgroup` or `docker` grants.
     pub grant_mode: tangram_worker::config::GrantMode,
+    /// What runs the sandboxes (`noop` only in benchmarks and the tests of it).
+    pub sandbox_runtime: tangram_worker::sandbox::RuntimeKind,
 }
 
 impl WorkerSpec {
@@ -195,6 +197,7 @@ impl WorkerSpec {
             cores: "0-1".into(),
             mem_mb: 4096,
             grant_mode: tangram_worker::config::GrantMode::Cgroup,
+            sandbox_runtime: tangram_worker::sandbox::RuntimeKind::Docker,
         }
     }
 }
@@ -351,6 +354,7 @@ impl Cluster {
             cores: Some(w.cores),
             mem_mb: Some(w.mem_mb),
             grant_mode: Some(w.grant_mode),
+            sandbox_runtime: Some(w.sandbox_runtime),
             heartbeat_ms: Some(200),
             shutdown_grace_ms: Some(2000),
             ..Default::default()
@@ -456,6 +460,7 @@ impl Cluster {
                 &w.cores,
             ])
             .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
+            .args(["--sandbox-runtime", w.sandbox_runtime.as_str()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

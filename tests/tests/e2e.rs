@@ -729,3 +729,39 @@ async fn files_that_do_not_fit_the_workdir_are_an_infra_error_with_the_reason() 
     assert_eq!(c.run(&ok, T).await?.stdout, "fits");
     cluster.shutdown().await
 }
+
+/// The benchmark-only `noop` runtime: the whole action path (scheduler, dispatch, admission,
+/// grants, results) with no container behind it. Commands do not run: an exec that would print
+/// and fail reports exit 0 and no output, and no container is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_noop_runtime_completes_every_action_without_running_anything() -> anyhow::Result<()> {
+    let mut spec = WorkerSpec::new("noop-a");
+    spec.sandbox_runtime = tangram_worker::sandbox::RuntimeKind::Noop;
+    let cluster = Cluster::start(&[spec]).await?;
+    let c = cluster.client("job1").await?;
+    c.wait_for_workers(&["noop-a"], T).await?;
+    let r = c.run(&open("o1", "job1", "t1"), T).await?;
+    assert_eq!(exit_code(&r.outcome), 0, "{r:?}");
+    assert_eq!(containers_of("noop-a"), 0);
+    for i in 0..3 {
+        let id = format!("e{i}");
+        let r = c
+            .run(
+                &exec(&id, "job1", "t1", &["sh", "-c", "echo hi; exit 3"], 1, 1),
+                T,
+            )
+            .await?;
+        assert_eq!(exit_code(&r.outcome), 0, "{r:?}");
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("", ""));
+        let p = r.placement.expect("placement");
+        assert_eq!((p.worker.as_str(), p.cores), ("noop-a", 1));
+    }
+    let r = c.run(&close("c1", "job1", "t1"), T).await?;
+    assert_eq!(exit_code(&r.outcome), 0, "{r:?}");
+    // The sandbox is gone with the close: an exec on it now finds none.
+    let r = c
+        .run(&exec("late", "job1", "t1", &["true"], 1, 1), T)
+        .await?;
+    assert!(!matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    cluster.shutdown().await
+}

@@ -5,6 +5,7 @@
 use crate::cpuset;
 use crate::gpu::NvmlMode;
 use crate::providers::ProviderConfig;
+use crate::sandbox::RuntimeKind;
 use crate::services::ServiceConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -73,6 +74,8 @@ pub struct RawConfig {
     pub sandbox: Option<RawSandbox>,
     /// False on GPU hosts: no sandboxes (model-generated code never runs there), no Docker.
     pub sandboxes: Option<bool>,
+    /// What runs sandboxes: `docker`, or `noop` for pipeline benchmarks only.
+    pub sandbox_runtime: Option<RuntimeKind>,
     /// Where the worker keeps its own state (replica pid files), default
     /// `$TMPDIR/tangram-worker-<id>`.
     pub state_dir: Option<String>,
@@ -139,6 +142,8 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// Runs sandboxes (CPU host) or not (GPU host).
     pub sandboxes: bool,
+    /// What runs them.
+    pub sandbox_runtime: RuntimeKind,
     /// The worker's state directory.
     pub state_dir: std::path::PathBuf,
     /// How GPUs are found.
@@ -191,6 +196,7 @@ impl RawConfig {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             sandbox: over.sandbox.or(self.sandbox),
             sandboxes: over.sandboxes.or(self.sandboxes),
+            sandbox_runtime: over.sandbox_runtime.or(self.sandbox_runtime),
             state_dir: over.state_dir.or(self.state_dir),
             gpu: over.gpu.or(self.gpu),
             service: over.service.or(self.service),
@@ -282,6 +288,8 @@ impl RawConfig {
             .unwrap_or_else(|| std::env::temp_dir().join(format!("tangram-worker-{id}")));
         Ok(Config {
             sandboxes: self.sandboxes.unwrap_or(true),
+            // Docker unless asked: `noop` runs no commands and exists for benchmarks only.
+            sandbox_runtime: self.sandbox_runtime.unwrap_or(RuntimeKind::Docker),
             state_dir,
             nvml: gpu.nvml.unwrap_or(NvmlMode::Auto),
             gpu_groups,

@@ -19,6 +19,7 @@ pub mod gpu;
 pub mod metrics;
 pub mod providers;
 mod runtime;
+pub mod sandbox;
 pub mod services;
 
 pub use config::Config;

@@ -4,6 +4,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tangram_worker::config::{GrantMode, RawConfig};
+use tangram_worker::sandbox::RuntimeKind;
 use tokio_util::sync::CancellationToken;
 
 /// Tangram's CPU worker: runs sandbox actions in hardened Docker containers.
@@ -31,6 +32,9 @@ struct Args {
     /// How cores are granted: cgroup or docker [default: cgroup].
     #[arg(long, env = "TANGRAM_WORKER_GRANT_MODE", value_parser = parse_mode)]
     grant_mode: Option<GrantMode>,
+    /// What runs sandboxes: docker, or noop (benchmarks only: commands never run) [default: docker].
+    #[arg(long, env = "TANGRAM_WORKER_SANDBOX_RUNTIME")]
+    sandbox_runtime: Option<RuntimeKind>,
     /// Heartbeat period in milliseconds [default: 1000].
     #[arg(long, env = "TANGRAM_WORKER_HEARTBEAT_MS")]
     heartbeat_ms: Option<u64>,
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         parking_cores: args.parking_cores,
         mem_mb: args.mem_mb,
         grant_mode: args.grant_mode,
+        sandbox_runtime: args.sandbox_runtime,
         metrics_addr: args.metrics_addr,
         heartbeat_ms: args.heartbeat_ms,
         ..Default::default()

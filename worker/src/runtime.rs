@@ -1,23 +1,28 @@
 //! The worker runtime: intake of dispatches, execution, results, heartbeats, shutdown.
 
-use crate::cgroup::{CgroupCpu, PERIOD_US};
-use crate::config::{Config, GrantMode};
+use crate::cgroup::PERIOD_US;
+use crate::config::Config;
 use crate::cpuset::{self, CoreAllocator};
-use crate::docker::{us_since, DockerError, DockerSandboxes, PARKED_QUOTA_US};
+use crate::docker::{us_since, DockerRuntime, PARKED_QUOTA_US};
 use crate::metrics as m;
 use crate::providers::{CallError, Providers};
+use crate::sandbox::{
+    ExecRequest, InMemorySandboxes, RuntimeKind, SandboxError, SandboxHandle, SandboxKey,
+    SandboxRuntime,
+};
 use crate::services::{ServiceError, Services};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{
     subject, ActionId, ActionResult, ActionSpec, Dispatch, GpuInventory, Heartbeat, InfraCode,
     Outcome, Placement, RejectCode, SandboxRef, Timing,
 };
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
@@ -27,11 +32,10 @@ const RECENT: usize = 10_000;
 /// In-progress acks while an action runs; the dispatch consumer's ack_wait is 10 s.
 const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
-type Key = (String, String);
+type Key = SandboxKey;
 
 struct Sandbox {
-    container: String,
-    cgroup: Option<CgroupCpu>,
+    handle: SandboxHandle,
     mem_mb: u64,
     /// Commands in one sandbox run one at a time, as a trajectory's actions do.
     lock: tokio::sync::Mutex<()>,
@@ -49,7 +53,7 @@ struct State {
 struct Worker {
     config: Config,
     /// Absent on workers that run no sandboxes (GPU hosts).
-    docker: Option<DockerSandboxes>,
+    docker: Option<Arc<dyn SandboxRuntime>>,
     /// Model services, on GPU hosts.
     services: Option<Arc<Services>>,
     /// External API providers.
@@ -62,31 +66,40 @@ struct Worker {
     inventory: Option<GpuInventory>,
 }
 
-async fn connect_docker(config: &Config) -> anyhow::Result<DockerSandboxes> {
-    let docker = DockerSandboxes::connect(config.id.as_str(), config.sandbox.clone())
-        .await
-        .context("connecting to the Docker daemon")?;
-    if !docker.has_image(docker.default_image()).await? {
-        anyhow::bail!(
-            "default sandbox image {:?} is not present; build it with deploy/build-sandbox-image.sh",
-            docker.default_image()
-        );
-    }
+async fn sandbox_runtime(config: &Config) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
+    let runtime: Arc<dyn SandboxRuntime> = match config.sandbox_runtime {
+        RuntimeKind::Docker => Arc::new(
+            DockerRuntime::connect(
+                config.id.as_str(),
+                config.sandbox.clone(),
+                config.grant_mode,
+            )
+            .await
+            .context("connecting to the Docker daemon")?,
+        ),
+        RuntimeKind::Noop => {
+            warn!("sandbox_runtime = \"noop\": commands are NOT run, every exec reports exit 0 at once; for pipeline benchmarks only, never for real workloads");
+            Arc::new(InMemorySandboxes::noop())
+        }
+    };
+    runtime.validate().await.map_err(|e| match e {
+        SandboxError::NoImage(image) => anyhow::anyhow!(
+            "default sandbox image {image:?} is not present; build it with deploy/build-sandbox-image.sh"
+        ),
+        e => anyhow::Error::new(e).context("checking the sandbox runtime"),
+    })?;
     // Reconcile: whatever an earlier run of this worker left is unusable now (its cores and
     // grants are unknown); remove it. Actions that were running in it come back as redelivered
     // dispatches and are reported lost (their sandbox is gone).
-    let leftovers = docker.leftovers().await?;
-    for l in &leftovers {
-        docker.remove(&l.id).await?;
-    }
-    if !leftovers.is_empty() {
-        m::leftovers(leftovers.len());
+    let removed = runtime.recover().await?;
+    if removed > 0 {
+        m::leftovers(removed);
         info!(
-            count = leftovers.len(),
+            count = removed,
             "removed leftover sandboxes of an earlier run"
         );
     }
-    Ok(docker)
+    Ok(runtime)
 }
 
 fn unix_us() -> u64 {
@@ -99,7 +112,7 @@ fn unix_us() -> u64 {
 /// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let docker = if config.sandboxes {
-        Some(connect_docker(&config).await?)
+        Some(sandbox_runtime(&config).await?)
     } else {
         None
     };
@@ -219,7 +232,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .collect();
     if let Some(docker) = &worker.docker {
         for s in sandboxes {
-            let _ = docker.remove(&s.container).await;
+            let _ = docker.remove(&s.handle).await;
         }
     }
     if let Some(svc) = &worker.services {
@@ -273,10 +286,10 @@ async fn send_heartbeat(
         let mut sandboxes: Vec<SandboxRef> = st
             .sandboxes
             .iter()
-            .filter_map(|((job, traj), s)| {
+            .filter_map(|(key, s)| {
                 Some(SandboxRef {
-                    job: tangram_shared::JobId::new(job.clone()).ok()?,
-                    trajectory: tangram_shared::TrajectoryId::new(traj.clone()).ok()?,
+                    job: tangram_shared::JobId::new(key.job.clone()).ok()?,
+                    trajectory: tangram_shared::TrajectoryId::new(key.trajectory.clone()).ok()?,
                     mem_mb: s.mem_mb,
                 })
             })
@@ -332,9 +345,9 @@ async fn send_heartbeat(
 impl Worker {
     /// The Docker client; sandbox actions are refused before reaching here on workers
     /// without one.
-    fn dk(&self) -> &DockerSandboxes {
+    fn dk(&self) -> &dyn SandboxRuntime {
         self.docker
-            .as_ref()
+            .as_deref()
             .expect("sandbox actions never run on a worker without Docker")
     }
 
@@ -553,7 +566,10 @@ impl Worker {
     async fn execute(&self, d: &Dispatch) -> ActionResult {
         let queued_us = unix_us().saturating_sub(d.submitted_at_us);
         let a = &d.action;
-        let key: Key = (a.job.0.clone(), a.trajectory.0.clone());
+        let key = SandboxKey {
+            job: a.job.0.clone(),
+            trajectory: a.trajectory.0.clone(),
+        };
         let mut result = ActionResult::new(
             a.id.clone(),
             a.job.clone(),
@@ -592,7 +608,7 @@ impl Worker {
                     .remove(&key);
                 if let Some(s) = sandbox {
                     let _guard = s.lock.lock().await;
-                    if let Err(e) = self.dk().remove(&s.container).await {
+                    if let Err(e) = self.dk().remove(&s.handle).await {
                         result.outcome =
                             infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
                     }
@@ -617,13 +633,10 @@ impl Worker {
         {
             return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
         }
-        let created = self
-            .dk()
-            .create(&key.0, &key.1, open, &self.config.parking_cores)
-            .await;
-        let created = match created {
-            Ok(c) => c,
-            Err(DockerError::NoImage(image)) => {
+        let created = self.dk().start(key, open, &self.config.parking_cores).await;
+        let handle = match created {
+            Ok(h) => h,
+            Err(SandboxError::NoImage(image)) => {
                 return Outcome::Rejected {
                     code: RejectCode::InvalidField,
                     reason: format!(
@@ -632,24 +645,16 @@ impl Worker {
                     ),
                 }
             }
+            Err(SandboxError::Cgroup(e)) => {
+                return infra(
+                    InfraCode::Grant,
+                    format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
+                )
+            }
             Err(e) => return infra(InfraCode::Runtime, format!("creating the sandbox: {e}")),
         };
-        let cgroup = match self.config.grant_mode {
-            GrantMode::Docker => None,
-            GrantMode::Cgroup => match CgroupCpu::for_pid(created.pid) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    let _ = self.dk().remove(&created.id).await;
-                    return infra(
-                        InfraCode::Grant,
-                        format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
-                    );
-                }
-            },
-        };
         let sandbox = Arc::new(Sandbox {
-            container: created.id,
-            cgroup,
+            handle,
             mem_mb: mem_mb.max(open.memory_mb),
             lock: tokio::sync::Mutex::new(()),
         });
@@ -659,37 +664,6 @@ impl Worker {
             .sandboxes
             .insert(key.clone(), sandbox);
         Outcome::Completed { exit_code: 0 }
-    }
-
-    /// Grants or parks `cpus` on a sandbox by the configured mode.
-    async fn set_cpus(
-        &self,
-        s: &Sandbox,
-        cpus: &str,
-        quota_us: i64,
-        widening: bool,
-    ) -> Result<(), String> {
-        let t = Instant::now();
-        let (mode, r) = match &s.cgroup {
-            Some(cg) => (
-                "cgroup",
-                cg.apply(cpus, quota_us, widening)
-                    .map_err(|e| e.to_string()),
-            ),
-            None => (
-                "docker",
-                self.dk()
-                    .update_cpus(&s.container, cpus, quota_us)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
-        };
-        m::grant(
-            mode,
-            if widening { "grant" } else { "park" },
-            t.elapsed().as_secs_f64(),
-        );
-        r
     }
 
     async fn exec(
@@ -710,7 +684,7 @@ impl Worker {
         let Some(s) = sandbox else {
             result.outcome = infra(
                 InfraCode::SandboxLost,
-                format!("worker {} holds no sandbox for trajectory {} (it restarted or the sandbox was removed)", self.config.id, key.1),
+                format!("worker {} holds no sandbox for trajectory {} (it restarted or the sandbox was removed)", self.config.id, key.trajectory),
             );
             return;
         };
@@ -731,50 +705,34 @@ impl Worker {
         }
         let mut exec_us = 0;
         let outcome = async {
-            self.set_cpus(&s, &list, n as i64 * PERIOD_US, true)
+            self.dk().grant(&s.handle, &list, n as i64 * PERIOD_US, true)
                 .await
-                .map_err(|e| infra(InfraCode::Grant, format!("granting cores {list}: {e}")))?;
-            let mut argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
-            // Files ride on the command's own exec when its stdin is free; otherwise they take
-            // an exec of their own first.
-            let inline_files = !exec.files.is_empty() && exec.stdin.is_none();
-            let stdin: Option<Vec<u8>> = if inline_files {
-                argv = crate::docker::with_files_wrapper(&argv);
-                Some(crate::docker::files_archive(&exec.files).map_err(|e| infra(InfraCode::Runtime, format!("packing files: {e}")))?)
-            } else {
-                self.dk().write_files(&s.container, &exec.files).await.map_err(|e| docker_outcome(e, "writing files"))?;
-                exec.stdin.as_ref().map(|t| t.as_bytes().to_vec())
-            };
+                .map_err(|e| sandbox_outcome(e, &format!("granting cores {list}")))?;
+            let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
             let mut env = vec![format!("TANGRAM_CPUS={n}")];
             env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
-            let timeout = Duration::from_millis(d.action.timeout_ms);
-            let t_exec = Instant::now();
-            let run = self.dk().run(
-                &s.container,
-                &argv,
-                &env,
-                stdin.as_deref(),
-                timeout,
-                self.config.sandbox.output_limit_bytes,
+            let run = self.dk().exec(
+                &s.handle,
+                ExecRequest {
+                    argv: &argv,
+                    env: &env,
+                    stdin: exec.stdin.as_ref().map(|t| t.as_bytes()),
+                    files: &exec.files,
+                    timeout: Duration::from_millis(d.action.timeout_ms),
+                    output_limit_bytes: self.config.sandbox.output_limit_bytes,
+                },
             );
             let out = tokio::select! {
-                r = run => r.map_err(|e| docker_outcome(e, "running the command"))?,
+                r = run => r.map_err(|e| sandbox_outcome(e, "running the command"))?,
                 _ = self.hard_stop.cancelled() => {
-                    self.dk().kill_all(&s.container).await;
+                    self.dk().stop(&s.handle).await;
                     return Err(infra(InfraCode::Shutdown, "the worker stopped before the command finished".to_string()));
                 }
             };
-            exec_us = us_since(t_exec);
+            exec_us = out.exec_us;
             result.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
             result.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             result.truncated = out.truncated;
-            if inline_files
-                && out.exit_code == Some(crate::docker::FILES_FAILED_EXIT)
-                && result.stderr.contains(crate::docker::FILES_FAILED_MARK)
-            {
-                let why = result.stderr.trim().to_string();
-                return Err(infra(InfraCode::Runtime, format!("{why} (is workdir_mb large enough?)")));
-            }
             Ok(match (out.timed_out, out.exit_code) {
                 (true, _) => Outcome::TimedOut,
                 (false, Some(code)) => Outcome::Completed { exit_code: code as i32 },
@@ -784,7 +742,13 @@ impl Worker {
         .await;
         // Park again whatever happened, then give the cores back.
         if let Err(e) = self
-            .set_cpus(&s, &self.config.parking_cores, PARKED_QUOTA_US, false)
+            .dk()
+            .grant(
+                &s.handle,
+                &self.config.parking_cores,
+                PARKED_QUOTA_US,
+                false,
+            )
             .await
         {
             warn!(error = %e, "parking the sandbox failed");
@@ -813,12 +777,16 @@ fn infra(code: InfraCode, reason: String) -> Outcome {
     Outcome::InfraError { code, reason }
 }
 
-fn docker_outcome(e: DockerError, doing: &str) -> Outcome {
+fn sandbox_outcome(e: SandboxError, doing: &str) -> Outcome {
     match e {
-        DockerError::Gone(_) => infra(
+        SandboxError::Gone(_) => infra(
             InfraCode::SandboxLost,
-            format!("{doing}: the sandbox container is gone"),
+            format!("{doing}: the sandbox is gone"),
         ),
+        SandboxError::Grant(_) | SandboxError::Cgroup(_) => {
+            infra(InfraCode::Grant, format!("{doing}: {e}"))
+        }
+        SandboxError::Files(why) => infra(InfraCode::Runtime, why),
         e => infra(InfraCode::Runtime, format!("{doing}: {e}")),
     }
 }

@@ -1,4 +1,5 @@
-//! The Docker executor: the only module that calls bollard.
+//! The Docker executor: the only module that calls bollard. [`DockerRuntime`] is the worker's
+//! sandbox runtime; [`ReplicaContainers`] runs model replicas packaged as images.
 //!
 //! A sandbox is a long-lived container whose PID 1 is a small shell loop (see [`KEEPER`])
 //! hardened by default: no network, read-only root, tmpfs `/work` and `/tmp`, all
@@ -18,9 +19,17 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::SandboxOpen;
 use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+
+pub use crate::sandbox::ExecOutput;
+pub use replicas::{ReplicaContainers, LABEL_REPLICA};
+pub use runtime::DockerRuntime;
+
+mod replicas;
+mod runtime;
 
 /// Labels every sandbox carries.
 pub const LABEL_WORKER: &str = "tangram.worker";
@@ -72,21 +81,6 @@ pub struct Created {
     pub id: String,
     /// Host PID of its init process (for the cgroup paths).
     pub pid: i64,
-}
-
-/// What one command did.
-#[derive(Debug, Default)]
-pub struct ExecOutput {
-    /// Exit code, when the command ended by itself.
-    pub exit_code: Option<i64>,
-    /// True when the timeout fired and the process tree was killed.
-    pub timed_out: bool,
-    /// Captured stdout, up to the cap.
-    pub stdout: Vec<u8>,
-    /// Captured stderr, up to the cap.
-    pub stderr: Vec<u8>,
-    /// True when either stream was cut.
-    pub truncated: bool,
 }
 
 /// Exit code of [`FILES_WRAPPER`] when the files could not be written.
@@ -355,34 +349,42 @@ impl DockerSandboxes {
             )
             .await
             .map_err(|e| DockerError::from_api(e, id))?;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         let started = self
             .docker
             .start_exec(&exec.id, None::<StartExecOptions>)
             .await?;
-        let StartExecResults::Attached {
-            mut output,
-            mut input,
-        } = started
-        else {
+        let StartExecResults::Attached { mut output, input } = started else {
             return Err(DockerError::Io(std::io::Error::other(
                 "exec started detached",
             )));
         };
         let mut out = ExecOutput::default();
-        if let Some(data) = stdin {
-            let data = data.to_vec();
-            // Feed stdin alongside reading output so a command that prints before reading
-            // cannot deadlock us.
-            tokio::spawn(async move {
-                let _ = input.write_all(&data).await;
+        // Stdin is fed alongside reading output, so a command that prints before it reads
+        // cannot deadlock us; the feed ends with the exec.
+        let mut fed = stdin.is_none();
+        let input = match stdin {
+            Some(_) => Some(input),
+            None => {
+                drop(input);
+                None
+            }
+        };
+        let feed = async move {
+            if let (Some(data), Some(mut input)) = (stdin, input) {
+                let _ = input.write_all(data).await;
                 let _ = input.shutdown().await;
-            });
-        } else {
-            drop(input);
-        }
+            }
+        };
+        let mut feed = std::pin::pin!(feed);
         loop {
-            let next = tokio::time::timeout_at(deadline, output.next()).await;
+            let next = tokio::select! {
+                _ = &mut feed, if !fed => {
+                    fed = true;
+                    continue;
+                }
+                n = tokio::time::timeout_at(deadline, output.next()) => n,
+            };
             match next {
                 Ok(Some(Ok(chunk))) => {
                     let (buf, bytes) = match chunk {
@@ -507,7 +509,7 @@ pub fn us_since(t: Instant) -> u64 {
 
 /// Removes a container whether it runs or not, with its anonymous volumes; one already gone
 /// is not an error.
-async fn force_remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
+pub(crate) async fn force_remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
     match docker
         .remove_container(
             id,
@@ -528,7 +530,7 @@ async fn force_remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
 }
 
 /// Containers (running or not) carrying `label=value`.
-async fn labelled(
+pub(crate) async fn labelled(
     docker: &Docker,
     label: &str,
     value: &str,
@@ -541,137 +543,4 @@ async fn labelled(
             ..Default::default()
         }))
         .await?)
-}
-
-/// Label on model replica containers: the worker that started them.
-pub const LABEL_REPLICA: &str = "tangram.replica-of";
-
-/// Model replica containers on a GPU worker. Unlike sandboxes these run the fleet's own
-/// serving engines (trusted images): host networking, so the replica listens on the port the
-/// worker chose, and the chunk's GPUs through a Docker device request.
-#[derive(Debug, Clone)]
-pub struct ReplicaContainers {
-    docker: Docker,
-    worker: String,
-}
-
-impl ReplicaContainers {
-    /// Connects to the local daemon.
-    pub async fn connect(worker: &str) -> Result<Self, DockerError> {
-        let docker = Docker::connect_with_local_defaults()?;
-        docker.ping().await?;
-        Ok(Self {
-            docker,
-            worker: worker.to_string(),
-        })
-    }
-
-    /// Removes replica containers an earlier run of this worker left; returns how many.
-    pub async fn remove_leftovers(&self) -> Result<usize, DockerError> {
-        let list = labelled(&self.docker, LABEL_REPLICA, &self.worker).await?;
-        let mut n = 0;
-        for c in list {
-            if let Some(id) = c.id {
-                self.remove(&id).await?;
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
-    /// Starts a replica container. `gpus` are passed through a device request when `real_gpus`
-    /// (NVML found them); declared GPUs (tests, CPU-only hosts) only set `CUDA_VISIBLE_DEVICES`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start(
-        &self,
-        service: &str,
-        port: u16,
-        image: &str,
-        args: &[String],
-        mounts: &[String],
-        gpus: &[u32],
-        real_gpus: bool,
-    ) -> Result<String, DockerError> {
-        let name = format!("tangram-replica-{}-{service}-{port}", self.worker);
-        let gpu_list = gpus
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let host_config = HostConfig {
-            network_mode: Some("host".into()),
-            binds: (!mounts.is_empty()).then(|| mounts.to_vec()),
-            device_requests: real_gpus.then(|| {
-                vec![bollard::models::DeviceRequest {
-                    driver: Some("nvidia".into()),
-                    device_ids: Some(gpus.iter().map(u32::to_string).collect()),
-                    capabilities: Some(vec![vec!["gpu".into()]]),
-                    ..Default::default()
-                }]
-            }),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(image.to_string()),
-            cmd: Some(args.to_vec()),
-            env: Some(vec![
-                format!("TANGRAM_SERVICE={service}"),
-                // With a device request the container sees only its GPUs, renumbered from 0.
-                format!(
-                    "CUDA_VISIBLE_DEVICES={}",
-                    if real_gpus {
-                        (0..gpus.len())
-                            .map(|i| i.to_string())
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    } else {
-                        gpu_list
-                    }
-                ),
-            ]),
-            labels: Some(HashMap::from([(
-                LABEL_REPLICA.to_string(),
-                self.worker.clone(),
-            )])),
-            host_config: Some(host_config),
-            ..Default::default()
-        };
-        let id = self
-            .docker
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(name),
-                    ..Default::default()
-                }),
-                body,
-            )
-            .await?
-            .id;
-        if let Err(e) = self
-            .docker
-            .start_container(&id, None::<StartContainerOptions>)
-            .await
-        {
-            let _ = self.remove(&id).await;
-            return Err(e.into());
-        }
-        Ok(id)
-    }
-
-    /// Completes when the container stops (or cannot be watched any more).
-    pub async fn wait(&self, id: &str) {
-        let mut s = self
-            .docker
-            .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>);
-        while let Some(r) = s.next().await {
-            if r.is_err() {
-                break;
-            }
-        }
-    }
-
-    /// Removes a replica container, running or not.
-    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
-        force_remove(&self.docker, id).await
-    }
 }

@@ -1,0 +1,195 @@
+//! Docker as the worker's sandbox runtime.
+
+use super::{
+    files_archive, us_since, with_files_wrapper, DockerError, DockerSandboxes, FILES_FAILED_EXIT,
+    FILES_FAILED_MARK,
+};
+use crate::cgroup::CgroupCpu;
+use crate::config::{GrantMode, SandboxConfig};
+use crate::metrics as m;
+use crate::sandbox::{
+    ExecOutput, ExecRequest, RuntimeKind, SandboxError, SandboxHandle, SandboxKey, SandboxRuntime,
+};
+use futures::future::BoxFuture;
+use tangram_shared::SandboxOpen;
+use tokio::time::Instant;
+
+impl From<DockerError> for SandboxError {
+    fn from(e: DockerError) -> Self {
+        match e {
+            DockerError::NoImage(image) => SandboxError::NoImage(image),
+            DockerError::Gone(id) => SandboxError::Gone(id),
+            e => SandboxError::Backend(Box::new(e)),
+        }
+    }
+}
+
+/// Hardened Docker containers, granted cores through their cgroup files or Docker's update
+/// API (`grant_mode`).
+#[derive(Debug, Clone)]
+pub struct DockerRuntime {
+    docker: DockerSandboxes,
+    grant_mode: GrantMode,
+}
+
+impl DockerRuntime {
+    /// Connects to the local daemon.
+    pub async fn connect(
+        worker: &str,
+        config: SandboxConfig,
+        grant_mode: GrantMode,
+    ) -> Result<Self, DockerError> {
+        Ok(Self {
+            docker: DockerSandboxes::connect(worker, config).await?,
+            grant_mode,
+        })
+    }
+}
+
+impl SandboxRuntime for DockerRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Docker
+    }
+
+    fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(async move {
+            let image = self.docker.default_image();
+            if self.docker.has_image(image).await? {
+                Ok(())
+            } else {
+                Err(SandboxError::NoImage(image.to_string()))
+            }
+        })
+    }
+
+    fn recover(&self) -> BoxFuture<'_, Result<usize, SandboxError>> {
+        Box::pin(async move {
+            let leftovers = self.docker.leftovers().await?;
+            for l in &leftovers {
+                self.docker.remove(&l.id).await?;
+            }
+            Ok(leftovers.len())
+        })
+    }
+
+    fn start<'a>(
+        &'a self,
+        key: &'a SandboxKey,
+        open: &'a SandboxOpen,
+        parking_cores: &'a str,
+    ) -> BoxFuture<'a, Result<SandboxHandle, SandboxError>> {
+        Box::pin(async move {
+            let created = self
+                .docker
+                .create(&key.job, &key.trajectory, open, parking_cores)
+                .await?;
+            let cgroup = match self.grant_mode {
+                GrantMode::Docker => None,
+                GrantMode::Cgroup => match CgroupCpu::for_pid(created.pid) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        let _ = self.docker.remove(&created.id).await;
+                        return Err(SandboxError::Cgroup(e));
+                    }
+                },
+            };
+            Ok(SandboxHandle {
+                id: created.id,
+                cgroup,
+            })
+        })
+    }
+
+    fn grant<'a>(
+        &'a self,
+        sandbox: &'a SandboxHandle,
+        cpus: &'a str,
+        quota_us: i64,
+        widening: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let (mode, r) = match &sandbox.cgroup {
+                Some(cg) => (
+                    "cgroup",
+                    cg.apply(cpus, quota_us, widening)
+                        .map_err(|e| SandboxError::Grant(Box::new(e))),
+                ),
+                None => (
+                    "docker",
+                    self.docker
+                        .update_cpus(&sandbox.id, cpus, quota_us)
+                        .await
+                        .map_err(|e| match e {
+                            DockerError::Gone(id) => SandboxError::Gone(id),
+                            e => SandboxError::Grant(Box::new(e)),
+                        }),
+                ),
+            };
+            m::grant(
+                mode,
+                if widening { "grant" } else { "park" },
+                t.elapsed().as_secs_f64(),
+            );
+            r
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox: &'a SandboxHandle,
+        req: ExecRequest<'a>,
+    ) -> BoxFuture<'a, Result<ExecOutput, SandboxError>> {
+        Box::pin(async move {
+            let id = &sandbox.id;
+            // Files ride on the command's own exec when its stdin is free; otherwise they take
+            // an exec of their own first.
+            let inline_files = !req.files.is_empty() && req.stdin.is_none();
+            let (argv, stdin) = if inline_files {
+                let archive = files_archive(req.files)
+                    .map_err(|e| SandboxError::Files(format!("packing files: {e}")))?;
+                (with_files_wrapper(req.argv), Some(archive))
+            } else {
+                self.docker
+                    .write_files(id, req.files)
+                    .await
+                    .map_err(|e| match e {
+                        DockerError::Gone(id) => SandboxError::Gone(id),
+                        e => SandboxError::Files(format!("writing files: {e}")),
+                    })?;
+                (req.argv.to_vec(), req.stdin.map(<[u8]>::to_vec))
+            };
+            let t = Instant::now();
+            let mut out = self
+                .docker
+                .run(
+                    id,
+                    &argv,
+                    req.env,
+                    stdin.as_deref(),
+                    req.timeout,
+                    req.output_limit_bytes,
+                )
+                .await?;
+            out.exec_us = us_since(t);
+            if inline_files && out.exit_code == Some(FILES_FAILED_EXIT) {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                if stderr.contains(FILES_FAILED_MARK) {
+                    return Err(SandboxError::Files(format!(
+                        "{} (is workdir_mb large enough?)",
+                        stderr.trim()
+                    )));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn stop<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, ()> {
+        Box::pin(self.docker.kill_all(&sandbox.id))
+    }
+
+    fn remove<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(self.docker.remove(&sandbox.id).await?) })
+    }
+}
