@@ -50,7 +50,7 @@ pub struct PipelineArgs {
     pub sync: String,
     /// The worker's sandbox runtime: `noop` (benchmark-only: nothing runs, execution is zero)
     /// or `docker` (the command `true` in a real sandbox).
-    #[arg(long, default_value = "docker", value_parser = ["noop", "docker"])]
+    #[arg(long, default_value = "noop", value_parser = ["noop", "docker"])]
     pub sandbox_runtime: String,
     /// Sequential samples for the floors and for orchestration at concurrency 1.
     #[arg(long, default_value_t = 300)]
