@@ -374,6 +374,7 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
     let mut orchestration = Vec::new();
     let mut end_to_end = Vec::new();
     let mut exec = Vec::new();
+    let (mut queued, mut overhead) = (Vec::new(), Vec::new());
     let phase_end = Instant::now() + plan.phase;
     for i in 0..plan.samples {
         if Instant::now() > phase_end {
@@ -382,11 +383,19 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
         let a = exec_action(&format!("seq-{i}"), "t0");
         let (took, r) = submit_and_wait(&js, &results, &a).await?;
         let exec_us = r.timing.exec_us as f64;
+        queued.push(r.timing.queued_us as f64);
+        overhead.push(r.timing.overhead_us as f64);
         end_to_end.push(took.as_secs_f64() * 1e6);
         orchestration.push(took.as_secs_f64() * 1e6 - exec_us);
         exec.push(exec_us);
     }
-    for v in [&mut orchestration, &mut end_to_end, &mut exec] {
+    for v in [
+        &mut orchestration,
+        &mut end_to_end,
+        &mut exec,
+        &mut queued,
+        &mut overhead,
+    ] {
         v.sort_by(f64::total_cmp);
     }
 
@@ -399,10 +408,12 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
     let done = run_by_trajectory(&js, &results, actions, plan.concurrency, plan.phase).await?;
     let secs = t0.elapsed().as_secs_f64();
     let writes_after = stream_writes(&js).await?;
-    let writes: u64 = writes_after
+    let deltas: Vec<u64> = writes_after
         .iter()
         .map(|(k, v)| v - writes_before.get(k).copied().unwrap_or(0))
-        .sum();
+        .collect();
+    let writes: u64 = deltas.iter().sum();
+    let streams_written = deltas.iter().filter(|&&d| d > 0).count();
     let mut act: Vec<f64> = done.iter().map(|(d, _)| d.as_secs_f64() * 1e3).collect();
     act.sort_by(f64::total_cmp);
     let completed = done
@@ -412,11 +423,18 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
     let actions_per_s = done.len() as f64 / secs;
     let writes_per_action = writes as f64 / done.len().max(1) as f64;
 
-    // The persisted-writes floor last, so its backlog cannot slow the action path.
+    // The persisted-writes floors last, so their backlog cannot slow the action path. The
+    // target is set against one stream (the design's floor); the server syncs each stream on
+    // its own, so the same writes spread over as many streams as the actions wrote to go
+    // faster, and that allowance is reported beside it.
     let writes_per_s = floor
-        .persisted_writes(plan.writes, plan.window, plan.phase)
+        .persisted_writes(plan.writes, plan.window, 1, plan.phase)
+        .await?;
+    let writes_per_s_spread = floor
+        .persisted_writes(plan.writes, plan.window, streams_written, plan.phase)
         .await?;
     let allowance = writes_per_s / writes_per_action.max(1.0);
+    let allowance_spread = writes_per_s_spread / writes_per_action.max(1.0);
 
     let submitted: Vec<ActionId> = opened
         .iter()
@@ -445,7 +463,7 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
     let ratio = orch_p50 / hop_p50.max(f64::MIN_POSITIVE);
     let share = actions_per_s / allowance.max(f64::MIN_POSITIVE);
     let throughput_target = if sync == "always" {
-        json!({"what": "actions/s >= 70% of persisted writes/s / writes per action", "met": share >= 0.7})
+        json!({"what": "actions/s >= 70% of persisted writes/s (one stream) / writes per action", "met": share >= 0.7})
     } else {
         json!({"what": "actions/s >= 2,000", "met": actions_per_s >= 2000.0})
     };
@@ -459,6 +477,8 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
             "three_hop_p99_us": p(&three_hop, 0.99),
             "three_hop_samples": three_hop.len(),
             "persisted_writes_per_s": writes_per_s.round(),
+            "persisted_writes_per_s_spread": writes_per_s_spread.round(),
+            "spread_over_streams": streams_written,
         },
         "concurrency_1": {
             "actions": end_to_end.len(),
@@ -466,6 +486,8 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
             "orchestration_p99_us": p(&orchestration, 0.99),
             "end_to_end_p50_us": p(&end_to_end, 0.5),
             "exec_p50_us": p(&exec, 0.5),
+            "worker_queued_p50_us": p(&queued, 0.5),
+            "worker_overhead_p50_us": p(&overhead, 0.5),
             "orchestration_over_three_hop_p50": (ratio * 100.0).round() / 100.0,
             "target": {"what": "orchestration p50 <= 1.5x the three-hop floor", "met": ratio <= 1.5},
         },
@@ -480,6 +502,8 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
             "persisted_writes_per_action": (writes_per_action * 100.0).round() / 100.0,
             "actions_per_s_the_writes_allow": allowance.round(),
             "share_of_the_writes_allowance": (share * 100.0).round() / 100.0,
+            "actions_per_s_the_spread_writes_allow": allowance_spread.round(),
+            "share_of_the_spread_writes_allowance": (actions_per_s / allowance_spread.max(f64::MIN_POSITIVE) * 100.0).round() / 100.0,
             "target": throughput_target,
         },
         "results": {
@@ -701,26 +725,33 @@ async fn results_in_stream(
     }
 }
 
-/// JetStream on its own, on the same server: a stream shaped like Tangram's (file storage,
-/// limits retention), for the floors.
+/// JetStream on its own, on the same server, laid out like Tangram: one stream per hop (as
+/// actions, dispatches and results each have theirs), file storage, limits retention.
 #[derive(Debug)]
 struct Floor {
     js: jetstream::Context,
     payload: bytes::Bytes,
 }
 
-const FLOOR_STREAM: &str = "BENCH_FLOOR";
+/// Floor streams: `BENCH_S<k>` holds `bench.s<k>.>`. As many as Tangram has streams.
+const FLOOR_STREAMS: usize = 4;
+
+fn floor_subject(stream: usize, what: &str) -> String {
+    format!("bench.s{stream}.{what}")
+}
 
 impl Floor {
     async fn create(js: &jetstream::Context, payload_bytes: usize) -> anyhow::Result<Self> {
-        js.create_stream(stream::Config {
-            name: FLOOR_STREAM.into(),
-            subjects: vec!["bench.floor.>".into()],
-            storage: stream::StorageType::File,
-            retention: stream::RetentionPolicy::Limits,
-            ..Default::default()
-        })
-        .await?;
+        for k in 1..=FLOOR_STREAMS {
+            js.create_stream(stream::Config {
+                name: format!("BENCH_S{k}"),
+                subjects: vec![format!("bench.s{k}.>")],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                ..Default::default()
+            })
+            .await?;
+        }
         Ok(Self {
             js: js.clone(),
             payload: vec![0x5a; payload_bytes].into(),
@@ -737,7 +768,7 @@ impl Floor {
             }
             let t = Instant::now();
             self.js
-                .publish("bench.floor.ack", self.payload.clone())
+                .publish(floor_subject(1, "ack"), self.payload.clone())
                 .await?
                 .await?;
             out.push(t.elapsed().as_secs_f64() * 1e6);
@@ -756,33 +787,31 @@ impl Floor {
         n: usize,
         within: Duration,
     ) -> anyhow::Result<Vec<f64>> {
-        let stream = js.get_stream(FLOOR_STREAM).await?;
         let mut relays = tokio::task::JoinSet::new();
-        for (name, from, to) in [
-            ("relay-1", "bench.floor.hop1", "bench.floor.hop2"),
-            ("relay-2", "bench.floor.hop2", "bench.floor.hop3"),
-        ] {
+        for hop in 1..=2 {
+            let stream = js.get_stream(format!("BENCH_S{hop}")).await?;
             let consumer = stream
                 .create_consumer(consumer::pull::Config {
-                    durable_name: Some(name.into()),
-                    filter_subject: from.into(),
+                    durable_name: Some(format!("relay-{hop}")),
+                    filter_subject: floor_subject(hop, "hop"),
                     ack_policy: consumer::AckPolicy::Explicit,
                     deliver_policy: consumer::DeliverPolicy::New,
                     ..Default::default()
                 })
                 .await?;
+            let to = floor_subject(hop + 1, "hop");
             let js = js.clone();
             relays.spawn(async move {
                 let mut messages = consumer.messages().await?;
                 while let Some(m) = messages.next().await {
                     let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    js.publish(to, m.payload.clone()).await?.await?;
+                    js.publish(to.clone(), m.payload.clone()).await?.await?;
                     m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
                 }
                 anyhow::Ok(())
             });
         }
-        let mut reader = client.subscribe("bench.floor.hop3").await?;
+        let mut reader = client.subscribe(floor_subject(3, "hop")).await?;
         let deadline = Instant::now() + within;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -791,7 +820,7 @@ impl Floor {
             }
             let t = Instant::now();
             self.js
-                .publish("bench.floor.hop1", self.payload.clone())
+                .publish(floor_subject(1, "hop"), self.payload.clone())
                 .await?
                 .await?;
             tokio::time::timeout(ACTION_WAIT, reader.next())
@@ -805,13 +834,18 @@ impl Floor {
         Ok(out)
     }
 
-    /// Pipelined publishing, `window` PubAcks outstanding: persisted writes per second.
+    /// Pipelined publishing, `window` PubAcks outstanding, spread round-robin over `streams`
+    /// streams: persisted writes per second.
     async fn persisted_writes(
         &self,
         n: usize,
         window: usize,
+        streams: usize,
         within: Duration,
     ) -> anyhow::Result<f64> {
+        let subjects: Vec<String> = (1..=streams.clamp(1, FLOOR_STREAMS))
+            .map(|k| floor_subject(k, "writes"))
+            .collect();
         let deadline = Instant::now() + within;
         let mut acks = FuturesUnordered::new();
         let mut sent = 0;
@@ -821,7 +855,10 @@ impl Floor {
             while sent < n && acks.len() < window {
                 let ack = self
                     .js
-                    .publish("bench.floor.writes", self.payload.clone())
+                    .publish(
+                        subjects[sent % subjects.len()].clone(),
+                        self.payload.clone(),
+                    )
                     .await?;
                 acks.push(std::future::IntoFuture::into_future(ack));
                 sent += 1;
@@ -831,8 +868,7 @@ impl Floor {
                     r?;
                     acked += 1;
                 }
-                Ok(None) => break,
-                Err(_) => break,
+                Ok(None) | Err(_) => break,
             }
         }
         Ok(acked as f64 / t.elapsed().as_secs_f64())
@@ -871,7 +907,7 @@ fn print_table(out: &Value) {
         );
     }
     println!(
-        "\n{:<8} {:>11} {:>10} {:>12} {:>14} {:>12} {:>10} {:>9}",
+        "\n{:<8} {:>9} {:>10} {:>10} {:>13} {:>10} {:>6} {:>13} {:>9}",
         "sync",
         "in flight",
         "actions/s",
@@ -879,12 +915,13 @@ fn print_table(out: &Value) {
         "writes/action",
         "allowance",
         "share",
+        "spread allow.",
         "ACT p99"
     );
     for s in out["settings"].as_array().into_iter().flatten() {
         let (fl, tp) = (&s["floor"], &s["throughput"]);
         println!(
-            "{:<8} {:>11} {:>10.0} {:>12.0} {:>14.2} {:>10.0}/s {:>9.0}% {:>7.1}ms{}",
+            "{:<8} {:>9} {:>10.0} {:>10.0} {:>13.2} {:>8.0}/s {:>5.0}% {:>11.0}/s {:>7.1}ms{}",
             s["sync"].as_str().unwrap_or(""),
             tp["concurrency"],
             f(&tp["actions_per_s"]),
@@ -892,6 +929,7 @@ fn print_table(out: &Value) {
             f(&tp["persisted_writes_per_action"]),
             f(&tp["actions_per_s_the_writes_allow"]),
             f(&tp["share_of_the_writes_allowance"]) * 100.0,
+            f(&tp["actions_per_s_the_spread_writes_allow"]),
             f(&tp["act_p99_ms"]),
             if tp["target"]["met"] == true {
                 String::new()
@@ -914,5 +952,9 @@ fn print_table(out: &Value) {
             r["duplicated"]
         );
     }
-    println!("(orchestration = result in hand minus the execution the worker reports; allowance = persisted writes/s over writes per action)");
+    println!(
+        "(orchestration = result in hand minus the execution the worker reports; writes/s = pipelined \
+         persisted writes to one stream; allowance = writes/s over the writes each action made; spread \
+         = the same writes over as many streams as the actions wrote to)"
+    );
 }
