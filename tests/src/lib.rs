@@ -698,10 +698,9 @@ impl Client {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let last = self.status().await;
-            if let Ok(st) = &last {
-                if ready(st) {
-                    return Ok(last?);
-                }
+            match last {
+                Ok(st) if ready(&st) => return Ok(st),
+                _ => {}
             }
             if tokio::time::Instant::now() >= deadline {
                 bail!("{what}: not within {timeout:?}; last status {last:?}");
