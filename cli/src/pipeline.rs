@@ -183,17 +183,21 @@ fn loadavg() -> Vec<f64> {
         .collect()
 }
 
-/// The shipped server config with the sync setting under test.
-fn server_conf(sync: &str) -> String {
+/// The shipped server config with the sync setting under test: `always`, or no
+/// `sync_interval` at all (the server's default).
+fn server_conf(sync: &str) -> anyhow::Result<String> {
     let mut conf: String = SERVER_CONF
         .lines()
         .filter(|l| !l.trim_start().starts_with("sync_interval"))
         .map(|l| format!("{l}\n"))
         .collect();
     if sync == "always" {
-        conf = conf.replacen("jetstream {\n", "jetstream {\n  sync_interval: always\n", 1);
+        let Some(at) = conf.find("jetstream {\n") else {
+            bail!("nats/server.conf has no `jetstream {{` block to set sync_interval in");
+        };
+        conf.insert_str(at + "jetstream {\n".len(), "  sync_interval: always\n");
     }
-    conf
+    Ok(conf)
 }
 
 /// A child process killed when dropped.
@@ -237,7 +241,7 @@ impl LocalCluster {
             .prefix("tangram-bench-")
             .tempdir()?;
         std::fs::create_dir_all(dir.path().join("store"))?;
-        std::fs::write(dir.path().join("server.conf"), server_conf(sync))?;
+        std::fs::write(dir.path().join("server.conf"), server_conf(sync)?)?;
         let port = crate::cluster::free_port()?;
         let url = format!("nats://127.0.0.1:{port}");
         let worker = format!("bench-{}", std::process::id());
@@ -957,4 +961,20 @@ fn print_table(out: &Value) {
          persisted writes to one stream; allowance = writes/s over the writes each action made; spread \
          = the same writes over as many streams as the actions wrote to)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_conf_sets_or_removes_the_sync_interval() {
+        let always = server_conf("always").unwrap();
+        let default = server_conf("default").unwrap();
+        assert_eq!(always.matches("sync_interval").count(), 1, "{always}");
+        assert!(always.contains("jetstream {\n  sync_interval: always\n"));
+        assert!(!default.contains("sync_interval"), "{default}");
+        // Nothing else changes.
+        assert_eq!(always.replace("  sync_interval: always\n", ""), default);
+    }
 }
