@@ -1,10 +1,10 @@
 //! `tangram bench scheduler`: what one scheduling decision costs.
 
 use serde_json::json;
-use std::time::Instant;
 use tangram_core::sim::Rng;
 use tangram_core::{by_name, Constraint, ElasticModel, Pending, Snapshot, Speedup, WorkerView};
 use tangram_shared::{ActionId, CpuRange, Demand, WorkerId};
+use tokio::time::Instant;
 
 fn cluster(cores: u32) -> Snapshot {
     let nodes = (cores / 256).max(1);

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::status::Status;
+use tokio::time::Instant;
 
 const SERVER_CONF: &str = include_str!("../../nats/server.conf");
 const REPLICA_PY: &str = include_str!("../../services/reference-replica/replica.py");

@@ -214,9 +214,8 @@ impl Drop for Proc {
             let _ = Command::new("kill")
                 .args(["-TERM", &self.child.id().to_string()])
                 .status();
-            let deadline = std::time::Instant::now() + Duration::from_secs(15);
-            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
-            {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let _ = self.child.kill();
@@ -267,9 +266,9 @@ impl LocalCluster {
                 nats.display()
             )
         })?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if std::time::Instant::now() > deadline {
+            if Instant::now() > deadline {
                 bail!("nats-server did not start\n{}", c.log_tails());
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -112,6 +112,7 @@ fn cpus(s: &str) -> anyhow::Result<CpuRange> {
     Ok(r)
 }
 
+#[allow(clippy::disallowed_methods)] // wall time makes ids unique across runs of the CLI
 fn fresh_id() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

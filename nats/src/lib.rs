@@ -132,6 +132,24 @@ pub async fn worker_consumer(
     ensure_consumer(js, subject::DISPATCH_STREAM, config).await
 }
 
+/// A result could not be stored. The message names the cause too, because callers log the
+/// error's Display alone.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The result does not encode (a bug; it is not retried).
+    #[error("encoding the result: {0}")]
+    Encode(#[source] codec::CodecError),
+    /// The server did not take the message, on every attempt; the last error.
+    #[error("result publish failed after {attempts} attempt(s): {source}")]
+    Publish {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+}
+
 /// Publishes an action's result on its subject (`Nats-Msg-Id` = action id, so a repeat inside
 /// the duplicate window is dropped) and waits for JetStream to store it. Retries `attempts`
 /// times with doubling backoff from 100 ms; the last error is returned.
@@ -140,31 +158,37 @@ pub async fn publish_result(
     result: &ActionResult,
     encoding: Encoding,
     attempts: u32,
-) -> Result<(), String> {
-    let payload =
-        codec::encode(result, encoding).map_err(|e| format!("encoding the result: {e}"))?;
+) -> Result<(), PublishError> {
+    let payload = codec::encode(result, encoding).map_err(PublishError::Encode)?;
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
     let subject = subject::result(&result.job, &result.id);
-    let mut last = String::new();
-    for attempt in 0..attempts.max(1) {
+    let attempts = attempts.max(1);
+    let mut attempt = 0;
+    loop {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
         }
-        match js
+        attempt += 1;
+        // Both the send and the store acknowledgement fail with the same error type.
+        let stored = match js
             .publish_with_headers(subject.clone(), headers.clone(), payload.clone().into())
             .await
         {
-            Ok(ack) => match ack.await {
-                Ok(_) => return Ok(()),
-                Err(e) => last = format!("result not acknowledged: {e}"),
-            },
-            Err(e) => last = format!("result publish failed: {e}"),
+            Ok(ack) => ack.await.map(drop),
+            Err(e) => Err(e),
+        };
+        match stored {
+            Ok(()) => return Ok(()),
+            Err(source) if attempt >= attempts => {
+                return Err(PublishError::Publish { attempts, source })
+            }
+            Err(e) => {
+                tracing::warn!(action = %result.id, attempt, error = %e, "publishing a result")
+            }
         }
-        tracing::warn!(action = %result.id, attempt, error = %last, "publishing a result");
     }
-    Err(last)
 }
 
 #[cfg(test)]

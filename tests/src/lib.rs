@@ -16,10 +16,11 @@ use futures::StreamExt;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::status::Status;
 use tangram_shared::{subject, Action, ActionId, ActionResult, Heartbeat, JobId, WorkerId};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The repository root.
@@ -271,7 +272,7 @@ pub fn gpu_worker_config(
         ),
         ..Default::default()
     };
-    raw.validate().map_err(|e| anyhow::anyhow!(e.0))
+    Ok(raw.validate()?)
 }
 
 /// Pids of reference replica processes serving `service`.
@@ -359,7 +360,7 @@ impl Cluster {
             shutdown_grace_ms: Some(2000),
             ..Default::default()
         };
-        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let config = raw.validate()?;
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((w.id, token, handle));
@@ -412,7 +413,7 @@ impl Cluster {
             provider: Some(providers),
             ..Default::default()
         };
-        let config = raw.validate().map_err(|e| anyhow::anyhow!(e.0))?;
+        let config = raw.validate()?;
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((id.to_string(), token, handle));

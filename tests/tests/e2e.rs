@@ -1,10 +1,11 @@
 //! End to end: a real nats-server, the scheduler, workers and the real Docker daemon.
 //! Worker ids are unique per test, because a starting worker removes its id's leftovers.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::{ActionSpec, CpuRange, InfraCode, Outcome, RejectCode};
 use tangram_tests::build::{close, exec, open};
 use tangram_tests::{containers_of, Cluster, WorkerSpec};
+use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(60);
 

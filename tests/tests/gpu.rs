@@ -3,10 +3,11 @@
 //! sleep/wake contract), routed by the scheduler's Evict-on-Execution manager over NATS.
 //! Service names are unique per test, because tests find replica processes by name.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::{ActionResult, InfraCode, Outcome, RejectCode};
 use tangram_tests::build::reward;
 use tangram_tests::{eventually, replica_pids, Cluster};
+use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(60);
 

@@ -10,11 +10,12 @@
 use anyhow::{bail, Context as _};
 use std::io::BufRead as _;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_tests::api_server::RateLimitedApi;
 use tangram_tests::{repo_root, ChildGuard};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 const REQUESTS: usize = 20;
 /// Far below Linux's 40 ms minimum delayed-ACK timer, far above a loopback round trip.

@@ -9,11 +9,11 @@
 //! Needs the Docker daemon and the sandbox image (`deploy/build-sandbox-image.sh`).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 use tangram_shared::SandboxOpen;
 use tangram_worker::cgroup::{CgroupCpu, PERIOD_US};
 use tangram_worker::config::RawConfig;
 use tangram_worker::docker::{DockerSandboxes, PARKED_QUOTA_US};
+use tokio::time::Instant;
 
 use tangram_shared::stats::quantile as percentile;
 
@@ -40,8 +40,7 @@ async fn main() -> anyhow::Result<()> {
         id: Some("bench-grant".into()),
         ..Default::default()
     }
-    .validate()
-    .map_err(|e| anyhow::anyhow!(e.0))?;
+    .validate()?;
     let docker = DockerSandboxes::connect("bench-grant", config.sandbox.clone()).await?;
     let created = docker
         .create(

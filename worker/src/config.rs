@@ -165,21 +165,128 @@ pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 /// 1 MiB per stream: a failing test suite's log fits; a runaway print loop does not.
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
 
-/// A configuration error, for a person.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+/// What kind of mistake a configuration error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigErrorKind {
+    /// The file could not be read.
+    Read,
+    /// The file is not valid TOML for this schema (including unknown fields).
+    Parse,
+    /// A value is malformed or out of range.
+    Invalid,
+    /// A value would weaken sandbox isolation.
+    Refused,
+    /// Two settings that are alternatives are both given, or a name is declared twice.
+    Conflict,
+}
 
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
+/// A configuration error, for a person; [`ConfigError::kind`] and [`ConfigError::field`] for
+/// code.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not parse.
+    #[error("{}", path.display())]
+    Parse {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Where and why.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value is malformed or out of range.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The key.
+        field: &'static str,
+        /// What is wrong and what is allowed.
+        why: String,
+    },
+    /// A value would weaken sandbox isolation.
+    #[error("{field} is refused: {why}")]
+    Refused {
+        /// The key.
+        field: &'static str,
+        /// The danger, and the safe setting.
+        why: String,
+    },
+    /// Alternatives both given, or a name declared twice.
+    #[error("{field}: {why}")]
+    Conflict {
+        /// The key.
+        field: &'static str,
+        /// What clashes.
+        why: String,
+    },
+}
+
+impl ConfigError {
+    /// The kind of mistake.
+    pub fn kind(&self) -> ConfigErrorKind {
+        match self {
+            ConfigError::Read { .. } => ConfigErrorKind::Read,
+            ConfigError::Parse { .. } => ConfigErrorKind::Parse,
+            ConfigError::Invalid { .. } => ConfigErrorKind::Invalid,
+            ConfigError::Refused { .. } => ConfigErrorKind::Refused,
+            ConfigError::Conflict { .. } => ConfigErrorKind::Conflict,
+        }
+    }
+
+    /// The key at fault, when one is.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
+            ConfigError::Invalid { field, .. }
+            | ConfigError::Refused { field, .. }
+            | ConfigError::Conflict { field, .. } => Some(field),
+        }
+    }
+}
+
+fn invalid<T>(field: &'static str, why: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError::Invalid {
+        field,
+        why: why.into(),
+    })
+}
+
+fn refused<T>(field: &'static str, why: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError::Refused {
+        field,
+        why: why.into(),
+    })
+}
+
+fn conflict<T>(field: &'static str, why: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError::Conflict {
+        field,
+        why: why.into(),
+    })
+}
+
+fn bad(field: &'static str) -> impl Fn(String) -> ConfigError {
+    move |why| ConfigError::Invalid { field, why }
 }
 
 impl RawConfig {
     /// Reads a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Lays `over` on top of `self`: fields set in `over` win.
@@ -207,45 +314,51 @@ impl RawConfig {
     /// Checks every field and fills defaults.
     pub fn validate(self) -> Result<Config, ConfigError> {
         let id = self.id.unwrap_or_else(|| "cpu-0".into());
-        let id = WorkerId::new(id).map_err(|e| ConfigError(e.to_string()))?;
+        let id = WorkerId::new(id).map_err(|e| ConfigError::Invalid {
+            field: "id",
+            why: e.to_string(),
+        })?;
         let nats_url = self
             .nats_url
             .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
         if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
-            return err(format!(
-                "nats_url {nats_url:?} must start with nats:// or tls://"
-            ));
+            return invalid(
+                "nats_url",
+                format!("{nats_url:?} must start with nats:// or tls://"),
+            );
         }
         let online = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
         let cores = match &self.cores {
-            Some(list) => cpuset::parse(list).map_err(|e| ConfigError(format!("cores: {e}")))?,
+            Some(list) => cpuset::parse(list).map_err(bad("cores"))?,
             None => (0..online).collect(),
         };
         let parking_cores = self.parking_cores.unwrap_or_else(|| cores[0].to_string());
-        cpuset::parse(&parking_cores).map_err(|e| ConfigError(format!("parking_cores: {e}")))?;
+        cpuset::parse(&parking_cores).map_err(bad("parking_cores"))?;
         let mem_mb = self.mem_mb.unwrap_or(8192);
         if mem_mb < 64 {
-            return err(format!(
-                "mem_mb is {mem_mb}; a worker needs at least 64 MiB for sandboxes"
-            ));
+            return invalid(
+                "mem_mb",
+                format!("{mem_mb} is too small; a worker needs at least 64 MiB for sandboxes"),
+            );
         }
         let heartbeat = Duration::from_millis(self.heartbeat_ms.unwrap_or(1000));
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&heartbeat) {
-            return err("heartbeat_ms must be between 50 and 60000");
+            return invalid("heartbeat_ms", "must be between 50 and 60000");
         }
         let metrics_addr = match self.metrics_addr.as_deref() {
             None | Some("") => None,
-            Some(a) => Some(a.parse().map_err(|e| {
-                ConfigError(format!("metrics_addr {a:?} is not a socket address: {e}"))
+            Some(a) => Some(a.parse().map_err(|e| ConfigError::Invalid {
+                field: "metrics_addr",
+                why: format!("{a:?} is not a socket address: {e}"),
             })?),
         };
         let sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
         let gpu = self.gpu.unwrap_or_default();
         let gpu_groups = match (gpu.groups, gpu.count) {
             (Some(_), Some(_)) => {
-                return err("gpu.groups and gpu.count are alternatives; give one")
+                return conflict("gpu", "gpu.groups and gpu.count are alternatives; give one")
             }
             (Some(g), None) => g,
             (None, Some(n)) => (0..n)
@@ -258,28 +371,28 @@ impl RawConfig {
         let mut seen = std::collections::BTreeSet::new();
         for g in &gpu_groups {
             if g.is_empty() || g.len() > 8 {
-                return err(format!("gpu.groups: group {g:?} must hold 1 to 8 GPUs"));
+                return invalid("gpu.groups", format!("group {g:?} must hold 1 to 8 GPUs"));
             }
             for i in g {
                 if !seen.insert(*i) {
-                    return err(format!("gpu.groups: GPU {i} is listed twice"));
+                    return conflict("gpu.groups", format!("GPU {i} is listed twice"));
                 }
             }
         }
         let services = self.service.unwrap_or_default();
         let mut names = std::collections::BTreeSet::new();
         for s in &services {
-            s.check().map_err(ConfigError)?;
+            s.check().map_err(bad("service"))?;
             if !names.insert(s.name.clone()) {
-                return err(format!("service {:?} is declared twice", s.name));
+                return conflict("service", format!("{:?} is declared twice", s.name));
             }
         }
         let providers = self.provider.unwrap_or_default();
         let mut pnames = std::collections::BTreeSet::new();
         for p in &providers {
-            p.check().map_err(ConfigError)?;
+            p.check().map_err(bad("provider"))?;
             if !pnames.insert(p.name.clone()) {
-                return err(format!("provider {:?} is declared twice", p.name));
+                return conflict("provider", format!("{:?} is declared twice", p.name));
             }
         }
         let state_dir = self
@@ -311,23 +424,28 @@ impl RawConfig {
 
 fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
     if raw.privileged == Some(true) {
-        return err(
-            "sandbox.privileged = true is refused: a privileged container can take over the host. \
-                    Sandboxes run model-generated code; keep the default (false)",
+        return refused(
+            "sandbox.privileged",
+            "a privileged container can take over the host. \
+             Sandboxes run model-generated code; keep the default (false)",
         );
     }
     if let Some(net) = raw.network.as_deref() {
         if net != "none" {
-            return err(format!(
-                "sandbox.network = {net:?} is refused: sandboxes have no network (\"none\"); \
-                 host or bridge networking would let model-generated code reach the fleet"
-            ));
+            return refused(
+                "sandbox.network",
+                format!(
+                    "{net:?}: sandboxes have no network (\"none\"); \
+                     host or bridge networking would let model-generated code reach the fleet"
+                ),
+            );
         }
     }
     if let Some(caps) = raw.cap_add.as_ref().filter(|c| !c.is_empty()) {
-        return err(format!(
-            "sandbox.cap_add = {caps:?} is refused: sandboxes drop all capabilities"
-        ));
+        return refused(
+            "sandbox.cap_add",
+            format!("{caps:?}: sandboxes drop all capabilities"),
+        );
     }
     let mounts = raw.mounts.unwrap_or_default();
     for m in &mounts {
@@ -335,21 +453,25 @@ fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
             || m.contains("containerd.sock")
             || m.split(':').next() == Some("/")
         {
-            return err(format!(
-                "sandbox mount {m:?} is refused: it would give model-generated code control of the host's container runtime"
-            ));
+            return refused(
+                "sandbox.mounts",
+                format!(
+                    "{m:?} would give model-generated code control of the host's container runtime"
+                ),
+            );
         }
     }
     let user = raw.user.unwrap_or_else(|| DEFAULT_USER.into());
     let uid = user.split(':').next().unwrap_or("");
     if uid == "0" || uid == "root" || uid.is_empty() {
-        return err(format!(
-            "sandbox.user = {user:?} is refused: sandboxes never run as root"
-        ));
+        return refused(
+            "sandbox.user",
+            format!("{user:?}: sandboxes never run as root"),
+        );
     }
     let pids_limit = raw.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT);
     if !(16..=65_536).contains(&pids_limit) {
-        return err("sandbox.pids_limit must be between 16 and 65536");
+        return invalid("sandbox.pids_limit", "must be between 16 and 65536");
     }
     Ok(SandboxConfig {
         image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
@@ -367,37 +489,70 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         toml::from_str::<RawConfig>(text)
-            .map_err(|e| ConfigError(e.to_string()))?
+            .map_err(|source| ConfigError::Parse {
+                path: "test.toml".into(),
+                source,
+            })?
             .validate()
+    }
+
+    fn fault(text: &str) -> (ConfigErrorKind, Option<&'static str>) {
+        let e = parse(text).unwrap_err();
+        (e.kind(), e.field())
     }
 
     #[test]
     fn weakening_isolation_is_refused_with_a_reason() {
-        for (text, word) in [
-            ("[sandbox]\nprivileged = true", "privileged"),
-            ("[sandbox]\nnetwork = \"host\"", "network"),
+        use ConfigErrorKind::Refused;
+        for (text, field) in [
+            ("[sandbox]\nprivileged = true", "sandbox.privileged"),
+            ("[sandbox]\nnetwork = \"host\"", "sandbox.network"),
             (
                 "[sandbox]\nmounts = [\"/var/run/docker.sock:/var/run/docker.sock\"]",
-                "docker",
+                "sandbox.mounts",
             ),
-            ("[sandbox]\nuser = \"0:0\"", "root"),
-            ("[sandbox]\ncap_add = [\"SYS_ADMIN\"]", "capabilities"),
+            ("[sandbox]\nuser = \"0:0\"", "sandbox.user"),
+            ("[sandbox]\ncap_add = [\"SYS_ADMIN\"]", "sandbox.cap_add"),
         ] {
-            let e = parse(text).unwrap_err();
-            assert!(e.0.contains(word), "{text}: {e}");
+            assert_eq!(fault(text), (Refused, Some(field)), "{text}");
+            assert!(!parse(text).unwrap_err().to_string().is_empty());
         }
         assert!(parse("[sandbox]\nnetwork = \"none\"").is_ok());
     }
 
     #[test]
     fn unknown_fields_and_bad_values_are_refused() {
-        assert!(parse("cors = \"0-1\"").is_err());
-        assert!(parse("cores = \"1-0\"").unwrap_err().0.contains("cores"));
-        assert!(parse("id = \"a.b\"").is_err());
+        use ConfigErrorKind::*;
+        assert_eq!(fault("cors = \"0-1\""), (Parse, None));
+        assert_eq!(fault("cores = \"1-0\""), (Invalid, Some("cores")));
+        assert_eq!(fault("id = \"a.b\""), (Invalid, Some("id")));
+        assert_eq!(fault("mem_mb = 1"), (Invalid, Some("mem_mb")));
+        assert_eq!(
+            fault("[gpu]\ncount = 2\ngroups = [[0]]"),
+            (Conflict, Some("gpu"))
+        );
+        assert_eq!(fault("sandbox_runtime = \"podman\""), (Parse, None));
         let c = parse("id = \"w7\"\ncores = \"0-1\"\ngrant_mode = \"docker\"").unwrap();
         assert_eq!(
             (c.cores, c.grant_mode, c.parking_cores.as_str()),
             (vec![0, 1], GrantMode::Docker, "0")
+        );
+    }
+
+    #[test]
+    fn the_sandbox_runtime_is_docker_unless_noop_is_asked_for() {
+        assert_eq!(parse("").unwrap().sandbox_runtime, RuntimeKind::Docker);
+        let c = parse("sandbox_runtime = \"noop\"").unwrap();
+        assert_eq!(c.sandbox_runtime, RuntimeKind::Noop);
+        // A flag or variable wins over the file.
+        let file: RawConfig = toml::from_str("sandbox_runtime = \"noop\"").unwrap();
+        let flags = RawConfig {
+            sandbox_runtime: Some(RuntimeKind::Docker),
+            ..Default::default()
+        };
+        assert_eq!(
+            file.merge(flags).validate().unwrap().sandbox_runtime,
+            RuntimeKind::Docker
         );
     }
 }

@@ -1,4 +1,5 @@
 //! GPU inventory: from NVML when a driver is present, else only what the config declares.
+//! This is the only module that calls NVML, behind [`GpuDiscovery`]; tests use [`FakeGpus`].
 //!
 //! NVLink topology becomes groups: GPUs joined by NVLink form one group (up to 8, the
 //! largest chunk); a GPU without NVLink peers is a group of one. Chunks of 1, 2, 4 or 8 are
@@ -20,10 +21,61 @@ pub enum NvmlMode {
     Required,
 }
 
+/// Why the GPUs could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// NVML did not load or answer.
+    #[error("NVML: {0}")]
+    Nvml(#[from] nvml_wrapper::error::NvmlError),
+    /// NVML loaded but reports no GPU.
+    #[error("NVML reports no GPUs")]
+    NoGpus,
+    /// The config requires NVML and it is not usable.
+    #[error("gpu.nvml = \"required\" but NVML is not usable")]
+    Required(#[source] Box<GpuError>),
+}
+
+/// Where the worker learns what GPUs it has.
+pub trait GpuDiscovery: Send + Sync + std::fmt::Debug {
+    /// The GPUs the driver reports, grouped by NVLink.
+    fn probe(&self) -> Result<GpuInventory, GpuError>;
+}
+
+/// GPUs from the NVIDIA driver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NvmlDiscovery;
+
+impl GpuDiscovery for NvmlDiscovery {
+    fn probe(&self) -> Result<GpuInventory, GpuError> {
+        from_nvml()
+    }
+}
+
+/// A driver that reports a fixed inventory, or none (as on a host without NVML).
+#[derive(Debug, Clone, Default)]
+pub struct FakeGpus(pub Option<Vec<Vec<u32>>>);
+
+impl GpuDiscovery for FakeGpus {
+    fn probe(&self) -> Result<GpuInventory, GpuError> {
+        match &self.0 {
+            Some(groups) => Ok(GpuInventory {
+                source: "nvml".into(),
+                groups: groups.clone(),
+                devices: Vec::new(),
+            }),
+            None => Err(GpuError::NoGpus),
+        }
+    }
+}
+
 /// Finds the inventory. `declared` is the config's explicit groups of GPU indices.
-pub fn discover(mode: NvmlMode, declared: &[Vec<u32>]) -> anyhow::Result<Option<GpuInventory>> {
+pub fn discover(
+    driver: &dyn GpuDiscovery,
+    mode: NvmlMode,
+    declared: &[Vec<u32>],
+) -> Result<Option<GpuInventory>, GpuError> {
     if mode != NvmlMode::Off {
-        match from_nvml() {
+        match driver.probe() {
             Ok(inv) => {
                 if !declared.is_empty() && declared != inv.groups.as_slice() {
                     warn!(?declared, found = ?inv.groups, "NVML found a different GPU layout than the config declares; using NVML's");
@@ -31,9 +83,7 @@ pub fn discover(mode: NvmlMode, declared: &[Vec<u32>]) -> anyhow::Result<Option<
                 info!(groups = ?inv.groups, devices = ?inv.devices, "GPU inventory from NVML");
                 return Ok(Some(inv));
             }
-            Err(e) if mode == NvmlMode::Required => {
-                anyhow::bail!("gpu.nvml = \"required\" but NVML is not usable: {e}")
-            }
+            Err(e) if mode == NvmlMode::Required => return Err(GpuError::Required(Box::new(e))),
             Err(e) => info!(reason = %e, "NVML not available"),
         }
     }
@@ -48,11 +98,11 @@ pub fn discover(mode: NvmlMode, declared: &[Vec<u32>]) -> anyhow::Result<Option<
     }))
 }
 
-fn from_nvml() -> anyhow::Result<GpuInventory> {
+fn from_nvml() -> Result<GpuInventory, GpuError> {
     let nvml = Nvml::init()?;
     let count = nvml.device_count()?;
     if count == 0 {
-        anyhow::bail!("NVML reports no GPUs");
+        return Err(GpuError::NoGpus);
     }
     let mut devices = Vec::new();
     let mut peers: Vec<Vec<u32>> = vec![Vec::new(); count as usize];
@@ -144,9 +194,33 @@ mod tests {
     #[test]
     fn without_nvml_only_declared_gpus_are_advertised() {
         // NVML is off: nothing declared means no GPUs, never invented ones.
-        assert_eq!(discover(NvmlMode::Off, &[]).unwrap(), None);
-        let inv = discover(NvmlMode::Off, &[vec![0, 1]]).unwrap().unwrap();
+        let driver = FakeGpus(Some(vec![vec![0, 1, 2, 3]]));
+        assert_eq!(discover(&driver, NvmlMode::Off, &[]).unwrap(), None);
+        let inv = discover(&driver, NvmlMode::Off, &[vec![0, 1]])
+            .unwrap()
+            .unwrap();
         assert_eq!(inv.source, "declared");
         assert_eq!(inv.groups, vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn nvml_wins_when_present_and_its_absence_fails_only_when_required() {
+        let found = FakeGpus(Some(vec![vec![0, 1, 2, 3]]));
+        let inv = discover(&found, NvmlMode::Auto, &[vec![0, 1]])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (inv.source.as_str(), inv.groups),
+            ("nvml", vec![vec![0, 1, 2, 3]])
+        );
+        let none = FakeGpus(None);
+        let inv = discover(&none, NvmlMode::Auto, &[vec![0]])
+            .unwrap()
+            .unwrap();
+        assert_eq!(inv.source, "declared");
+        assert!(matches!(
+            discover(&none, NvmlMode::Required, &[vec![0]]),
+            Err(GpuError::Required(_))
+        ));
     }
 }

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use tangram_worker::config::{GrantMode, RawConfig};
 use tangram_worker::sandbox::RuntimeKind;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 /// Tangram's CPU worker: runs sandbox actions in hardened Docker containers.
 #[derive(Debug, Parser)]
@@ -80,12 +82,19 @@ fn main() -> ExitCode {
     let config = match file.and_then(|f| f.merge(flags).validate()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("tangram-worker: invalid configuration: {e}");
+            eprintln!(
+                "tangram-worker: invalid configuration: {:#}",
+                anyhow::Error::new(e)
+            );
             return ExitCode::from(64);
         }
     };
     if args.print_gpus {
-        return match tangram_worker::gpu::discover(config.nvml, &config.gpu_groups) {
+        return match tangram_worker::gpu::discover(
+            &tangram_worker::gpu::NvmlDiscovery,
+            config.nvml,
+            &config.gpu_groups,
+        ) {
             Ok(inv) => {
                 println!("{}", serde_json::json!({ "gpus": inv }));
                 ExitCode::SUCCESS
@@ -117,18 +126,28 @@ fn main() -> ExitCode {
         if let Some(addr) = config.metrics_addr {
             tangram_worker::metrics::install(addr)?;
         }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+        // The signal watcher ends with the worker: whichever finishes first cancels the other.
+        let signals = TaskTracker::new();
+        signals.spawn(
+            async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = token.cancelled() => {}
+                }
+                token.cancel();
             }
-            token.cancel();
-        });
-        tangram_worker::run(config, shutdown).await
+            .instrument(tracing::info_span!("signals")),
+        );
+        signals.close();
+        let result = tangram_worker::run(config, shutdown.clone()).await;
+        shutdown.cancel();
+        signals.wait().await;
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,12 +7,28 @@
 //! second line (a worker never exceeds its own concurrency cap, never calls outside the
 //! allow-list, whatever it is sent).
 
+use futures::future::BoxFuture;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::{Api, HttpReply, ProviderReport};
+use tokio::time::Instant;
+
+/// What the worker needs from whatever makes its `api` calls. [`Providers`] calls the real
+/// providers over HTTP; [`FakeProviders`] answers from memory, for tests.
+pub trait ApiCaller: Send + Sync + std::fmt::Debug {
+    /// The providers this worker offers (its fingerprint, carried by the heartbeat).
+    fn report(&self) -> Vec<ProviderReport>;
+
+    /// Makes one call within the allow-list, the worker's concurrency cap and `timeout`.
+    fn call<'a>(
+        &'a self,
+        api: &'a Api,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Called, CallError>>;
+}
 
 /// One `[[provider]]` entry of the worker's config.
 #[derive(Debug, Clone, Deserialize)]
@@ -144,18 +160,21 @@ impl ProviderConfig {
         }
     }
 
-    fn credential(&self) -> Result<Option<String>, String> {
+    fn credential(&self) -> Result<Option<String>, CallError> {
         if let Some(var) = &self.credential_env {
-            return std::env::var(var).map(Some).map_err(|_| {
-                format!(
-                    "provider {:?}: credential variable {var} is not set on this worker",
-                    self.name
-                )
-            });
+            return std::env::var(var)
+                .map(Some)
+                .map_err(|_| CallError::Credential {
+                    provider: self.name.clone(),
+                    why: format!("credential variable {var} is not set on this worker"),
+                    source: None,
+                });
         }
         if let Some(path) = &self.credential_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                format!("provider {:?}: reading its credential file: {e}", self.name)
+            let text = std::fs::read_to_string(path).map_err(|e| CallError::Credential {
+                provider: self.name.clone(),
+                why: format!("reading its credential file {}", path.display()),
+                source: Some(e),
             })?;
             return Ok(text.lines().next().map(|l| l.trim().to_string()));
         }
@@ -175,9 +194,26 @@ pub enum CallError {
     /// The provider did not answer in time.
     #[error("the provider did not answer within {0} ms")]
     Timeout(u64),
-    /// It could not be reached, or the credential is missing.
-    #[error("{0}")]
-    Unreachable(String),
+    /// The credential is missing on this worker.
+    #[error("provider {provider:?}: {why}")]
+    Credential {
+        /// Which provider.
+        provider: String,
+        /// What is missing.
+        why: String,
+        /// The underlying failure, when there is one.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The provider could not be reached, or its reply could not be read.
+    #[error("calling provider {provider:?}")]
+    Unreachable {
+        /// Which provider.
+        provider: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
 }
 
 /// The worker's providers.
@@ -211,19 +247,15 @@ impl Providers {
                 .collect(),
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
+                // Small requests and replies: never wait on Nagle's algorithm.
+                .tcp_nodelay(true)
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("building the HTTP client"),
         }
     }
 
-    /// What the heartbeat says.
-    pub fn report(&self) -> Vec<ProviderReport> {
-        self.providers.values().map(|(c, _)| c.report()).collect()
-    }
-
-    /// Makes one call.
-    pub async fn call(&self, api: &Api, timeout: Duration) -> Result<Called, CallError> {
+    async fn call_one(&self, api: &Api, timeout: Duration) -> Result<Called, CallError> {
         let (c, sem) = self
             .providers
             .get(&api.provider)
@@ -251,12 +283,13 @@ impl Providers {
         let method = reqwest::Method::from_bytes(api.method.as_bytes()).map_err(|_| {
             CallError::NotAllowed(format!("{:?} is not an HTTP method", api.method))
         })?;
-        let credential = c.credential().map_err(CallError::Unreachable)?;
+        let credential = c.credential()?;
         let w0 = Instant::now();
+        // The semaphore is never closed: it lives as long as the provider.
         let _slot = sem
             .acquire()
             .await
-            .map_err(|_| CallError::Unreachable("provider closed".into()))?;
+            .expect("provider semaphores are never closed");
         let wait_us = w0.elapsed().as_micros() as u64;
         let url = format!("{}{}", c.base_url.trim_end_matches('/'), api.path);
         let mut req = self.http.request(method, &url).query(&api.query);
@@ -305,15 +338,101 @@ impl Providers {
         };
         match tokio::time::timeout(limit, exchange).await {
             Err(_) => Err(CallError::Timeout(limit.as_millis() as u64)),
-            Ok(Err(e)) => Err(CallError::Unreachable(format!(
-                "calling provider {:?}: {e}",
-                api.provider
-            ))),
+            Ok(Err(source)) => Err(CallError::Unreachable {
+                provider: api.provider.clone(),
+                source,
+            }),
             Ok(Ok(reply)) => Ok(Called {
                 reply,
                 wait_us,
                 call_us: t0.elapsed().as_micros() as u64,
             }),
         }
+    }
+}
+
+impl ApiCaller for Providers {
+    fn report(&self) -> Vec<ProviderReport> {
+        self.providers.values().map(|(c, _)| c.report()).collect()
+    }
+
+    fn call<'a>(
+        &'a self,
+        api: &'a Api,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Called, CallError>> {
+        Box::pin(self.call_one(api, timeout))
+    }
+}
+
+/// Providers that answer from memory: every allowed call gets `status` with an empty body
+/// after `latency` of tokio time (tests on paused time control it). The allow-list is the
+/// configs', as with real providers.
+#[derive(Debug)]
+pub struct FakeProviders {
+    configs: Vec<ProviderConfig>,
+    status: u16,
+    latency: Duration,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl FakeProviders {
+    /// Fake providers answering `status` after `latency`.
+    pub fn new(configs: Vec<ProviderConfig>, status: u16, latency: Duration) -> Self {
+        Self {
+            configs,
+            status,
+            latency,
+            calls: Default::default(),
+        }
+    }
+
+    /// Calls answered so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl ApiCaller for FakeProviders {
+    fn report(&self) -> Vec<ProviderReport> {
+        self.configs.iter().map(ProviderConfig::report).collect()
+    }
+
+    fn call<'a>(
+        &'a self,
+        api: &'a Api,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Called, CallError>> {
+        Box::pin(async move {
+            let c = self
+                .configs
+                .iter()
+                .find(|c| c.name == api.provider)
+                .ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
+            if !c.report().allows(&api.method, &api.path) {
+                return Err(CallError::NotAllowed(format!(
+                    "{} {} is not allowed for provider {:?}",
+                    api.method, api.path, api.provider
+                )));
+            }
+            let limit = timeout.min(Duration::from_millis(c.timeout_ms));
+            if self.latency > limit {
+                tokio::time::sleep(limit).await;
+                return Err(CallError::Timeout(limit.as_millis() as u64));
+            }
+            tokio::time::sleep(self.latency).await;
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Called {
+                reply: HttpReply {
+                    status: self.status,
+                    headers: BTreeMap::new(),
+                    body: String::new(),
+                    truncated: false,
+                },
+                wait_us: 0,
+                call_us: self.latency.as_micros() as u64,
+            })
+        })
     }
 }

@@ -13,11 +13,12 @@
 use anyhow::Context as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tangram_shared::{ActionKind, ActionResult, ActionSpec, CpuRange, Outcome};
 use tangram_tests::build::{close, exec, open};
 use tangram_tests::Client;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 struct Task {
     name: &'static str,

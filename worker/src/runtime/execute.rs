@@ -1,0 +1,262 @@
+//! Running one action, and the sandbox actions themselves: open, exec under a core grant,
+//! close.
+
+use super::{infra, unix_us, Worker};
+use crate::cgroup::PERIOD_US;
+use crate::cpuset;
+use crate::docker::{us_since, PARKED_QUOTA_US};
+use crate::sandbox::{ExecRequest, SandboxError, SandboxHandle, SandboxKey, SandboxRuntime};
+use std::sync::Arc;
+use std::time::Duration;
+use tangram_shared::{
+    ActionResult, ActionSpec, Dispatch, InfraCode, Outcome, Placement, RejectCode, Timing,
+};
+use tokio::time::Instant;
+use tracing::warn;
+
+/// A sandbox this worker holds.
+pub(crate) struct Sandbox {
+    pub(crate) handle: SandboxHandle,
+    pub(crate) mem_mb: u64,
+    /// Commands in one sandbox run one at a time, as a trajectory's actions do.
+    pub(crate) lock: tokio::sync::Mutex<()>,
+}
+
+impl Worker {
+    /// The sandbox runtime; sandbox actions are refused before reaching here on workers
+    /// without one.
+    fn dk(&self) -> &dyn SandboxRuntime {
+        self.sandboxes
+            .as_deref()
+            .expect("sandbox actions never run on a worker without a sandbox runtime")
+    }
+
+    pub(super) async fn execute(&self, d: &Dispatch) -> ActionResult {
+        let queued_us = unix_us().saturating_sub(d.submitted_at_us);
+        let a = &d.action;
+        let key = SandboxKey {
+            job: a.job.0.clone(),
+            trajectory: a.trajectory.0.clone(),
+        };
+        let mut result = ActionResult::new(
+            a.id.clone(),
+            a.job.clone(),
+            Outcome::Completed { exit_code: 0 },
+            0,
+        )
+        .for_action(a, d.attempt);
+        result.placement = Some(Placement {
+            worker: self.config.id.clone(),
+            cores: 0,
+            cpuset: String::new(),
+        });
+        result.timing = Timing::new(queued_us, 0, 0);
+        let t0 = Instant::now();
+        if self.sandboxes.is_none() && !matches!(a.spec, ActionSpec::Reward(_) | ActionSpec::Api(_))
+        {
+            result.outcome = Outcome::Rejected {
+                code: RejectCode::InvalidField,
+                reason: format!("worker {} runs no sandboxes (a GPU host)", self.config.id),
+            };
+            result.finished_at_ms = unix_us() / 1000;
+            return result;
+        }
+        match &a.spec {
+            ActionSpec::Reward(reward) => self.reward(d, reward, queued_us, &mut result).await,
+            ActionSpec::Api(api) => self.api(d, api, queued_us, &mut result).await,
+            ActionSpec::SandboxOpen(open) => {
+                result.outcome = self.open(&key, open, d.grant.mem_mb).await;
+                result.timing = Timing::new(queued_us, us_since(t0), 0);
+            }
+            ActionSpec::SandboxClose(_) => {
+                let sandbox = self
+                    .state
+                    .lock()
+                    .expect("state lock")
+                    .sandboxes
+                    .remove(&key);
+                if let Some(s) = sandbox {
+                    let _guard = s.lock.lock().await;
+                    if let Err(e) = self.dk().remove(&s.handle).await {
+                        result.outcome =
+                            infra(InfraCode::Runtime, format!("removing the sandbox: {e}"));
+                    }
+                }
+                result.timing = Timing::new(queued_us, us_since(t0), 0);
+            }
+            ActionSpec::SandboxExec(exec) => {
+                self.exec(&key, d, exec, queued_us, &mut result).await;
+            }
+        }
+        result.finished_at_ms = unix_us() / 1000;
+        result
+    }
+
+    async fn open(
+        &self,
+        key: &SandboxKey,
+        open: &tangram_shared::SandboxOpen,
+        mem_mb: u64,
+    ) -> Outcome {
+        if self
+            .state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .contains_key(key)
+        {
+            return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
+        }
+        let created = self.dk().start(key, open, &self.config.parking_cores).await;
+        let handle = match created {
+            Ok(h) => h,
+            Err(SandboxError::NoImage(image)) => {
+                return Outcome::Rejected {
+                    code: RejectCode::InvalidField,
+                    reason: format!(
+                        "image {image:?} is not present on worker {}",
+                        self.config.id
+                    ),
+                }
+            }
+            Err(SandboxError::Cgroup(e)) => {
+                return infra(
+                    InfraCode::Grant,
+                    format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
+                )
+            }
+            Err(e) => return infra(InfraCode::Runtime, format!("creating the sandbox: {e}")),
+        };
+        let sandbox = Arc::new(Sandbox {
+            handle,
+            mem_mb: mem_mb.max(open.memory_mb),
+            lock: tokio::sync::Mutex::new(()),
+        });
+        self.state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .insert(key.clone(), sandbox);
+        Outcome::Completed { exit_code: 0 }
+    }
+
+    async fn exec(
+        &self,
+        key: &SandboxKey,
+        d: &Dispatch,
+        exec: &tangram_shared::SandboxExec,
+        queued_us: u64,
+        result: &mut ActionResult,
+    ) {
+        let sandbox = self
+            .state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .get(key)
+            .cloned();
+        let Some(s) = sandbox else {
+            result.outcome = infra(
+                InfraCode::SandboxLost,
+                format!("worker {} holds no sandbox for trajectory {} (it restarted or the sandbox was removed)", self.config.id, key.trajectory),
+            );
+            return;
+        };
+        let _guard = s.lock.lock().await;
+        let t0 = Instant::now();
+        let n = d.grant.cores.max(1) as usize;
+        let Some(cores) = self.state.lock().expect("state lock").cores.take(n) else {
+            result.outcome = infra(
+                InfraCode::Grant,
+                format!("{n} cores are not free on worker {}", self.config.id),
+            );
+            return;
+        };
+        let list = cpuset::format(&cores);
+        if let Some(p) = result.placement.as_mut() {
+            p.cores = n as u32;
+            p.cpuset = list.clone();
+        }
+        let mut exec_us = 0;
+        let outcome = async {
+            self.dk().grant(&s.handle, &list, n as i64 * PERIOD_US, true)
+                .await
+                .map_err(|e| sandbox_outcome(e, &format!("granting cores {list}")))?;
+            let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
+            let mut env = vec![format!("TANGRAM_CPUS={n}")];
+            env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
+            let run = self.dk().exec(
+                &s.handle,
+                ExecRequest {
+                    argv: &argv,
+                    env: &env,
+                    stdin: exec.stdin.as_ref().map(|t| t.as_bytes()),
+                    files: &exec.files,
+                    timeout: Duration::from_millis(d.action.timeout_ms),
+                    output_limit_bytes: self.config.sandbox.output_limit_bytes,
+                },
+            );
+            let out = tokio::select! {
+                r = run => r.map_err(|e| sandbox_outcome(e, "running the command"))?,
+                _ = self.hard_stop.cancelled() => {
+                    self.dk().stop(&s.handle).await;
+                    return Err(infra(InfraCode::Shutdown, "the worker stopped before the command finished".to_string()));
+                }
+            };
+            exec_us = out.exec_us;
+            result.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            result.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            result.truncated = out.truncated;
+            Ok(match (out.timed_out, out.exit_code) {
+                (true, _) => Outcome::TimedOut,
+                (false, Some(code)) => Outcome::Completed { exit_code: code as i32 },
+                (false, None) => infra(InfraCode::Runtime, "the command's exit code is unavailable".into()),
+            })
+        }
+        .await;
+        // Park again whatever happened, then give the cores back.
+        if let Err(e) = self
+            .dk()
+            .grant(
+                &s.handle,
+                &self.config.parking_cores,
+                PARKED_QUOTA_US,
+                false,
+            )
+            .await
+        {
+            warn!(error = %e, "parking the sandbox failed");
+        }
+        self.state
+            .lock()
+            .expect("state lock")
+            .cores
+            .give_back(&cores);
+        result.outcome = outcome.unwrap_or_else(|o| o);
+        if matches!(
+            result.outcome,
+            Outcome::InfraError {
+                code: InfraCode::SandboxLost,
+                ..
+            }
+        ) {
+            self.state.lock().expect("state lock").sandboxes.remove(key);
+        }
+        let overhead = us_since(t0).saturating_sub(exec_us);
+        result.timing = Timing::new(queued_us, overhead, exec_us);
+    }
+}
+
+fn sandbox_outcome(e: SandboxError, doing: &str) -> Outcome {
+    match e {
+        SandboxError::Gone(_) => infra(
+            InfraCode::SandboxLost,
+            format!("{doing}: the sandbox is gone"),
+        ),
+        SandboxError::Grant(_) | SandboxError::Cgroup(_) => {
+            infra(InfraCode::Grant, format!("{doing}: {e}"))
+        }
+        SandboxError::Files(why) => infra(InfraCode::Runtime, why),
+        e => infra(InfraCode::Runtime, format!("{doing}: {e}")),
+    }
+}

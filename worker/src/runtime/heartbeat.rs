@@ -1,0 +1,95 @@
+//! Heartbeats: what this worker offers and holds, every period and once more when it stops.
+
+use super::Worker;
+use crate::metrics as m;
+use std::sync::Arc;
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{subject, ActionId, Heartbeat, SandboxRef};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+pub(super) async fn heartbeats(
+    worker: Arc<Worker>,
+    client: async_nats::Client,
+    instance: String,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(worker.config.heartbeat);
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        seq += 1;
+        send_heartbeat(&worker, &client, &instance, seq, false).await;
+    }
+}
+
+pub(super) async fn send_heartbeat(
+    worker: &Worker,
+    client: &async_nats::Client,
+    instance: &str,
+    seq: u64,
+    draining: bool,
+) {
+    let hb = {
+        let st = worker.state.lock().expect("state lock");
+        let mut sandboxes: Vec<SandboxRef> = st
+            .sandboxes
+            .iter()
+            .filter_map(|(key, s)| {
+                Some(SandboxRef {
+                    job: tangram_shared::JobId::new(key.job.clone()).ok()?,
+                    trajectory: tangram_shared::TrajectoryId::new(key.trajectory.clone()).ok()?,
+                    mem_mb: s.mem_mb,
+                })
+            })
+            .collect();
+        sandboxes.sort();
+        let mut running: Vec<ActionId> = st.admissions.running.iter().cloned().collect();
+        running.sort();
+        m::sandboxes(sandboxes.len());
+        Heartbeat {
+            worker: worker.config.id.clone(),
+            instance: instance.to_string(),
+            seq,
+            interval_ms: worker.config.heartbeat.as_millis() as u64,
+            cores: if worker.sandboxes.is_some() {
+                worker.config.cores.len() as u32
+            } else {
+                0
+            },
+            mem_mb: if worker.sandboxes.is_some() {
+                worker.config.mem_mb
+            } else {
+                0
+            },
+            running,
+            sandboxes,
+            draining,
+            gpus: worker.inventory.clone(),
+            services: worker
+                .services
+                .as_ref()
+                .map(|s| s.report())
+                .unwrap_or_default(),
+            providers: worker
+                .providers
+                .as_ref()
+                .map(|p| p.report())
+                .unwrap_or_default(),
+        }
+    };
+    match codec::encode(&hb, Encoding::Msgpack) {
+        Ok(bytes) => {
+            if let Err(e) = client
+                .publish(subject::heartbeat(&worker.config.id), bytes.into())
+                .await
+            {
+                warn!(error = %e, "heartbeat publish failed");
+            }
+        }
+        Err(e) => warn!(error = %e, "encoding a heartbeat"),
+    }
+}

@@ -1,0 +1,367 @@
+//! The worker runtime: intake of dispatches, admission, execution, results, heartbeats and
+//! the two-phase shutdown. `worker/README.md` draws the action path.
+//!
+//! Every foreign system sits behind a seam ([`SandboxRuntime`], [`ReplicaDriver`],
+//! [`ApiCaller`], and NATS as [`intake::Delivery`] and [`intake::ResultSink`]), so the whole
+//! path runs in unit tests on paused time with in-memory fakes.
+
+mod admission;
+mod calls;
+mod execute;
+mod heartbeat;
+pub(crate) mod intake;
+#[cfg(test)]
+mod tests;
+
+use crate::config::Config;
+use crate::cpuset::{self, CoreAllocator};
+use crate::docker::DockerRuntime;
+use crate::gpu::NvmlDiscovery;
+use crate::metrics as m;
+use crate::providers::{ApiCaller, Providers};
+use crate::sandbox::{InMemorySandboxes, RuntimeKind, SandboxError, SandboxKey, SandboxRuntime};
+use crate::services::{ReplicaDriver, Services};
+use admission::Admissions;
+use anyhow::Context as _;
+use execute::Sandbox;
+use futures::{Stream, StreamExt};
+use intake::{Delivery, JetStreamResults, ResultSink};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tangram_shared::codec::Encoding;
+use tangram_shared::{ActionResult, Dispatch, GpuInventory, InfraCode, Outcome};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn, Instrument};
+
+/// In-progress acks while an action runs; the dispatch consumer's ack_wait is 10 s.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+/// After the drain deadline, how long killed actions get to report `shutdown`.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long the last heartbeat and flush may take: NATS may be gone by then.
+const GOODBYE_WAIT: Duration = Duration::from_secs(3);
+
+/// What one task owns; every other task reaches it through the worker's lock, held briefly
+/// and never across an await.
+pub(crate) struct State {
+    pub(crate) cores: CoreAllocator,
+    pub(crate) sandboxes: HashMap<SandboxKey, Arc<Sandbox>>,
+    pub(crate) admissions: Admissions,
+}
+
+/// One worker: its configuration, its seams, its state.
+pub(crate) struct Worker {
+    pub(crate) config: Config,
+    /// Absent on workers that run no sandboxes (GPU hosts).
+    pub(crate) sandboxes: Option<Arc<dyn SandboxRuntime>>,
+    /// Model services, on GPU hosts.
+    pub(crate) services: Option<Arc<dyn ReplicaDriver>>,
+    /// External API providers.
+    pub(crate) providers: Option<Arc<dyn ApiCaller>>,
+    pub(crate) results: Arc<dyn ResultSink>,
+    pub(crate) state: Mutex<State>,
+    /// Cancelled when the drain deadline passes: running commands are killed.
+    pub(crate) hard_stop: CancellationToken,
+    /// GPUs, when the worker has any.
+    pub(crate) inventory: Option<GpuInventory>,
+}
+
+impl Worker {
+    pub(crate) fn new(
+        config: Config,
+        sandboxes: Option<Arc<dyn SandboxRuntime>>,
+        services: Option<Arc<dyn ReplicaDriver>>,
+        providers: Option<Arc<dyn ApiCaller>>,
+        results: Arc<dyn ResultSink>,
+        inventory: Option<GpuInventory>,
+    ) -> Self {
+        let cores = CoreAllocator::with_domains(&config.cores, &cpuset::numa_domains());
+        Self {
+            state: Mutex::new(State {
+                cores,
+                sandboxes: HashMap::new(),
+                admissions: Admissions::default(),
+            }),
+            config,
+            sandboxes,
+            services,
+            providers,
+            results,
+            hard_stop: CancellationToken::new(),
+            inventory,
+        }
+    }
+
+    pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
+        if let Err(e) = self.results.publish(result, encoding).await {
+            warn!(action = %result.id, error = %e, "result lost");
+        }
+    }
+}
+
+/// Wall-clock microseconds since the Unix epoch: the wire's timestamps (`submitted_at_us`,
+/// `finished_at_ms`) are wall time, shared across hosts.
+#[allow(clippy::disallowed_methods)] // the one reading of wall time in the worker
+pub(crate) fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn infra(code: InfraCode, reason: String) -> Outcome {
+    Outcome::InfraError { code, reason }
+}
+
+/// An error and its sources, `: `-joined: the reason a person reads in a result.
+pub(crate) fn reason(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !out.contains(&next) {
+            out.push_str(": ");
+            out.push_str(&next);
+        }
+        source = s.source();
+    }
+    out
+}
+
+async fn sandbox_runtime(config: &Config) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
+    let runtime: Arc<dyn SandboxRuntime> = match config.sandbox_runtime {
+        RuntimeKind::Docker => Arc::new(
+            DockerRuntime::connect(
+                config.id.as_str(),
+                config.sandbox.clone(),
+                config.grant_mode,
+            )
+            .await
+            .context("connecting to the Docker daemon")?,
+        ),
+        RuntimeKind::Noop => {
+            warn!("sandbox_runtime = \"noop\": commands are NOT run, every exec reports exit 0 at once; for pipeline benchmarks only, never for real workloads");
+            Arc::new(InMemorySandboxes::noop())
+        }
+    };
+    runtime.validate().await.map_err(|e| match e {
+        SandboxError::NoImage(image) => anyhow::anyhow!(
+            "default sandbox image {image:?} is not present; build it with deploy/build-sandbox-image.sh"
+        ),
+        e => anyhow::Error::new(e).context("checking the sandbox runtime"),
+    })?;
+    // Whatever an earlier run of this worker left is unusable now (its cores and grants are
+    // unknown). Actions that were running in it come back as redelivered dispatches and are
+    // reported lost (their sandbox is gone).
+    let removed = runtime.recover().await?;
+    if removed > 0 {
+        m::leftovers(removed);
+        info!(
+            count = removed,
+            "removed leftover sandboxes of an earlier run"
+        );
+    }
+    Ok(runtime)
+}
+
+/// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let sandboxes = if config.sandboxes {
+        Some(sandbox_runtime(&config).await?)
+    } else {
+        None
+    };
+    let inventory = crate::gpu::discover(&NvmlDiscovery, config.nvml, &config.gpu_groups)?;
+    let services: Option<Arc<dyn ReplicaDriver>> = match (&inventory, config.services.is_empty()) {
+        (_, true) => None,
+        (None, false) => anyhow::bail!(
+            "{} service(s) are configured but this worker has no GPUs: NVML found none and the config declares none ([gpu] groups or count)",
+            config.services.len()
+        ),
+        (Some(inv), false) => {
+            let s = Services::new(config.id.as_str(), config.services.clone(), inv.clone(), config.state_dir.clone());
+            s.start().await.context("deploying model services")?;
+            Some(Arc::new(s))
+        }
+    };
+
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("tangram-worker-{}", config.id))
+        .connect(&config.nats_url)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+    let js = async_nats::jetstream::new(client.clone());
+    tangram_nats::ensure_streams(&js).await?;
+    let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
+
+    let providers: Option<Arc<dyn ApiCaller>> = (!config.providers.is_empty())
+        .then(|| Arc::new(Providers::new(config.providers.clone())) as Arc<dyn ApiCaller>);
+    let worker = Arc::new(Worker::new(
+        config,
+        sandboxes,
+        services,
+        providers,
+        Arc::new(JetStreamResults(js)),
+        inventory,
+    ));
+    let instance = format!("{:x}-{:x}", std::process::id(), unix_us());
+    info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
+
+    // Heartbeats and health checks outlive intake: they stop after the drain.
+    let background = TaskTracker::new();
+    let background_stop = CancellationToken::new();
+    background.spawn(
+        heartbeat::heartbeats(
+            worker.clone(),
+            client.clone(),
+            instance.clone(),
+            background_stop.clone(),
+        )
+        .instrument(tracing::info_span!("heartbeats")),
+    );
+    if let Some(svc) = worker.services.clone() {
+        let stop = background_stop.clone();
+        background.spawn(
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => svc.check_health().await,
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("health_checks")),
+        );
+    }
+
+    let messages = consumer.messages().await?;
+    let intake = messages.filter_map(|m| async move {
+        match m {
+            Ok(m) => Some(Box::new(m) as Box<dyn Delivery>),
+            Err(e) => {
+                warn!(error = %e, "dispatch consumer error");
+                None
+            }
+        }
+    });
+    serve(worker.clone(), Box::pin(intake), shutdown).await;
+
+    background_stop.cancel();
+    background.close();
+    // Every last step is bounded, so SIGTERM always ends the process even without NATS.
+    let last_words = async {
+        background.wait().await;
+        heartbeat::send_heartbeat(&worker, &client, &instance, u64::MAX, true).await;
+        client.flush().await.ok();
+    };
+    if tokio::time::timeout(GOODBYE_WAIT, last_words)
+        .await
+        .is_err()
+    {
+        warn!("could not say goodbye to NATS within 3 s");
+    }
+    info!("worker stopped");
+    Ok(())
+}
+
+/// The action path until `shutdown`, then the drain: phase one stops intake and lets running
+/// actions finish until the grace period ends; phase two kills what is left (each reports
+/// `infra_error: shutdown`), then removes sandboxes and stops replicas.
+pub(crate) async fn serve<S>(worker: Arc<Worker>, mut intake: S, shutdown: CancellationToken)
+where
+    S: Stream<Item = Box<dyn Delivery>> + Unpin,
+{
+    let actions = TaskTracker::new();
+    loop {
+        let delivery = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            d = intake.next() => match d {
+                Some(d) => d,
+                None => break,
+            },
+        };
+        if let Some(dispatch) = worker.admit(delivery.as_ref()).await {
+            let span = tracing::info_span!("action", id = %dispatch.action.id, kind = dispatch.action.kind().as_str());
+            actions.spawn(worker.clone().handle(dispatch, delivery).instrument(span));
+        }
+    }
+    drop(intake);
+
+    info!(
+        grace_ms = worker.config.shutdown_grace.as_millis() as u64,
+        "draining"
+    );
+    actions.close();
+    if tokio::time::timeout(worker.config.shutdown_grace, actions.wait())
+        .await
+        .is_err()
+    {
+        warn!("grace period over; stopping running actions");
+        worker.hard_stop.cancel();
+        if tokio::time::timeout(KILL_WAIT, actions.wait())
+            .await
+            .is_err()
+        {
+            warn!("actions still running after the kill; leaving them");
+        }
+    }
+    let sandboxes: Vec<Arc<Sandbox>> = worker
+        .state
+        .lock()
+        .expect("state lock")
+        .sandboxes
+        .drain()
+        .map(|(_, s)| s)
+        .collect();
+    if let Some(runtime) = &worker.sandboxes {
+        for s in sandboxes {
+            let _ = runtime.remove(&s.handle).await;
+        }
+    }
+    if let Some(svc) = &worker.services {
+        svc.stop_all(KILL_WAIT).await;
+    }
+}
+
+impl Worker {
+    /// Runs one admitted action and settles it: result durable first, then the dispatch acked.
+    async fn handle(self: Arc<Self>, dispatch: Dispatch, delivery: Box<dyn Delivery>) {
+        // Keep the dispatch from being redelivered while it runs (ack_wait is short so that a
+        // crashed instance's work comes back quickly).
+        let result = {
+            let work = self.execute(&dispatch);
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    r = &mut work => break r,
+                    _ = tick.tick() => {
+                        if let Err(e) = delivery.progress().await {
+                            warn!(error = %e, "in-progress ack");
+                        }
+                    }
+                }
+            }
+        };
+        m::action(
+            dispatch.action.kind().as_str(),
+            result.outcome.label(),
+            result.timing.overhead_us as f64 / 1e6,
+            result.timing.exec_us as f64 / 1e6,
+        );
+        // A crash between the two means a redelivery, which the result's Nats-Msg-Id
+        // deduplicates.
+        self.publish_result(&result, dispatch.result_encoding).await;
+        if let Err(e) = delivery.ack().await {
+            warn!(error = %e, "acking a dispatch");
+        }
+        self.state
+            .lock()
+            .expect("state lock")
+            .admissions
+            .settle(&dispatch.action.id);
+    }
+}

@@ -1,0 +1,527 @@
+//! The action path on paused time with in-memory fakes: no NATS, no Docker, no sleeps.
+
+use super::admission::{Admissions, Verdict};
+use super::intake::{AckError, Delivery, ResultSink};
+use super::{serve, Worker};
+use crate::config::RawConfig;
+use crate::providers::{FakeProviders, ProviderConfig};
+use crate::sandbox::InMemorySandboxes;
+use crate::services::FakeReplicas;
+use futures::future::BoxFuture;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tangram_shared::codec::{self, Encoding};
+use tangram_shared::{
+    Action, ActionId, ActionResult, ActionSpec, ChunkRef, CpuRange, Dispatch, GpuRoute, Grant,
+    InfraCode, JobId, Outcome, RejectCode, SandboxClose, SandboxExec, SandboxOpen, TrajectoryId,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Far longer than anything a test waits for: reaching it means the awaited thing never came.
+const NEVER: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ack {
+    Done,
+    Progress,
+}
+
+/// Acks by delivery tag, in order.
+type AckLog = Arc<Mutex<Vec<(String, Ack)>>>;
+
+struct FakeDelivery {
+    tag: String,
+    payload: Vec<u8>,
+    redelivered: bool,
+    acks: AckLog,
+}
+
+impl Delivery for FakeDelivery {
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+    fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+    fn ack(&self) -> BoxFuture<'_, Result<(), AckError>> {
+        self.acks
+            .lock()
+            .unwrap()
+            .push((self.tag.clone(), Ack::Done));
+        Box::pin(async { Ok(()) })
+    }
+    fn progress(&self) -> BoxFuture<'_, Result<(), AckError>> {
+        self.acks
+            .lock()
+            .unwrap()
+            .push((self.tag.clone(), Ack::Progress));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[derive(Default)]
+struct Results {
+    all: Mutex<Vec<ActionResult>>,
+    added: tokio::sync::Notify,
+}
+
+impl ResultSink for Results {
+    fn publish<'a>(
+        &'a self,
+        result: &'a ActionResult,
+        _encoding: Encoding,
+    ) -> BoxFuture<'a, Result<(), tangram_nats::PublishError>> {
+        self.all.lock().unwrap().push(result.clone());
+        self.added.notify_waiters();
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Results {
+    fn of(&self, id: &str) -> Vec<ActionResult> {
+        let all = self.all.lock().unwrap();
+        all.iter()
+            .filter(|r| r.id.as_str() == id)
+            .cloned()
+            .collect()
+    }
+
+    /// The result of `id`, once published.
+    async fn wait(&self, id: &str) -> ActionResult {
+        let deadline = Instant::now() + NEVER;
+        loop {
+            let added = self.added.notified();
+            if let Some(r) = self.of(id).pop() {
+                return r;
+            }
+            tokio::time::timeout_at(deadline, added)
+                .await
+                .unwrap_or_else(|_| panic!("no result for {id}"));
+        }
+    }
+}
+
+struct Harness {
+    worker: Arc<Worker>,
+    sandboxes: Arc<InMemorySandboxes>,
+    results: Arc<Results>,
+    acks: AckLog,
+    intake: mpsc::Sender<Box<dyn Delivery>>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+fn config(extra: RawConfig) -> crate::Config {
+    RawConfig {
+        id: Some("w-test".into()),
+        cores: Some("0-1".into()),
+        shutdown_grace_ms: Some(5_000),
+        ..Default::default()
+    }
+    .merge(extra)
+    .validate()
+    .expect("test config")
+}
+
+impl Harness {
+    fn start() -> Self {
+        Self::with(RawConfig::default(), None, None)
+    }
+
+    fn with(
+        extra: RawConfig,
+        services: Option<Arc<FakeReplicas>>,
+        providers: Option<Arc<FakeProviders>>,
+    ) -> Self {
+        let sandboxes = Arc::new(InMemorySandboxes::with_sleep());
+        let results = Arc::new(Results::default());
+        let worker = Arc::new(Worker::new(
+            config(extra),
+            Some(sandboxes.clone()),
+            services.map(|s| s as _),
+            providers.map(|p| p as _),
+            results.clone(),
+            None,
+        ));
+        let (tx, rx) = mpsc::channel::<Box<dyn Delivery>>(16);
+        let intake =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|d| (d, rx)) });
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(serve(worker.clone(), Box::pin(intake), shutdown.clone()));
+        tasks.close();
+        Self {
+            worker,
+            sandboxes,
+            results,
+            acks: AckLog::default(),
+            intake: tx,
+            shutdown,
+            tasks,
+        }
+    }
+
+    async fn deliver(&self, tag: &str, d: &Dispatch, redelivered: bool) {
+        let delivery = FakeDelivery {
+            tag: tag.to_string(),
+            payload: codec::encode(d, Encoding::Msgpack).unwrap(),
+            redelivered,
+            acks: self.acks.clone(),
+        };
+        self.intake
+            .send(Box::new(delivery))
+            .await
+            .unwrap_or_else(|_| panic!("intake closed"));
+    }
+
+    /// Delivers and waits for the result.
+    async fn run(&self, d: &Dispatch) -> ActionResult {
+        self.deliver(d.action.id.as_str(), d, false).await;
+        self.results.wait(d.action.id.as_str()).await
+    }
+
+    fn acks_of(&self, tag: &str) -> Vec<Ack> {
+        let acks = self.acks.lock().unwrap();
+        acks.iter()
+            .filter(|(t, a)| t == tag && *a == Ack::Done)
+            .map(|(_, a)| *a)
+            .collect()
+    }
+
+    fn running(&self) -> usize {
+        self.worker.state.lock().unwrap().admissions.running.len()
+    }
+
+    /// Waits until `n` actions are running, on tokio's clock.
+    async fn until_running(&self, n: usize) {
+        let deadline = Instant::now() + NEVER;
+        while self.running() != n {
+            assert!(Instant::now() < deadline, "never {n} running");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn stop(&self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(NEVER, self.tasks.wait())
+            .await
+            .expect("the worker stops");
+    }
+}
+
+fn action(id: &str, traj: &str, spec: ActionSpec) -> Action {
+    Action {
+        id: ActionId::new(id).unwrap(),
+        job: JobId::new("job1").unwrap(),
+        trajectory: TrajectoryId::new(traj).unwrap(),
+        timeout_ms: 120_000,
+        spec,
+    }
+}
+
+fn dispatch(epoch: u64, cores: u32, action: Action) -> Dispatch {
+    Dispatch {
+        epoch,
+        attempt: 1,
+        action,
+        grant: Grant { cores, mem_mb: 256 },
+        submitted_at_us: super::unix_us(),
+        result_encoding: Encoding::Msgpack,
+        gpu: None,
+    }
+}
+
+fn open(id: &str, traj: &str) -> Dispatch {
+    dispatch(
+        1,
+        0,
+        action(id, traj, ActionSpec::SandboxOpen(SandboxOpen::default())),
+    )
+}
+
+fn exec(id: &str, traj: &str, argv: &[&str], cores: u32) -> Dispatch {
+    let spec = ActionSpec::SandboxExec(SandboxExec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cpus: CpuRange {
+            min: cores,
+            max: cores,
+        },
+        files: BTreeMap::new(),
+        env: BTreeMap::new(),
+        stdin: None,
+    });
+    dispatch(1, cores, action(id, traj, spec))
+}
+
+fn completed(r: &ActionResult) -> i32 {
+    match &r.outcome {
+        Outcome::Completed { exit_code } => *exit_code,
+        other => panic!("{}: expected completed, got {other:?}", r.id),
+    }
+}
+
+fn infra_code(r: &ActionResult) -> InfraCode {
+    match &r.outcome {
+        Outcome::InfraError { code, .. } => *code,
+        other => panic!("{}: expected an infra error, got {other:?}", r.id),
+    }
+}
+
+#[test]
+fn admission_verdicts() {
+    let mut a = Admissions::default();
+    let d = |id: &str, epoch| {
+        let mut d = open(id, "t");
+        d.epoch = epoch;
+        d
+    };
+    assert_eq!(a.admit(&d("a", 2), false), Verdict::Run);
+    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyRunning);
+    assert_eq!(
+        a.admit(&d("b", 1), false),
+        Verdict::StaleEpoch {
+            epoch: 1,
+            newest: 2
+        }
+    );
+    a.settle(&ActionId::new("a").unwrap());
+    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyFinished);
+    assert_eq!(a.admit(&d("c", 2), true), Verdict::LostByEarlierInstance);
+    // A newer scheduler moves the floor up.
+    assert_eq!(a.admit(&d("e", 3), false), Verdict::Run);
+    assert!(matches!(
+        a.admit(&d("f", 2), false),
+        Verdict::StaleEpoch { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_epoch_is_acked_and_dropped_without_a_result() {
+    let h = Harness::start();
+    let mut o = open("o1", "t1");
+    o.epoch = 5;
+    assert_eq!(completed(&h.run(&o).await), 0);
+    let mut old = exec("old", "t1", &["true"], 1);
+    old.epoch = 4;
+    h.deliver("old", &old, false).await;
+    // Intake is sequential: once a later dispatch has its result, the stale one was judged.
+    let mut next = exec("next", "t1", &["true"], 1);
+    next.epoch = 5;
+    assert_eq!(completed(&h.run(&next).await), 0);
+    assert!(h.results.of("old").is_empty());
+    assert_eq!(h.acks_of("old"), [Ack::Done]);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_redelivered_dispatch_runs_once_and_one_lost_by_an_earlier_instance_is_reported() {
+    let h = Harness::start();
+    h.run(&open("o1", "t1")).await;
+    let long = exec("long", "t1", &["sleep", "10"], 1);
+    h.deliver("long#1", &long, false).await;
+    h.until_running(1).await;
+    // While it runs: the running copy owns the ack.
+    h.deliver("long#2", &long, true).await;
+    let r = h.results.wait("long").await;
+    assert_eq!(completed(&r), 0);
+    // After it finished: acked, no second result.
+    h.deliver("long#3", &long, true).await;
+    let lost = exec("lost", "t1", &["true"], 1);
+    h.deliver("lost", &lost, true).await;
+    assert_eq!(
+        infra_code(&h.results.wait("lost").await),
+        InfraCode::WorkerLost
+    );
+    assert_eq!(h.results.of("long").len(), 1);
+    assert_eq!(h.acks_of("long#1"), [Ack::Done]);
+    assert!(h.acks_of("long#2").is_empty());
+    assert_eq!(h.acks_of("long#3"), [Ack::Done]);
+    assert_eq!(h.acks_of("lost"), [Ack::Done]);
+    // Ten seconds of running were covered by in-progress acks.
+    let progress = h
+        .acks
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, a)| t == "long#1" && *a == Ack::Progress)
+        .count();
+    assert_eq!(progress, 3);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exec_without_its_sandbox_is_reported_lost() {
+    let h = Harness::start();
+    let r = h.run(&exec("e1", "nowhere", &["true"], 1)).await;
+    assert_eq!(infra_code(&r), InfraCode::SandboxLost);
+    // After a close the sandbox is gone too.
+    h.run(&open("o1", "t1")).await;
+    let close = dispatch(
+        1,
+        0,
+        action("c1", "t1", ActionSpec::SandboxClose(SandboxClose {})),
+    );
+    assert_eq!(completed(&h.run(&close).await), 0);
+    assert_eq!(h.sandboxes.open_count(), 0);
+    let r = h.run(&exec("e2", "t1", &["true"], 1)).await;
+    assert_eq!(infra_code(&r), InfraCode::SandboxLost);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cores_are_granted_at_most_once_and_come_back() {
+    let h = Harness::start(); // two cores
+    h.run(&open("o1", "t1")).await;
+    h.run(&open("o2", "t2")).await;
+    h.deliver("wide", &exec("wide", "t1", &["sleep", "10"], 2), false)
+        .await;
+    h.until_running(1).await;
+    let r = h.run(&exec("more", "t2", &["true"], 1)).await;
+    assert_eq!(infra_code(&r), InfraCode::Grant);
+    let wide = h.results.wait("wide").await;
+    assert_eq!(completed(&wide), 0);
+    assert_eq!(wide.placement.as_ref().unwrap().cpuset, "0-1");
+    // Given back: the same exec fits now.
+    let r = h.run(&exec("again", "t2", &["true"], 1)).await;
+    assert_eq!(completed(&r), 0);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_intake_lets_short_actions_finish_and_kills_the_rest_at_the_deadline() {
+    let h = Harness::start(); // grace 5 s
+    h.run(&open("o1", "t1")).await;
+    h.run(&open("o2", "t2")).await;
+    h.deliver("short", &exec("short", "t1", &["sleep", "2"], 1), false)
+        .await;
+    h.deliver("long", &exec("long", "t2", &["sleep", "60"], 1), false)
+        .await;
+    h.until_running(2).await;
+    let t0 = Instant::now();
+    h.shutdown.cancel();
+    // Intake stops at once: the worker lets go of its dispatch feed.
+    tokio::time::timeout(NEVER, h.intake.closed())
+        .await
+        .expect("intake closes");
+    assert!(h
+        .intake
+        .send(Box::new(FakeDelivery {
+            tag: "late".into(),
+            payload: Vec::new(),
+            redelivered: false,
+            acks: h.acks.clone(),
+        }))
+        .await
+        .is_err());
+    tokio::time::timeout(NEVER, h.tasks.wait())
+        .await
+        .expect("the worker stops");
+    assert_eq!(t0.elapsed(), Duration::from_secs(5), "the drain deadline");
+    let short = h.results.wait("short").await;
+    assert_eq!(completed(&short), 0);
+    let long = h.results.wait("long").await;
+    assert_eq!(infra_code(&long), InfraCode::Shutdown);
+    assert_eq!(h.acks_of("short"), [Ack::Done]);
+    assert_eq!(h.acks_of("long"), [Ack::Done]);
+    assert!(h.acks_of("late").is_empty());
+    // The killed command's sandbox was stopped; every sandbox is gone.
+    assert_eq!(h.sandboxes.stopped().len(), 1);
+    assert_eq!(h.sandboxes.open_count(), 0);
+    assert_eq!(h.running(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_with_nothing_running_ends_at_once() {
+    let h = Harness::start();
+    h.run(&open("o1", "t1")).await;
+    let t0 = Instant::now();
+    h.stop().await;
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+    assert_eq!(h.sandboxes.open_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reward_and_api_actions_go_through_their_seams() {
+    let provider: ProviderConfig = toml::from_str(
+        "name = \"search\"\nbase_url = \"http://127.0.0.1:1\"\nrate_per_s = 10.0\nallow = [\"GET /search\"]",
+    )
+    .unwrap();
+    let providers = Arc::new(FakeProviders::new(
+        vec![provider],
+        200,
+        Duration::from_millis(40),
+    ));
+    let replicas = Arc::new(FakeReplicas::new(
+        &["judge"],
+        0.5,
+        Duration::from_millis(30),
+    ));
+    let h = Harness::with(
+        RawConfig::default(),
+        Some(replicas.clone()),
+        Some(providers.clone()),
+    );
+    let api = |id: &str, path: &str| {
+        dispatch(
+            1,
+            0,
+            action(
+                id,
+                "t1",
+                ActionSpec::Api(tangram_shared::Api {
+                    provider: "search".into(),
+                    method: "GET".into(),
+                    path: path.into(),
+                    query: BTreeMap::new(),
+                    body: None,
+                    headers: BTreeMap::new(),
+                }),
+            ),
+        )
+    };
+    let r = h.run(&api("a1", "/search")).await;
+    assert_eq!(r.http.as_ref().map(|h| h.status), Some(200), "{r:?}");
+    let r = h.run(&api("a2", "/admin")).await;
+    assert!(
+        matches!(
+            r.outcome,
+            Outcome::Rejected {
+                code: RejectCode::NotAllowed,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(providers.calls(), 1);
+    let mut reward = dispatch(
+        1,
+        0,
+        action(
+            "r1",
+            "t1",
+            ActionSpec::Reward(tangram_shared::Reward {
+                service: "judge".into(),
+                inputs: vec!["x".into(), "y".into()],
+                options: BTreeMap::new(),
+            }),
+        ),
+    );
+    reward.gpu = Some(GpuRoute {
+        service: "judge".into(),
+        chunk: ChunkRef {
+            group: 0,
+            start: 0,
+            len: 1,
+        },
+        restore: false,
+        evict: Vec::new(),
+    });
+    let r = h.run(&reward).await;
+    assert_eq!(r.scores, Some(vec![0.5, 0.5]), "{r:?}");
+    h.stop().await;
+    assert!(replicas.stopped());
+}
