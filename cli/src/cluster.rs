@@ -72,13 +72,13 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.clone());
     }
@@ -104,7 +104,7 @@ fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from("nats-server"))
 }
 
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let p = exe.with_file_name(name);
     if !p.exists() {

@@ -1,9 +1,10 @@
 //! `tangram`: bring a local cluster up and down, submit actions, inspect the scheduler,
-//! simulate policies and benchmark the scheduling core.
+//! simulate policies, benchmark the scheduling core and the action path.
 
 mod bench;
 mod cluster;
 mod gpu_sim;
+mod pipeline;
 mod report;
 mod submit;
 mod svg;
@@ -117,6 +118,10 @@ enum BenchWhat {
         #[arg(long, default_value_t = 200)]
         iterations: usize,
     },
+    /// The action path end to end on a real local cluster (nats-server, the scheduler, one
+    /// CPU worker): orchestration per action and actions/s, beside the NATS floors measured on
+    /// the same server in the same run, for the server's default sync and for `always`.
+    Pipeline(pipeline::PipelineArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -162,6 +167,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },
         } => bench::scheduler(json, iterations),
+        Command::Bench {
+            what: BenchWhat::Pipeline(args),
+        } => pipeline::pipeline(args),
     }
 }
 

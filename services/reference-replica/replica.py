@@ -152,6 +152,11 @@ class Model:
 def make_handler(model: Model, service: str):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Keep-alive clients must not wait on Nagle's algorithm: a response written as headers
+        # then body sat ~40 ms behind the client's delayed ACK. Each response leaves in one write
+        # (buffered, flushed once the handler returns), and TCP_NODELAY covers larger bodies.
+        disable_nagle_algorithm = True
+        wbufsize = 1 << 16
 
         def log_message(self, fmt, *args):  # quiet; the worker logs what matters
             pass

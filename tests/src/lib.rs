@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
-use tangram_shared::{subject, Action, ActionId, ActionResult, JobId, WorkerId};
+use tangram_shared::status::Status;
+use tangram_shared::{subject, Action, ActionId, ActionResult, Heartbeat, JobId, WorkerId};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -115,6 +116,11 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The client URL.
@@ -615,7 +621,7 @@ impl Client {
             let Some(msg) = msg else {
                 bail!("heartbeat subscription closed")
             };
-            let hb: tangram_shared::Heartbeat = codec::decode(&msg.payload, Encoding::Msgpack)?;
+            let hb: Heartbeat = codec::decode(&msg.payload, Encoding::Msgpack)?;
             if ids.contains(&hb.worker.as_str()) {
                 seen.insert(hb.worker.0.clone());
             }
@@ -623,17 +629,24 @@ impl Client {
         Ok(())
     }
 
-    /// Dead-letter records so far, as (code header, subject header) pairs.
+    /// Dead-letter records in the stream now, as (code header, reason header) pairs.
     pub async fn dead_letters(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let stream = self.js.get_stream(subject::DEADLETTER_STREAM).await?;
+        let mut stream = self.js.get_stream(subject::DEADLETTER_STREAM).await?;
+        let held = stream.info().await?.state.messages as usize;
+        let mut out = Vec::with_capacity(held);
+        if held == 0 {
+            return Ok(out);
+        }
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
             .await?;
         let mut messages = consumer.messages().await?;
-        let mut out = Vec::new();
-        while let Ok(Some(Ok(m))) =
-            tokio::time::timeout(Duration::from_millis(300), messages.next()).await
-        {
+        while out.len() < held {
+            let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .context("reading the dead-letter stream back")?
+                .context("the dead-letter stream ended")?
+                .map_err(|e| anyhow::anyhow!("reading dead letters: {e}"))?;
             let h = m.headers.clone().unwrap_or_default();
             let get = |k: &str| h.get(k).map(|v| v.as_str().to_string()).unwrap_or_default();
             out.push((
@@ -642,6 +655,93 @@ impl Client {
             ));
         }
         Ok(out)
+    }
+
+    /// Dead-letter records once `ready` holds for them (a rejection's record may land just
+    /// after its result); fails after `timeout` with what the stream held.
+    pub async fn dead_letters_once(
+        &self,
+        timeout: Duration,
+        ready: impl Fn(&[(String, String)]) -> bool,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let dl = self.dead_letters().await?;
+            if ready(&dl) {
+                return Ok(dl);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("dead letters still not as expected after {timeout:?}: {dl:?}");
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The scheduler's status report (`tangram.v1.status`).
+    pub async fn status(&self) -> anyhow::Result<Status> {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.nats.request(subject::STATUS, "".into()),
+        )
+        .await
+        .context("the scheduler did not answer its status")??;
+        Ok(serde_json::from_slice(&reply.payload)?)
+    }
+
+    /// Waits until the scheduler's status satisfies `ready` and returns it; fails after
+    /// `timeout`, naming `what` and showing the last status.
+    pub async fn wait_for_status(
+        &self,
+        timeout: Duration,
+        what: &str,
+        ready: impl Fn(&Status) -> bool,
+    ) -> anyhow::Result<Status> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let last = self.status().await;
+            match last {
+                Ok(st) if ready(&st) => return Ok(st),
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("{what}: not within {timeout:?}; last status {last:?}");
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Waits for a heartbeat satisfying `ready` and returns it.
+    pub async fn wait_for_heartbeat(
+        &self,
+        timeout: Duration,
+        what: &str,
+        ready: impl Fn(&Heartbeat) -> bool,
+    ) -> anyhow::Result<Heartbeat> {
+        let mut sub = self.nats.subscribe(subject::HEARTBEAT_ALL).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, sub.next())
+                .await
+                .with_context(|| format!("{what}: no such heartbeat within {timeout:?}"))?
+                .context("heartbeat subscription closed")?;
+            let hb: Heartbeat = codec::decode(&msg.payload, Encoding::Msgpack)?;
+            if ready(&hb) {
+                return Ok(hb);
+            }
+        }
+    }
+
+    /// Waits until `worker` reports action `id` among those it is running.
+    pub async fn wait_until_running(
+        &self,
+        worker: &str,
+        id: &ActionId,
+        timeout: Duration,
+    ) -> anyhow::Result<Heartbeat> {
+        self.wait_for_heartbeat(timeout, &format!("{worker} running {id}"), |hb| {
+            hb.worker.as_str() == worker && hb.running.contains(id)
+        })
+        .await
     }
 }
 
@@ -725,6 +825,9 @@ pub mod build {
     }
 }
 
+/// How often the waits below look again.
+const POLL: Duration = Duration::from_millis(50);
+
 /// Polls `check` until it holds or `timeout` passes; returns whether it held. For state that
 /// settles asynchronously (a restarted worker removing leftovers), never as a sleep.
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
@@ -736,7 +839,7 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
         if Instant::now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
 

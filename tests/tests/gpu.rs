@@ -167,7 +167,9 @@ async fn unknown_service_is_rejected_with_the_reason_and_dead_lettered() -> anyh
         }
         other => panic!("expected a rejection, got {other:?}"),
     }
-    let dl = c.dead_letters().await?;
+    let dl = c
+        .dead_letters_once(T, |d| d.iter().any(|(code, _)| code == "unknown_service"))
+        .await?;
     assert!(
         dl.iter().any(|(code, _)| code == "unknown_service"),
         "{dl:?}"
@@ -197,8 +199,17 @@ async fn replica_killed_mid_request_is_retried_on_a_fresh_replica_never_hangs() 
     let t0 = Instant::now();
     c.submit(&reward("slow", "rl", "t", "kill-judge", &inputs))
         .await?;
-    // Wait until it is scoring (the replica is awake and busy), then kill the replica.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Wait until it is scoring (the replica is awake and the request running), then kill the
+    // replica.
+    let slow = tangram_shared::ActionId::new("slow")?;
+    c.wait_for_heartbeat(T, "kill-judge resident and scoring", |hb| {
+        hb.worker.as_str() == "gpu-kill"
+            && hb.running.contains(&slow)
+            && hb.services.iter().any(|s| {
+                s.name == "kill-judge" && s.replicas.iter().any(|r| r.resident && r.healthy)
+            })
+    })
+    .await?;
     assert!(
         c.result(
             &tangram_shared::ActionId::new("slow")?,

@@ -1,0 +1,82 @@
+//! `tangram bench pipeline` in its shortest mode against a real nats-server, scheduler and
+//! worker (the benchmark-only `noop` sandbox runtime, so no Docker). Needs the workspace's
+//! binaries built and the pinned nats-server installed (deploy/test.sh does both).
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn nats_server() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli/ has a parent")
+        .join("tools/bin/nats-server");
+    assert!(
+        p.exists(),
+        "nats-server not found at {}: run `bash deploy/install-tools.sh` first",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn pipeline_bench_quick_reports_both_sync_settings_and_one_result_per_action() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
+        .args(["bench", "pipeline", "--quick", "--json"])
+        .args(["--sandbox-runtime", "noop", "--phase-s", "60"])
+        .arg("--nats-server")
+        .arg(nats_server())
+        .env_remove("TANGRAM_NATS_URL")
+        .output()
+        .expect("running tangram");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(report["bench"], "pipeline");
+    assert_eq!(report["sandbox_runtime"], "noop");
+    let settings = report["settings"].as_array().expect("settings");
+    let syncs: Vec<&str> = settings.iter().filter_map(|s| s["sync"].as_str()).collect();
+    assert_eq!(syncs, ["default", "always"]);
+    let positive = |v: &Value, what: &str| {
+        assert!(v.as_f64().is_some_and(|x| x > 0.0), "{what} = {v}");
+    };
+    for s in settings {
+        let sync = s["sync"].as_str().unwrap_or_default();
+        for key in [
+            "publish_ack_p50_us",
+            "publish_ack_p99_us",
+            "three_hop_p50_us",
+            "three_hop_p99_us",
+            "persisted_writes_per_s",
+        ] {
+            positive(&s["floor"][key], &format!("{sync} floor.{key}"));
+        }
+        // Quick mode: 20 sequential samples, 200 actions 8 at a time (one sandbox each).
+        let c1 = &s["concurrency_1"];
+        assert_eq!(c1["actions"], 20, "{sync}: {c1}");
+        positive(&c1["orchestration_p50_us"], "orchestration p50");
+        positive(&c1["orchestration_over_three_hop_p50"], "ratio");
+        assert!(c1["target"]["met"].is_boolean());
+        let tp = &s["throughput"];
+        assert_eq!(tp["concurrency"], 8, "{sync}: {tp}");
+        assert_eq!(tp["actions"], 200, "{sync}: {tp}");
+        assert_eq!(tp["completed"], 200, "{sync}: {tp}");
+        positive(&tp["actions_per_s"], "actions/s");
+        // At least the action, its dispatch and its result are persisted.
+        assert!(
+            tp["persisted_writes_per_action"]
+                .as_f64()
+                .is_some_and(|w| w >= 3.0),
+            "{sync}: {tp}"
+        );
+        assert!(tp["target"]["met"].is_boolean());
+        // Every action submitted (8 opens, 20 sequential, 200 concurrent) has exactly one
+        // result in the results stream.
+        let r = &s["results"];
+        assert_eq!(r["submitted"], 228, "{sync}: {r}");
+        assert_eq!(r["exactly_one"], 228, "{sync}: {r}");
+        assert_eq!(r["missing"], 0, "{sync}: {r}");
+        assert_eq!(r["duplicated"], 0, "{sync}: {r}");
+    }
+}
