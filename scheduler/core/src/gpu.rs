@@ -144,6 +144,9 @@ pub struct Replica {
     pub draining: bool,
     /// Last time an action was routed to it or finished on it, ms.
     pub last_used_ms: u64,
+    /// The order of that last use among all replicas' uses: least recently used is decided
+    /// by `(last_used_ms, last_use)`, so uses within one millisecond keep their order.
+    pub last_use: u64,
 }
 
 /// A replica taken off its GPUs to make room.
@@ -240,6 +243,8 @@ pub struct Eoe {
     /// (`backlog` in [`Eoe::route_with_backlog`]) and the victim has been idle at least as
     /// long as a restore of it would take.
     pub scale_out_backlog: u32,
+    /// Uses counted so far (see [`Replica::last_use`]).
+    uses: u64,
 }
 
 impl Eoe {
@@ -251,6 +256,7 @@ impl Eoe {
             replicas: Vec::new(),
             elastic: true,
             scale_out_backlog: 2,
+            uses: 0,
         }
     }
 
@@ -381,7 +387,10 @@ impl Eoe {
             busy: 0,
             draining: false,
             last_used_ms: now_ms,
+            last_use: 0,
         });
+        let i = self.replicas.len() - 1;
+        self.touch(i, now_ms);
         true
     }
 
@@ -412,6 +421,7 @@ impl Eoe {
                                 busy: 0,
                                 draining: false,
                                 last_used_ms: 0,
+                                last_use: 0,
                             }),
                         }
                     }
@@ -481,7 +491,7 @@ impl Eoe {
         len: u8,
         take: impl Fn(&Replica) -> bool,
     ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
-        type Candidate = ((u64, usize), WorkerId, Chunk, Vec<usize>);
+        type Candidate = (((u64, u64), usize), WorkerId, Chunk, Vec<usize>);
         let mut best: Option<Candidate> = None;
         for (id, n) in self.nodes.iter().filter(|(_, n)| n.accepting) {
             for (gi, g) in n.groups.iter().enumerate() {
@@ -496,14 +506,14 @@ impl Eoe {
                             r.resident && &r.node == id && r.chunk.overlaps(&chunk)
                         });
                     let mut victims = Vec::new();
-                    let mut newest = 0u64;
+                    let mut newest = (0u64, 0u64);
                     let mut ok = true;
                     for (i, r) in occupants {
                         if !take(r) {
                             ok = false;
                             break;
                         }
-                        newest = newest.max(r.last_used_ms);
+                        newest = newest.max((r.last_used_ms, r.last_use));
                         victims.push(i);
                     }
                     if !ok || victims.is_empty() {
@@ -568,9 +578,9 @@ impl Eoe {
             .min_by_key(|(i, r)| (r.busy, r.ready_at_ms, *i))
             .map(|(i, _)| i);
         if let Some(i) = resident {
+            self.touch(i, now_ms);
             let r = &mut self.replicas[i];
             r.busy += 1;
-            r.last_used_ms = now_ms;
             return Ok(Route {
                 replica: i,
                 node: r.node.clone(),
@@ -625,7 +635,7 @@ impl Eoe {
                 }
             };
         let mut victims = victims;
-        victims.sort_by_key(|&i| (self.replicas[i].last_used_ms, i));
+        victims.sort_by_key(|&i| (self.replicas[i].last_used_ms, self.replicas[i].last_use, i));
         let mut evict = Vec::with_capacity(victims.len());
         for &v in &victims {
             let r = &mut self.replicas[v];
@@ -659,15 +669,16 @@ impl Eoe {
                     busy: 0,
                     draining: false,
                     last_used_ms: now_ms,
+                    last_use: 0,
                 });
                 self.replicas.len() - 1
             }
         };
+        self.touch(i, now_ms);
         let r = &mut self.replicas[i];
         r.resident = true;
         r.ready_at_ms = ready_at_ms;
         r.busy = 1;
-        r.last_used_ms = now_ms;
         Ok(Route {
             replica: i,
             node,
@@ -712,7 +723,24 @@ impl Eoe {
     pub fn finish(&mut self, i: usize, now_ms: u64) {
         if let Some(r) = self.replicas.get_mut(i) {
             r.busy = r.busy.saturating_sub(1);
+        }
+        self.touch(i, now_ms);
+    }
+
+    /// Replica `i` answered a call at `now_ms`: whatever its restore was estimated to take,
+    /// it is on its GPUs now (and so may be evicted once idle).
+    pub fn served(&mut self, i: usize, now_ms: u64) {
+        if let Some(r) = self.replicas.get_mut(i) {
+            r.ready_at_ms = r.ready_at_ms.min(now_ms);
+        }
+    }
+
+    /// Records a use of replica `i` at `now_ms`.
+    fn touch(&mut self, i: usize, now_ms: u64) {
+        if let Some(r) = self.replicas.get_mut(i) {
+            self.uses += 1;
             r.last_used_ms = r.last_used_ms.max(now_ms);
+            r.last_use = self.uses;
         }
     }
 
@@ -805,6 +833,52 @@ mod tests {
             e.route("zzz", 0),
             Err(Unrouted::UnknownService(_))
         ));
+    }
+
+    #[test]
+    fn lru_breaks_ties_within_a_millisecond_by_order_of_use() {
+        // Two fast calls finish in the same millisecond: the one used last stays.
+        let mut e = Eoe::new(["a", "b", "c"].map(|n| svc(n, 1)));
+        e.set_node(&w("g0"), &[2], true);
+        let ra = e.route("a", 0).unwrap();
+        let rb = e.route("b", 0).unwrap();
+        e.finish(ra.replica, 300);
+        e.finish(rb.replica, 300);
+        let rb2 = e.route("b", 300).unwrap();
+        e.finish(rb2.replica, 300);
+        let ra2 = e.route("a", 300).unwrap();
+        e.finish(ra2.replica, 300);
+        // a was used after b, within the same millisecond: b goes.
+        let rc = e.route("c", 300).unwrap();
+        assert_eq!(
+            rc.evict
+                .iter()
+                .map(|v| v.service.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+    }
+
+    #[test]
+    fn a_replica_that_served_a_call_can_be_evicted_before_its_restore_estimate_ends() {
+        let mut e = Eoe::new(["a", "b", "c"].map(|n| svc(n, 1)));
+        e.set_node(&w("g0"), &[2], true);
+        // Restores estimated at 200 ms that took 10: both answered by 20 ms.
+        let ra = e.route("a", 0).unwrap();
+        e.served(ra.replica, 10);
+        e.finish(ra.replica, 10);
+        let rb = e.route("b", 15).unwrap();
+        e.served(rb.replica, 20);
+        e.finish(rb.replica, 20);
+        // At 30 ms, c evicts the least recently used, a, though a's estimate ran to 200 ms.
+        let rc = e.route("c", 30).unwrap();
+        assert_eq!(
+            rc.evict
+                .iter()
+                .map(|v| v.service.as_str())
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
     }
 
     #[test]

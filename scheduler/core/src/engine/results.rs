@@ -154,9 +154,12 @@ impl Engine {
         self.unbook(&job, &trajectory, worker, booking, release, now.ms);
         if let Some((service, chunk)) = &booking.gpu {
             if let Some(i) = self.eoe.find(service, worker, *chunk) {
-                // `unbook` finished the slot; a failed replica is restarted asleep.
+                // `unbook` finished the slot; a replica that answered is on its GPUs whatever
+                // its restore estimate said, and a failed one is restarted asleep.
                 if service_failed {
                     self.eoe.mark_evicted(i);
+                } else if matches!(r.outcome, Outcome::Completed { .. }) {
+                    self.eoe.served(i, now.ms);
                 }
             }
             if r.service.as_ref().is_some_and(|u| u.restored) {
