@@ -221,6 +221,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
+/// Whether a result is stored on `subject`: a direct get from the stream (no JetStream API
+/// round trip). A failed lookup counts as none stored, said in the log: within the stream's
+/// duplicate window JetStream itself drops a resubmission.
+async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> bool {
+    use async_nats::jetstream::stream::DirectGetErrorKind;
+    match results.direct_get_last_for_subject(subject).await {
+        Ok(_) => true,
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => false,
+        Err(e) => {
+            warn!(%subject, error = %e, "looking up a stored result; taking it as none");
+            false
+        }
+    }
+}
+
 /// Turns one action message into the engine's event: validated (or bad), with its stream
 /// position, publish time and whether a result is stored for its id already.
 async fn admit(
@@ -251,10 +266,7 @@ async fn admit(
     };
     let event = match engine::check(&raw, limits, max_bytes, delivery) {
         Ok((action, encoding)) => {
-            let seen = results
-                .get_last_raw_message_by_subject(&subject::result(&action.job, &action.id))
-                .await
-                .is_ok();
+            let seen = result_stored(results, &subject::result(&action.job, &action.id)).await;
             Event::Arrived(Box::new(Arrival {
                 action,
                 encoding,
