@@ -13,6 +13,7 @@ pub mod codec;
 pub mod dispatch;
 pub mod heartbeat;
 pub mod ids;
+pub mod pacing;
 pub mod result;
 pub mod stats;
 pub mod status;

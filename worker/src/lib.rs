@@ -17,6 +17,7 @@ pub mod cpuset;
 pub mod docker;
 pub mod gpu;
 pub mod metrics;
+pub mod pacer;
 pub mod providers;
 mod runtime;
 pub mod sandbox;

@@ -7,6 +7,7 @@
 //! second line (a worker never exceeds its own concurrency cap, never calls outside the
 //! allow-list, whatever it is sent).
 
+use crate::pacer::Pacer;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -219,7 +220,8 @@ pub enum CallError {
 /// The worker's providers.
 #[derive(Debug)]
 pub struct Providers {
-    providers: BTreeMap<String, (ProviderConfig, Arc<tokio::sync::Semaphore>)>,
+    /// Each provider with its concurrency slots and the pacing of its calls.
+    providers: BTreeMap<String, (ProviderConfig, Arc<tokio::sync::Semaphore>, Arc<Pacer>)>,
     http: reqwest::Client,
 }
 
@@ -242,7 +244,8 @@ impl Providers {
                 .into_iter()
                 .map(|c| {
                     let sem = Arc::new(tokio::sync::Semaphore::new(c.concurrency as usize));
-                    (c.name.clone(), (c, sem))
+                    let pacer = Arc::new(Pacer::for_provider(c.rate_per_s, c.burst));
+                    (c.name.clone(), (c, sem, pacer))
                 })
                 .collect(),
             http: reqwest::Client::builder()
@@ -256,7 +259,7 @@ impl Providers {
     }
 
     async fn call_one(&self, api: &Api, timeout: Duration) -> Result<Called, CallError> {
-        let (c, sem) = self
+        let (c, sem, pacer) = self
             .providers
             .get(&api.provider)
             .ok_or_else(|| CallError::Unknown(api.provider.clone()))?;
@@ -273,6 +276,8 @@ impl Providers {
             .acquire()
             .await
             .expect("provider semaphores are never closed");
+        // Admitted calls that reach this worker bunched together leave spaced out.
+        pacer.wait().await;
         let wait_us = w0.elapsed().as_micros() as u64;
         let url = format!("{}{}", c.base_url.trim_end_matches('/'), api.path);
         let mut req = self.http.request(method, &url).query(&api.query);
@@ -336,7 +341,10 @@ impl Providers {
 
 impl ApiCaller for Providers {
     fn report(&self) -> Vec<ProviderReport> {
-        self.providers.values().map(|(c, _)| c.report()).collect()
+        self.providers
+            .values()
+            .map(|(c, _, _)| c.report())
+            .collect()
     }
 
     fn call<'a>(

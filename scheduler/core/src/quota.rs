@@ -66,16 +66,11 @@ pub const INCREASE_PER_S: f64 = 0.10;
 /// At most one decrease per this many ms (a burst of 429s is one signal).
 pub const DECREASE_EVERY_MS: u64 = 250;
 
-/// Headroom kept below the provider's burst, as time at the declared rate: calls admitted
-/// back to back can reach the provider closer together than they were admitted (dispatch and
-/// network jitter), and the provider's own bucket absorbs up to this much compression.
-pub const HEADROOM_S: f64 = 0.1;
+pub use tangram_shared::pacing::HEADROOM_S;
 
-/// The burst the scheduler uses: the declared one less the tokens [`HEADROOM_S`] of the rate
-/// brings (at least one token of headroom, and at least one token left to use).
+/// The burst the scheduler uses (see [`tangram_shared::pacing::usable_burst`]).
 fn usable_burst(spec: &ProviderQuota) -> f64 {
-    let headroom = (spec.rate_per_s * HEADROOM_S).ceil().max(1.0);
-    (spec.burst as f64 - headroom).max(1.0)
+    tangram_shared::pacing::usable_burst(spec.rate_per_s, spec.burst)
 }
 
 /// One provider's live state.
