@@ -69,17 +69,66 @@ pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;
 /// Two default heartbeat periods: every live worker has reported by then.
 pub const DEFAULT_SETTLE_MS: u64 = 2_000;
 
-/// A configuration error, for a person.
+/// A configuration error: its Display is for a person, [`ConfigError::field`] and the variant
+/// for code.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (unknown fields included).
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Where and why.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value is malformed or out of range.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The key.
+        field: &'static str,
+        /// What is wrong and what is allowed.
+        why: String,
+    },
+}
+
+impl ConfigError {
+    /// The key at fault, for an invalid value.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
+        }
+    }
+}
+
+fn invalid(field: &'static str, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        why: why.into(),
+    }
+}
 
 impl RawConfig {
     /// Reads a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Lays `over` on top of `self`: fields set in `over` win.
@@ -105,53 +154,57 @@ impl RawConfig {
             .nats_url
             .unwrap_or_else(|| DEFAULT_NATS_URL.to_string());
         if !(nats_url.starts_with("nats://") || nats_url.starts_with("tls://")) {
-            return Err(ConfigError(format!(
-                "nats_url {nats_url:?} must start with nats:// or tls://"
-            )));
+            return Err(invalid(
+                "nats_url",
+                format!("{nats_url:?} must start with nats:// or tls://"),
+            ));
         }
         let metrics_addr = match self.metrics_addr.as_deref() {
             None | Some("") => None,
             Some(a) => Some(a.parse().map_err(|e| {
-                ConfigError(format!("metrics_addr {a:?} is not a socket address: {e}"))
+                invalid("metrics_addr", format!("{a:?} is not a socket address: {e}"))
             })?),
         };
         let max_action_bytes = self.max_action_bytes.unwrap_or(DEFAULT_MAX_ACTION_BYTES);
         if !(1024..=8 << 20).contains(&max_action_bytes) {
-            return Err(ConfigError(format!(
-                "max_action_bytes is {max_action_bytes}; it must be between 1024 and 8 MiB (the NATS payload limit in nats/server.conf)"
-            )));
+            return Err(invalid(
+                "max_action_bytes",
+                format!("{max_action_bytes} is outside 1024 to 8 MiB (the NATS payload limit in nats/server.conf)"),
+            ));
         }
         let max_timeout_ms = self.max_timeout_ms.unwrap_or(DEFAULT_MAX_TIMEOUT_MS);
         if max_timeout_ms == 0 {
-            return Err(ConfigError("max_timeout_ms must be positive".into()));
+            return Err(invalid("max_timeout_ms", "must be positive"));
         }
         let worker_missed_heartbeats = self
             .worker_missed_heartbeats
             .unwrap_or(DEFAULT_MISSED_HEARTBEATS);
         if worker_missed_heartbeats == 0 {
-            return Err(ConfigError(
-                "worker_missed_heartbeats must be at least 1".into(),
-            ));
+            return Err(invalid("worker_missed_heartbeats", "must be at least 1"));
         }
         let policy = self.policy.unwrap_or_else(|| "tangram".into());
         if tangram_core::by_name(&policy).is_none() {
-            return Err(ConfigError(format!(
-                "policy {policy:?} is unknown; choose one of {}",
-                tangram_core::policies::NAMES.join(", ")
-            )));
+            return Err(invalid(
+                "policy",
+                format!(
+                    "{policy:?} is unknown; choose one of {}",
+                    tangram_core::policies::NAMES.join(", ")
+                ),
+            ));
         }
         let job_weights = self.job_weights.unwrap_or_default();
         if let Some((job, w)) = job_weights
             .iter()
             .find(|(_, w)| !(**w > 0.0 && w.is_finite()))
         {
-            return Err(ConfigError(format!(
-                "job_weights.{job} is {w}; weights must be above 0"
-            )));
+            return Err(invalid(
+                "job_weights",
+                format!("{job} is {w}; weights must be above 0"),
+            ));
         }
         let static_cores = self.static_cores.unwrap_or(4);
         if static_cores == 0 {
-            return Err(ConfigError("static_cores must be at least 1".into()));
+            return Err(invalid("static_cores", "must be at least 1"));
         }
         Ok(Config {
             static_cores,
@@ -210,13 +263,36 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert!(err.0.contains("max_action_bytes"));
+        assert_eq!(err.field(), Some("max_action_bytes"));
         let err = RawConfig {
             metrics_addr: Some("nope".into()),
             ..Default::default()
         }
         .validate()
         .unwrap_err();
-        assert!(err.0.contains("metrics_addr"));
+        assert_eq!(err.field(), Some("metrics_addr"));
+        let err = RawConfig {
+            policy: Some("fastest".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field(), Some("policy"));
+        assert!(err.to_string().contains("tangram"), "names the choices: {err}");
+    }
+
+    #[test]
+    fn unreadable_and_unparsable_files_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        assert!(matches!(
+            RawConfig::from_file(&missing),
+            Err(ConfigError::Read { .. })
+        ));
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "policy = \"tangram\"\nunknown_key = 1\n").unwrap();
+        let err = RawConfig::from_file(&bad).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("unknown_key"), "{err}");
     }
 }
