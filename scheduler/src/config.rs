@@ -162,7 +162,10 @@ impl RawConfig {
         let metrics_addr = match self.metrics_addr.as_deref() {
             None | Some("") => None,
             Some(a) => Some(a.parse().map_err(|e| {
-                invalid("metrics_addr", format!("{a:?} is not a socket address: {e}"))
+                invalid(
+                    "metrics_addr",
+                    format!("{a:?} is not a socket address: {e}"),
+                )
             })?),
         };
         let max_action_bytes = self.max_action_bytes.unwrap_or(DEFAULT_MAX_ACTION_BYTES);
@@ -278,7 +281,10 @@ mod tests {
         .validate()
         .unwrap_err();
         assert_eq!(err.field(), Some("policy"));
-        assert!(err.to_string().contains("tangram"), "names the choices: {err}");
+        assert!(
+            err.to_string().contains("tangram"),
+            "names the choices: {err}"
+        );
     }
 
     #[test]

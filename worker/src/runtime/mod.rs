@@ -333,8 +333,13 @@ impl Worker {
         let result = {
             let work = self.execute(&dispatch);
             tokio::pin!(work);
-            let mut tick = tokio::time::interval(PROGRESS_EVERY);
-            tick.tick().await;
+            // The first in-progress ack is due one period from now. (An interval's first tick
+            // is "now", and awaiting it waits for the timer wheel's next millisecond: about
+            // 1 ms on every action's path.)
+            let mut tick = tokio::time::interval_at(
+                tokio::time::Instant::now() + PROGRESS_EVERY,
+                PROGRESS_EVERY,
+            );
             loop {
                 tokio::select! {
                     r = &mut work => break r,

@@ -525,3 +525,18 @@ async fn reward_and_api_actions_go_through_their_seams() {
     h.stop().await;
     assert!(replicas.stopped());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_action_starts_without_waiting_for_the_timer_wheel() {
+    // Regression: the in-progress ack interval's first tick ("now") was awaited before every
+    // action ran, which waits for the timer's next millisecond: about 1 ms on every action.
+    // Off a millisecond boundary, any such wait shows as time passing on the paused clock.
+    let h = Harness::start();
+    tokio::time::advance(Duration::from_micros(300)).await;
+    let t0 = Instant::now();
+    h.run(&open("o1", "t1")).await;
+    let r = h.run(&exec("e1", "t1", &["true"], 1)).await;
+    assert_eq!(completed(&r), 0);
+    assert_eq!(Instant::now(), t0, "an action waited on a timer");
+    h.stop().await;
+}
