@@ -74,11 +74,8 @@ impl ApiWorkload {
                 .trajectories
                 .iter()
                 .enumerate()
-                .map(|(i, t)| SimTrajectory {
-                    job: t.job.clone(),
-                    id: format!("t{i}"),
-                    start_ms: t.start_ms,
-                    steps: t
+                .map(|(i, t)| {
+                    let steps = t
                         .steps
                         .iter()
                         .map(|s| {
@@ -98,7 +95,8 @@ impl ApiWorkload {
                             };
                             SimStep::call(s.think_ms, call, t1_ms)
                         })
-                        .collect(),
+                        .collect();
+                    SimTrajectory::numbered(i, &t.job, t.start_ms, steps)
                 })
                 .collect(),
             services: vec![self.judge.clone()],

@@ -109,11 +109,8 @@ impl GpuWorkload {
                 .trajectories
                 .iter()
                 .enumerate()
-                .map(|(i, t)| SimTrajectory {
-                    job: t.job.clone(),
-                    id: format!("t{i}"),
-                    start_ms: t.start_ms,
-                    steps: t
+                .map(|(i, t)| {
+                    let steps = t
                         .steps
                         .iter()
                         .map(|s| {
@@ -122,7 +119,8 @@ impl GpuWorkload {
                             };
                             SimStep::call(s.think_ms, call, s.exec_ms)
                         })
-                        .collect(),
+                        .collect();
+                    SimTrajectory::numbered(i, &t.job, t.start_ms, steps)
                 })
                 .collect(),
             services: self.services.clone(),

@@ -91,6 +91,18 @@ pub struct SimTrajectory {
     pub steps: Vec<SimStep>,
 }
 
+impl SimTrajectory {
+    /// Trajectory `t<i>` of `job`, starting at `start_ms`.
+    pub fn numbered(i: usize, job: &str, start_ms: f64, steps: Vec<SimStep>) -> Self {
+        Self {
+            job: job.to_string(),
+            id: format!("t{i}"),
+            start_ms,
+            steps,
+        }
+    }
+}
+
 /// What the simulator runs: trajectories on nodes of the given core counts, with GPU
 /// services and API providers when reward and api actions appear.
 #[derive(Debug, Clone, Default, PartialEq)]
