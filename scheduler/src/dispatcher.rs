@@ -82,14 +82,12 @@ async fn publish(
     let payload = codec::encode(&*out.dispatch, Encoding::Msgpack)
         .map_err(|e| format!("encoding the dispatch: {e}"))?;
     let mut headers = HeaderMap::new();
-    // Unique per attempt: a retried dispatch is a new message, never deduplicated away.
+    // The same for every attempt of one scheduler epoch: when a store went through but its
+    // acknowledgement was lost, the retry (to the same worker) is dropped by JetStream's
+    // duplicate window instead of running the action twice.
     headers.insert(
         subject::HEADER_MSG_ID,
-        format!(
-            "{}:{}:{}",
-            out.dispatch.action.id, out.dispatch.epoch, out.dispatch.attempt
-        )
-        .as_str(),
+        format!("{}:{}", out.dispatch.action.id, out.dispatch.epoch).as_str(),
     );
     headers.insert(
         subject::HEADER_CONTENT_TYPE,

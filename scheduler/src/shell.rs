@@ -19,6 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
+/// How long a stopping scheduler waits for the outcomes of dispatches already handed out.
+const DISPATCH_DRAIN: Duration = Duration::from_secs(5);
+/// Attempts at storing a result or rejection the engine publishes (backoff doubling from
+/// 100 ms, capped: about 30 s in all); the result's `Nats-Msg-Id` makes repeats harmless.
+const RESULT_ATTEMPTS: u32 = 10;
 /// Dead-letter records keep at most this much of the original payload.
 const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
 
@@ -138,8 +143,22 @@ impl Shell {
             m::cycle_seconds(t0.elapsed().as_secs_f64());
             self.apply(effects);
         }
+        // Stopping: queued actions go back at once, nothing more is launched, and the
+        // dispatches already handed out are seen through (stored: acked, so the next
+        // scheduler does not dispatch them again; failed: handed back), within a bound.
         let effects = self.engine.handle(Event::Shutdown, self.clock.now());
         self.apply(effects);
+        let deadline = Instant::now() + DISPATCH_DRAIN;
+        while self.engine.dispatching_count() > 0 {
+            let input = tokio::select! {
+                i = rx.recv() => match i { Some(i) => i, None => break },
+                _ = tokio::time::sleep_until(deadline) => break,
+            };
+            let mut burst = Vec::new();
+            self.take(input, &mut burst);
+            let effects = self.engine.handle_all(burst, self.clock.now());
+            self.apply(effects);
+        }
     }
 
     fn take(&mut self, input: Input, burst: &mut Vec<Event>) {
@@ -187,8 +206,10 @@ impl Shell {
                 Effect::PublishResult { result, encoding } => {
                     let js = self.js.clone();
                     self.tasks.spawn(
-                        async move { publish_result(&js, &result, encoding).await }
-                            .instrument(tracing::info_span!("result")),
+                        async move {
+                            publish_result(&js, &result, encoding).await;
+                        }
+                        .instrument(tracing::info_span!("result")),
                     );
                 }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
@@ -303,15 +324,28 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
         Err(e) => warn!(error = %e, "dead-letter publish failed"),
     }
     if let Some(result) = &r.result {
-        publish_result(&js, result, r.message.encoding).await;
+        if !publish_result(&js, result, r.message.encoding).await {
+            // The submitter would never hear: hand the message back to be rejected again.
+            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            return;
+        }
     }
     if let Err(e) = msg.ack().await {
         warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");
     }
 }
 
-async fn publish_result(js: &jetstream::Context, result: &ActionResult, encoding: Encoding) {
-    if let Err(e) = tangram_nats::publish_result(js, result, encoding, 3).await {
-        warn!(action = %result.id, error = %e, "result lost");
+/// Stores a result; false when it could not be.
+async fn publish_result(
+    js: &jetstream::Context,
+    result: &ActionResult,
+    encoding: Encoding,
+) -> bool {
+    match tangram_nats::publish_result(js, result, encoding, RESULT_ATTEMPTS).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(action = %result.id, error = %e, "result not stored");
+            false
+        }
     }
 }

@@ -111,7 +111,7 @@ impl Engine {
                         Some(0) if inflight < p.report.concurrency => {
                             slice.take(job.as_str(), 1.0, now_ms);
                             inflight += 1;
-                            if let Some(w) = least_loaded(&accepting, &mut load) {
+                            if let Some(w) = worker_for(&self.actions, &id, &accepting, &mut load) {
                                 admitted.push((id, w, name.clone()));
                             }
                         }
@@ -145,7 +145,8 @@ impl Engine {
                         left -= 1;
                         let weight = self.config.job_weights.get(&job).copied().unwrap_or(1.0);
                         p.quota.take(&job, weight, now_ms);
-                        if let Some(w) = least_loaded(&accepting, &mut load) {
+                        if let Some(w) = worker_for(&self.actions, &order[i], &accepting, &mut load)
+                        {
                             admitted.push((order[i].clone(), w, name.clone()));
                         }
                     }
@@ -188,5 +189,22 @@ impl Engine {
             let status = if timed_out { Some(429) } else { http_status };
             p.quota.finish(now_ms, status, latency_ms);
         }
+    }
+}
+
+/// The worker for an admitted call: the one an earlier, unconfirmed dispatch went to when it
+/// still takes work (so a stored copy and the retry are one message), else the least loaded.
+fn worker_for(
+    actions: &std::collections::HashMap<ActionId, super::lifecycle::Entry>,
+    id: &ActionId,
+    accepting: &[WorkerId],
+    load: &mut BTreeMap<WorkerId, usize>,
+) -> Option<WorkerId> {
+    match actions.get(id).and_then(|e| e.pin.as_ref()) {
+        Some(w) if accepting.contains(w) => {
+            *load.entry(w.clone()).or_default() += 1;
+            Some(w.clone())
+        }
+        _ => least_loaded(accepting, load),
     }
 }

@@ -65,6 +65,9 @@ impl Engine {
     }
 
     pub(crate) fn cycle(&mut self, now: Now) {
+        if self.stopping {
+            return;
+        }
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
         self.pin_static_gpus();
         let routes = self.plan_gpu(now, &mut rejections);

@@ -137,6 +137,11 @@ impl Engine {
             self.out.push(Effect::Ack(a.delivery));
             return;
         }
+        if self.stopping {
+            // The next scheduler takes it.
+            self.out.push(Effect::Nak(a.delivery));
+            return;
+        }
         let id = a.action.id.clone();
         let pin = self.task_pool_home(&a.action);
         self.actions.insert(
@@ -249,6 +254,7 @@ impl Engine {
     }
 
     pub(crate) fn on_shutdown(&mut self) {
+        self.stopping = true;
         // Hand queued actions back at once (instead of after the ack wait) so that the next
         // scheduler picks them up without delay. Dispatching and running ones stay with
         // their workers.

@@ -133,6 +133,8 @@ pub struct Engine {
     pub(crate) dirty: bool,
     /// True once `settle_ms` has passed since the first event.
     pub(crate) settled_in: bool,
+    /// Shutting down: nothing more is launched, and what cannot go ahead is handed back.
+    pub(crate) stopping: bool,
     /// When a rate-limited action can go next.
     pub(crate) wake_at: Option<u64>,
     pub(crate) out: Vec<Effect>,
@@ -176,6 +178,7 @@ impl Engine {
             recent: VecDeque::new(),
             dirty: false,
             settled_in: false,
+            stopping: false,
             wake_at: None,
             out: Vec::new(),
             task_opens: HashMap::new(),
@@ -264,6 +267,15 @@ impl Engine {
     /// True when this id was settled (and is still remembered).
     pub fn is_settled(&self, id: &ActionId) -> bool {
         self.settled_set.contains(id)
+    }
+
+    /// Actions whose dispatch is handed out and not yet known to be stored or not: a
+    /// stopping shell waits for these to reach zero before it exits.
+    pub fn dispatching_count(&self) -> usize {
+        self.actions
+            .values()
+            .filter(|e| matches!(e.state, lifecycle::ActionState::Dispatching { .. }))
+            .count()
     }
 
     /// Queued actions, in arrival order.

@@ -60,6 +60,10 @@ impl Engine {
         let arrived = e.arrived_ms;
         let last_progress_ms = arrived;
         e.state = ActionState::Queued { last_progress_ms };
+        // The store may have happened though its acknowledgement was lost: the next attempt
+        // goes to the same worker under the same `Nats-Msg-Id`, so JetStream keeps at most
+        // one of the two and the worker runs it once.
+        e.pin = Some(worker.clone());
         let (job, trajectory, kind) = (
             e.action.job.clone(),
             e.action.trajectory.clone(),
@@ -84,6 +88,13 @@ impl Engine {
                 }
             }
             _ => {}
+        }
+        if self.stopping {
+            // Nothing more is launched: hand it back to the next scheduler.
+            if let Some(e) = self.actions.remove(id) {
+                self.out.push(Effect::Nak(e.delivery));
+            }
+            return;
         }
         // Back into its place by arrival.
         let pos = self
@@ -120,6 +131,22 @@ impl Engine {
             self.queue.retain(|q| q != &r.id);
             self.remember_settled(r.id.clone());
             self.out.push(Effect::Ack(e.delivery));
+            // Its sandbox changed all the same: an open that succeeded holds its memory on the
+            // worker that ran it.
+            let key = (e.action.job.clone(), e.action.trajectory.clone());
+            match (e.action.kind(), &r.outcome, &r.placement) {
+                (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }, Some(p)) => {
+                    self.sandboxes
+                        .entry(key)
+                        .or_insert(super::lifecycle::Sandbox {
+                            worker: p.worker.clone(),
+                            mem_mb: e.action.demand().mem_mb,
+                            cores: self.static_cores.unwrap_or(0),
+                            state: SandboxState::Open,
+                        });
+                }
+                _ => self.settle_sandbox(&e, &r.outcome),
+            }
             self.dirty = true;
             return;
         }

@@ -358,3 +358,69 @@ fn elasticity_is_learned_per_job_and_program() {
     );
     assert_eq!(key(&["python3", "main.py"]).as_deref(), Some("j/python3"));
 }
+
+#[test]
+fn a_dispatch_that_failed_is_retried_on_the_same_worker() {
+    // The store may have gone through with its acknowledgement lost: the retry must go where
+    // the first copy went, under the same message id, so that only one of them runs.
+    let mut h = Harness::new(&[("w1", 4, 4096), ("w2", 4, 4096)]);
+    let (_, fx) = h.arrive(open("o", "j", "t1"));
+    let (first, d) = dispatched(&fx).remove(0);
+    let other = if first == "w1" { "w2" } else { "w1" };
+    // The first worker now reports less memory: a free choice would go to the other one.
+    h.heartbeat(&first, 4, 1024, &[], &[]);
+    h.heartbeat(other, 4, 4096, &[], &[]);
+    let fx = h.step(Event::DispatchFailed {
+        id: id("o"),
+        attempt: d.attempt,
+        error: "PubAck timed out".into(),
+    });
+    let again = dispatched(&fx);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, first, "the retry goes to the same worker");
+}
+
+#[test]
+fn a_stopping_engine_launches_nothing_and_hands_back_what_fails() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (d, fx) = h.arrive(exec("x", "j", "t1", 1, 1));
+    let (_, disp) = dispatched(&fx).remove(0);
+    h.step(Event::Shutdown);
+    assert_eq!(h.engine.dispatching_count(), 1);
+    // A failed store is handed back, not retried.
+    let fx = h.step(Event::DispatchFailed {
+        id: id("x"),
+        attempt: disp.attempt,
+        error: "gone".into(),
+    });
+    assert!(fx.contains(&Effect::Nak(d)), "{fx:?}");
+    assert!(dispatched(&fx).is_empty());
+    assert_eq!(h.engine.dispatching_count(), 0);
+    // New arrivals are handed back at once.
+    let (d2, fx) = h.arrive(exec("y", "j", "t1", 1, 1));
+    assert!(fx.contains(&Effect::Nak(d2)) && dispatched(&fx).is_empty());
+}
+
+#[test]
+fn an_open_completed_for_an_earlier_scheduler_registers_its_sandbox() {
+    // Room for one sandbox: the second open waits, and meanwhile the dispatch an earlier
+    // scheduler made of it completes.
+    let mut h = Harness::new(&[("w1", 1, 600)]);
+    let w = h.open_sandbox("j", "busy");
+    let (d, fx) = h.arrive(open("o2", "j", "t2"));
+    assert!(dispatched(&fx).is_empty());
+    assert_eq!(h.engine.queued(), &[id("o2")]);
+    let mut earlier = dispatched(&h.arrive(exec("probe", "j", "busy", 1, 1)).1)
+        .remove(0)
+        .1;
+    earlier.action = open("o2", "j", "t2");
+    let fx = h.complete(&earlier, &w);
+    assert_eq!(acks(&fx), vec![d]);
+    let s = h
+        .engine
+        .sandbox(&JobId::new("j").unwrap(), &TrajectoryId::new("t2").unwrap())
+        .expect("the sandbox is known");
+    assert_eq!(s.state, SandboxState::Open);
+    assert_eq!(s.mem_mb, 512, "its memory is booked");
+}
