@@ -77,6 +77,13 @@ impl Engine {
             Release::default(),
             now.ms,
         );
+        // The route's restore or evictions may not have reached the worker: count the
+        // replica as evicted, so that the next route restores it rather than trust it resident.
+        if let Some((service, chunk)) = &booking.gpu {
+            if let Some(i) = self.eoe.find(service, &worker, *chunk) {
+                self.eoe.mark_evicted(i);
+            }
+        }
         let key = (job, trajectory);
         match kind {
             ActionKind::SandboxOpen => {

@@ -126,6 +126,7 @@ impl Engine {
         let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
         if fresh {
             self.eoe.remove_node(&hb.worker);
+            self.forget_gpu_bookings(&hb.worker);
         }
         self.eoe.set_node(&hb.worker, &sizes, !hb.draining);
         if fresh {
@@ -139,6 +140,24 @@ impl Engine {
         let (total, resident) = self.eoe.gpus();
         self.out
             .push(Effect::Observe(Observation::Gpus { total, resident }));
+    }
+
+    /// A new instance's replicas replace the old ones: slots booked by actions of the old
+    /// instance belong to replicas that are gone, and must not be given back to the new ones.
+    fn forget_gpu_bookings(&mut self, worker: &WorkerId) {
+        for e in self.actions.values_mut() {
+            match &mut e.state {
+                ActionState::Dispatching {
+                    worker: w, booking, ..
+                }
+                | ActionState::Running {
+                    worker: w, booking, ..
+                } if w == worker => {
+                    booking.gpu = None;
+                }
+                _ => {}
+            }
+        }
     }
 
     fn on_providers(&mut self, hb: &Heartbeat, now: Now) {

@@ -424,3 +424,66 @@ fn an_open_completed_for_an_earlier_scheduler_registers_its_sandbox() {
     assert_eq!(s.state, SandboxState::Open);
     assert_eq!(s.mem_mb, 512, "its memory is booked");
 }
+
+fn gpu_heartbeat(instance: &str) -> Heartbeat {
+    Heartbeat {
+        worker: WorkerId::new("g1").unwrap(),
+        instance: instance.into(),
+        seq: 0,
+        interval_ms: 1_000,
+        cores: 0,
+        mem_mb: 0,
+        running: vec![],
+        sandboxes: vec![],
+        draining: false,
+        gpus: Some(tangram_shared::GpuInventory {
+            source: "declared".into(),
+            groups: vec![vec![0]],
+            devices: vec![],
+        }),
+        services: vec![tangram_shared::ServiceReport {
+            name: "judge".into(),
+            gpus: 1,
+            restore_ms: 10,
+            slots: 1,
+            replicas: vec![],
+        }],
+        providers: vec![],
+    }
+}
+
+fn reward(id: &str) -> Action {
+    Action {
+        id: ActionId::new(id).unwrap(),
+        job: JobId::new("j").unwrap(),
+        trajectory: TrajectoryId::new("t").unwrap(),
+        timeout_ms: 10_000,
+        spec: ActionSpec::Reward(tangram_shared::Reward {
+            service: "judge".into(),
+            inputs: vec!["x".into()],
+            options: Default::default(),
+        }),
+    }
+}
+
+#[test]
+fn a_reward_of_a_restarted_worker_does_not_free_a_slot_of_the_new_replica() {
+    let mut h = Harness::new(&[]);
+    h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i1"))));
+    let (_, fx) = h.arrive(reward("r1"));
+    let (_, old) = dispatched(&fx).remove(0);
+    h.stored(&old);
+    // The worker restarts; its new replica takes the next call (one slot).
+    h.now += 100;
+    h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i2"))));
+    let (_, fx) = h.arrive(reward("r2"));
+    let (_, new) = dispatched(&fx).remove(0);
+    h.stored(&new);
+    // The old instance's call settles: the new replica's slot stays booked.
+    h.complete(&old, "g1");
+    let (_, fx) = h.arrive(reward("r3"));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "a second call on a one-slot replica: {fx:?}"
+    );
+}
