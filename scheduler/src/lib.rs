@@ -14,6 +14,7 @@ mod dispatcher;
 pub mod metrics;
 mod service;
 mod shell;
+mod stored;
 
 pub use config::Config;
 pub use service::run;

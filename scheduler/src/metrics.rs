@@ -11,6 +11,9 @@ pub const ACTIONS_RECEIVED: &str = "tangram_scheduler_actions_received_total";
 pub const ACTIONS_REJECTED: &str = "tangram_scheduler_actions_rejected_total";
 /// Duplicate submissions dropped.
 pub const ACTIONS_DUPLICATE: &str = "tangram_scheduler_actions_duplicate_total";
+/// Checks for a stored result at intake, by outcome: `skipped` (the in-memory filter ruled
+/// one out), `stored` or `absent` (the server was asked).
+pub const RESULT_LOOKUPS: &str = "tangram_scheduler_result_lookups_total";
 /// Dispatches published, by kind.
 pub const DISPATCHED: &str = "tangram_scheduler_dispatched_total";
 /// Results seen, by outcome.
@@ -53,6 +56,10 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         .set_buckets_for_metric(Matcher::Full(QUEUE_SECONDS.into()), QUEUE_BUCKETS)?
         .install()?;
     Ok(())
+}
+
+pub(crate) fn result_lookup(outcome: &'static str) {
+    counter!(RESULT_LOOKUPS, "outcome" => outcome).increment(1);
 }
 
 pub(crate) fn received(kind: &'static str) {

@@ -1,17 +1,20 @@
 //! Connections, tasks and shutdown around the state task: the I/O shell of the engine.
 //!
-//! Intake decodes and validates action messages and looks up stored results (the duplicate
-//! check beyond the stream's window) on its own task, pipelined, in stream order; the state
+//! Intake decodes and validates action messages and checks for stored results (the duplicate
+//! check beyond the stream's window: an in-memory filter, a lookup only when it cannot rule a
+//! result out; see [`crate::stored`]) on its own task, pipelined, in stream order; the state
 //! task ([`crate::shell`]) runs the engine; the dispatcher ([`crate::dispatcher`]) stores
 //! dispatches and awaits their PubAcks concurrently; results, heartbeats, status requests
 //! and ticks are fed in by their own tasks.
 
 use crate::config::Config;
 use crate::dispatcher;
+use crate::stored::StoredResults;
 use crate::shell::{Input, Shell};
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
+use std::sync::Arc;
 use std::time::Duration;
 use tangram_core::engine::{self, Arrival, RawMessage};
 use tangram_core::{Engine, EngineConfig, Event};
@@ -49,6 +52,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
     let tasks = TaskTracker::new();
+    // What is stored already: the results consumer exists (it delivers everything stored
+    // from here on), so a scan of the stream's subjects covers the rest.
+    let stored = Arc::new(StoredResults::default());
+    tasks.spawn(
+        scan_stored(results_stream.clone(), stored.clone(), shutdown.clone())
+            .instrument(tracing::info_span!("stored-scan")),
+    );
     let intake_stop = shutdown.child_token();
     let limits = Limits {
         max_timeout_ms: config.max_timeout.as_millis() as u64,
@@ -61,6 +71,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let max_bytes = config.max_action_bytes;
     let intake = {
         let stream = results_stream.clone();
+        let stored = stored.clone();
         messages
             .filter_map(|m| async move {
                 m.map_err(|e| warn!(error = %e, "action consumer error"))
@@ -68,7 +79,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             })
             .map(move |msg| {
                 let stream = stream.clone();
-                async move { admit(msg, &limits, max_bytes, &stream).await }
+                let stored = stored.clone();
+                async move { admit(msg, &limits, max_bytes, &stream, &stored).await }
             })
             .buffered(LOOKUPS)
     };
@@ -83,9 +95,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Results: release capacity. Acked once handed to the state task (release is idempotent).
     let messages = results.messages().await?;
     let to_state = tx.clone();
+    let feed_stored = stored.clone();
     tasks.spawn(
         pump(messages, shutdown.clone(), move |m| {
             let tx = to_state.clone();
+            let stored = feed_stored.clone();
             async move {
                 let msg = match m {
                     Ok(m) => m,
@@ -94,6 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                         return true;
                     }
                 };
+                stored.insert(msg.subject.as_str());
                 let enc = content_type(&msg.headers).unwrap_or_default();
                 match decode::<ActionResult>(&msg.payload, enc) {
                     Ok(r) => {
@@ -221,6 +236,35 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
+/// Fills `stored` with the subject of every result in the stream, then marks it ready. Until
+/// then (and for good, if the scan fails) intake looks every action up.
+async fn scan_stored(
+    results: jetstream::stream::Stream,
+    stored: Arc<StoredResults>,
+    stop: CancellationToken,
+) {
+    let scan = async {
+        let mut subjects = results.info_with_subjects(subject::RESULT_ALL).await?;
+        let mut count = 0u64;
+        while let Some(entry) = subjects.next().await {
+            let (subject, _) = entry?;
+            stored.insert(&subject);
+            count += 1;
+        }
+        Ok::<u64, anyhow::Error>(count)
+    };
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        scanned = scan => match scanned {
+            Ok(count) => {
+                stored.mark_ready();
+                info!(results = count, "stored results indexed; lookups only where the index cannot rule one out");
+            }
+            Err(e) => warn!(error = %e, "indexing stored results failed; every action is looked up"),
+        },
+    }
+}
+
 /// Whether a result is stored on `subject`: a direct get from the stream (no JetStream API
 /// round trip). A failed lookup counts as none stored, said in the log: within the stream's
 /// duplicate window JetStream itself drops a resubmission.
@@ -237,15 +281,19 @@ async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> bo
 }
 
 /// Turns one action message into the engine's event: validated (or bad), with its stream
-/// position, publish time and whether a result is stored for its id already.
+/// position, publish time and whether a result is stored for its id already. The server is
+/// asked unless the filter rules a stored result out for a first delivery (a redelivery may
+/// race the results feed, so it is always asked).
 async fn admit(
     msg: jetstream::Message,
     limits: &Limits,
     max_bytes: usize,
     results: &jetstream::stream::Stream,
+    stored: &StoredResults,
 ) -> (jetstream::Message, Event) {
     let info = msg.info().ok();
     let delivery = info.as_ref().map_or(0, |i| i.stream_sequence);
+    let first_delivery = info.as_ref().is_some_and(|i| i.delivered == 1);
     let submitted_at_us = info
         .as_ref()
         .map(|i| (i.published.unix_timestamp_nanos() / 1000) as u64)
@@ -266,7 +314,15 @@ async fn admit(
     };
     let event = match engine::check(&raw, limits, max_bytes, delivery) {
         Ok((action, encoding)) => {
-            let seen = result_stored(results, &subject::result(&action.job, &action.id)).await;
+            let subject = subject::result(&action.job, &action.id);
+            let seen = if first_delivery && stored.surely_absent(&subject) {
+                crate::metrics::result_lookup("skipped");
+                false
+            } else {
+                let seen = result_stored(results, &subject).await;
+                crate::metrics::result_lookup(if seen { "stored" } else { "absent" });
+                seen
+            };
             Event::Arrived(Box::new(Arrival {
                 action,
                 encoding,

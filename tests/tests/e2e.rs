@@ -322,6 +322,47 @@ async fn duplicate_submission_runs_once_with_one_result() -> anyhow::Result<()> 
     cluster.shutdown().await
 }
 
+/// The new scheduler has no memory of the first run: only its index of stored results (filled
+/// from the results stream at start) stands between the resubmission and a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubmission_after_a_scheduler_restart_runs_once() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("resub-a")]).await?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let a = exec(
+        "count",
+        "job1",
+        "t1",
+        &["sh", "-c", "echo x >> n.txt; wc -l < n.txt"],
+        1,
+        1,
+    );
+    assert_eq!(c.run(&a, T).await?.stdout.trim(), "1");
+
+    cluster.stop_scheduler().await?;
+    cluster.start_scheduler();
+    // The new scheduler is up and placing work before the resubmission arrives.
+    c.run(&exec("fresh", "job1", "t1", &["true"], 1, 1), T)
+        .await?;
+    let bytes = tangram_shared::codec::encode(&a, tangram_shared::Encoding::Msgpack)?;
+    c.publish_raw("tangram.v1.action.job1.sandbox_exec", None, None, bytes)
+        .await?;
+    let r = c
+        .run(
+            &exec("check", "job1", "t1", &["wc", "-l", "n.txt"], 1, 1),
+            T,
+        )
+        .await?;
+    assert_eq!(
+        r.stdout.split_whitespace().next(),
+        Some("1"),
+        "ran more than once: {r:?}"
+    );
+    let all = c.results(&a.id, 2, Duration::from_secs(2)).await?;
+    assert_eq!(all.len(), 1, "{all:?}");
+    cluster.shutdown().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_cores_run_two_cpu_bound_processes_faster_than_one() -> anyhow::Result<()> {
     let cluster = Cluster::start(&[WorkerSpec::new("par-a")]).await?;
