@@ -122,6 +122,14 @@ enum BenchWhat {
     /// CPU worker): orchestration per action and actions/s, beside the NATS floors measured on
     /// the same server in the same run, for the server's default sync and for `always`.
     Pipeline(pipeline::PipelineArgs),
+    /// One relay of the pipeline bench's cross-process floor chain (the bench starts it).
+    #[command(hide = true)]
+    Relay {
+        #[arg(long)]
+        nats_url: String,
+        #[arg(long)]
+        hop: u8,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -170,6 +178,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Pipeline(args),
         } => pipeline::pipeline(args),
+        Command::Bench {
+            what: BenchWhat::Relay { nats_url, hop },
+        } => pipeline::relay(&nats_url, hop),
     }
 }
 

@@ -48,6 +48,7 @@ fn pipeline_bench_quick_reports_both_sync_settings_and_one_result_per_action() {
             "publish_ack_p99_us",
             "three_hop_p50_us",
             "three_hop_p99_us",
+            "three_hop_processes_p50_us",
             "persisted_writes_per_s",
         ] {
             positive(&s["floor"][key], &format!("{sync} floor.{key}"));
@@ -57,6 +58,10 @@ fn pipeline_bench_quick_reports_both_sync_settings_and_one_result_per_action() {
         assert_eq!(c1["actions"], 20, "{sync}: {c1}");
         positive(&c1["orchestration_p50_us"], "orchestration p50");
         positive(&c1["orchestration_over_three_hop_p50"], "ratio");
+        positive(
+            &c1["orchestration_over_three_hop_processes_p50"],
+            "ratio to the cross-process chain",
+        );
         assert!(c1["target"]["met"].is_boolean());
         let tp = &s["throughput"];
         assert_eq!(tp["concurrency"], 8, "{sync}: {tp}");

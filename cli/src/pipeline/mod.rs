@@ -12,8 +12,14 @@
 //! runs at all; with `docker` the command is `true`. Orchestration per action is the result in
 //! hand minus the execution time the worker reports.
 
+mod floor;
+mod table;
+
 use anyhow::{bail, Context as _};
-use async_nats::jetstream::{self, consumer, stream};
+use floor::Floor;
+pub use floor::relay;
+use table::print_table;
+use async_nats::jetstream::{self, consumer};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt as _;
 use serde_json::{json, Value};
@@ -31,7 +37,7 @@ use tangram_shared::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-const SERVER_CONF: &str = include_str!("../../nats/server.conf");
+const SERVER_CONF: &str = include_str!("../../../nats/server.conf");
 const JOB: &str = "bench";
 /// Memory each bench sandbox reserves, MiB (the smallest a sandbox may ask for is 16).
 const SANDBOX_MB: u64 = 64;
@@ -372,6 +378,9 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
     let three_hop = floor
         .three_hop(&js, &client, plan.samples, plan.phase)
         .await?;
+    let three_hop_processes = floor
+        .three_hop_processes(&cluster.url, &client, plan.samples, plan.phase)
+        .await?;
 
     // Orchestration at concurrency 1: one action at a time in trajectory t0.
     let mut orchestration = Vec::new();
@@ -479,6 +488,8 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
             "three_hop_p50_us": p(&three_hop, 0.5),
             "three_hop_p99_us": p(&three_hop, 0.99),
             "three_hop_samples": three_hop.len(),
+            "three_hop_processes_p50_us": p(&three_hop_processes, 0.5),
+            "three_hop_processes_p99_us": p(&three_hop_processes, 0.99),
             "persisted_writes_per_s": writes_per_s.round(),
             "persisted_writes_per_s_spread": writes_per_s_spread.round(),
             "spread_over_streams": streams_written,
@@ -492,6 +503,7 @@ async fn measure(cluster: &LocalCluster, sync: &str, plan: &Plan) -> anyhow::Res
             "worker_queued_p50_us": p(&queued, 0.5),
             "worker_overhead_p50_us": p(&overhead, 0.5),
             "orchestration_over_three_hop_p50": (ratio * 100.0).round() / 100.0,
+            "orchestration_over_three_hop_processes_p50": (orch_p50 / quantile(&three_hop_processes, 0.5).max(f64::MIN_POSITIVE) * 100.0).round() / 100.0,
             "target": {"what": "orchestration p50 <= 1.5x the three-hop floor", "met": ratio <= 1.5},
         },
         "throughput": {
@@ -726,240 +738,6 @@ async fn results_in_stream(
             return Ok(counts);
         }
     }
-}
-
-/// JetStream on its own, on the same server, laid out like Tangram: one stream per hop (as
-/// actions, dispatches and results each have theirs), file storage, limits retention.
-#[derive(Debug)]
-struct Floor {
-    js: jetstream::Context,
-    payload: bytes::Bytes,
-}
-
-/// Floor streams: `BENCH_S<k>` holds `bench.s<k>.>`. As many as Tangram has streams.
-const FLOOR_STREAMS: usize = 4;
-
-fn floor_subject(stream: usize, what: &str) -> String {
-    format!("bench.s{stream}.{what}")
-}
-
-impl Floor {
-    async fn create(js: &jetstream::Context, payload_bytes: usize) -> anyhow::Result<Self> {
-        for k in 1..=FLOOR_STREAMS {
-            js.create_stream(stream::Config {
-                name: format!("BENCH_S{k}"),
-                subjects: vec![format!("bench.s{k}.>")],
-                storage: stream::StorageType::File,
-                retention: stream::RetentionPolicy::Limits,
-                ..Default::default()
-            })
-            .await?;
-        }
-        Ok(Self {
-            js: js.clone(),
-            payload: vec![0x5a; payload_bytes].into(),
-        })
-    }
-
-    /// One publish at a time, each waiting for its PubAck; microseconds each.
-    async fn publish_ack(&self, n: usize, within: Duration) -> anyhow::Result<Vec<f64>> {
-        let deadline = Instant::now() + within;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if Instant::now() > deadline {
-                break;
-            }
-            let t = Instant::now();
-            self.js
-                .publish(floor_subject(1, "ack"), self.payload.clone())
-                .await?
-                .await?;
-            out.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        out.sort_by(f64::total_cmp);
-        Ok(out)
-    }
-
-    /// Publish on hop 1; a consumer republishes to hop 2 (waiting for its PubAck, then acking,
-    /// as the scheduler does with a dispatch); another to hop 3; a reader gets hop 3. One
-    /// message at a time; microseconds from publishing to the reader having it.
-    async fn three_hop(
-        &self,
-        js: &jetstream::Context,
-        client: &async_nats::Client,
-        n: usize,
-        within: Duration,
-    ) -> anyhow::Result<Vec<f64>> {
-        let mut relays = tokio::task::JoinSet::new();
-        for hop in 1..=2 {
-            let stream = js.get_stream(format!("BENCH_S{hop}")).await?;
-            let consumer = stream
-                .create_consumer(consumer::pull::Config {
-                    durable_name: Some(format!("relay-{hop}")),
-                    filter_subject: floor_subject(hop, "hop"),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    deliver_policy: consumer::DeliverPolicy::New,
-                    ..Default::default()
-                })
-                .await?;
-            let to = floor_subject(hop + 1, "hop");
-            let js = js.clone();
-            relays.spawn(async move {
-                let mut messages = consumer.messages().await?;
-                while let Some(m) = messages.next().await {
-                    let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    js.publish(to.clone(), m.payload.clone()).await?.await?;
-                    m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                }
-                anyhow::Ok(())
-            });
-        }
-        let mut reader = client.subscribe(floor_subject(3, "hop")).await?;
-        let deadline = Instant::now() + within;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if Instant::now() > deadline {
-                break;
-            }
-            let t = Instant::now();
-            self.js
-                .publish(floor_subject(1, "hop"), self.payload.clone())
-                .await?
-                .await?;
-            tokio::time::timeout(ACTION_WAIT, reader.next())
-                .await
-                .context("the three-hop chain stalled")?
-                .context("the reader's subscription closed")?;
-            out.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        relays.abort_all();
-        out.sort_by(f64::total_cmp);
-        Ok(out)
-    }
-
-    /// Pipelined publishing, `window` PubAcks outstanding, spread round-robin over `streams`
-    /// streams: persisted writes per second.
-    async fn persisted_writes(
-        &self,
-        n: usize,
-        window: usize,
-        streams: usize,
-        within: Duration,
-    ) -> anyhow::Result<f64> {
-        let subjects: Vec<String> = (1..=streams.clamp(1, FLOOR_STREAMS))
-            .map(|k| floor_subject(k, "writes"))
-            .collect();
-        let deadline = Instant::now() + within;
-        let mut acks = FuturesUnordered::new();
-        let mut sent = 0;
-        let mut acked = 0usize;
-        let t = Instant::now();
-        while acked < n {
-            while sent < n && acks.len() < window {
-                let ack = self
-                    .js
-                    .publish(
-                        subjects[sent % subjects.len()].clone(),
-                        self.payload.clone(),
-                    )
-                    .await?;
-                acks.push(std::future::IntoFuture::into_future(ack));
-                sent += 1;
-            }
-            match tokio::time::timeout_at(deadline, acks.next()).await {
-                Ok(Some(r)) => {
-                    r?;
-                    acked += 1;
-                }
-                Ok(None) | Err(_) => break,
-            }
-        }
-        Ok(acked as f64 / t.elapsed().as_secs_f64())
-    }
-}
-
-fn print_table(out: &Value) {
-    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
-    println!(
-        "pipeline bench: sandbox runtime {}, worker cores {}, load average {} -> {}",
-        out["sandbox_runtime"].as_str().unwrap_or(""),
-        out["worker_cores"].as_str().unwrap_or(""),
-        out["load_avg_before"],
-        out["load_avg_after"]
-    );
-    println!(
-        "\n{:<8} {:>14} {:>14} {:>14} {:>14} {:>12} {:>8}",
-        "sync", "pub+ack p50", "3-hop p50", "3-hop p99", "orch. p50", "orch. p99", "ratio"
-    );
-    for s in out["settings"].as_array().into_iter().flatten() {
-        let (fl, c1) = (&s["floor"], &s["concurrency_1"]);
-        println!(
-            "{:<8} {:>12.0}us {:>12.0}us {:>12.0}us {:>12.0}us {:>10.0}us {:>7.2}x{}",
-            s["sync"].as_str().unwrap_or(""),
-            f(&fl["publish_ack_p50_us"]),
-            f(&fl["three_hop_p50_us"]),
-            f(&fl["three_hop_p99_us"]),
-            f(&c1["orchestration_p50_us"]),
-            f(&c1["orchestration_p99_us"]),
-            f(&c1["orchestration_over_three_hop_p50"]),
-            if c1["target"]["met"] == true {
-                ""
-            } else {
-                "  (target 1.5x missed)"
-            }
-        );
-    }
-    println!(
-        "\n{:<8} {:>9} {:>10} {:>10} {:>13} {:>10} {:>6} {:>13} {:>9}",
-        "sync",
-        "in flight",
-        "actions/s",
-        "writes/s",
-        "writes/action",
-        "allowance",
-        "share",
-        "spread allow.",
-        "ACT p99"
-    );
-    for s in out["settings"].as_array().into_iter().flatten() {
-        let (fl, tp) = (&s["floor"], &s["throughput"]);
-        println!(
-            "{:<8} {:>9} {:>10.0} {:>10.0} {:>13.2} {:>8.0}/s {:>5.0}% {:>11.0}/s {:>7.1}ms{}",
-            s["sync"].as_str().unwrap_or(""),
-            tp["concurrency"],
-            f(&tp["actions_per_s"]),
-            f(&fl["persisted_writes_per_s"]),
-            f(&tp["persisted_writes_per_action"]),
-            f(&tp["actions_per_s_the_writes_allow"]),
-            f(&tp["share_of_the_writes_allowance"]) * 100.0,
-            f(&tp["actions_per_s_the_spread_writes_allow"]),
-            f(&tp["act_p99_ms"]),
-            if tp["target"]["met"] == true {
-                String::new()
-            } else {
-                format!(
-                    "  (target missed: {})",
-                    tp["target"]["what"].as_str().unwrap_or("")
-                )
-            }
-        );
-    }
-    for s in out["settings"].as_array().into_iter().flatten() {
-        let r = &s["results"];
-        println!(
-            "{}: {} actions submitted, {} with exactly one result, {} missing, {} duplicated",
-            s["sync"].as_str().unwrap_or(""),
-            r["submitted"],
-            r["exactly_one"],
-            r["missing"],
-            r["duplicated"]
-        );
-    }
-    println!(
-        "(orchestration = result in hand minus the execution the worker reports; writes/s = pipelined \
-         persisted writes to one stream; allowance = writes/s over the writes each action made; spread \
-         = the same writes over as many streams as the actions wrote to)"
-    );
 }
 
 #[cfg(test)]
