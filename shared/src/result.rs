@@ -112,6 +112,12 @@ pub enum InfraCode {
     Grant,
     /// The worker was shutting down and handed the action back.
     Shutdown,
+    /// The dispatch came from a scheduler that has since been superseded (an older epoch);
+    /// the worker did not run it.
+    StaleEpoch,
+    /// The dispatch carried an epoch no scheduler has held (forged, or from a scheduler that
+    /// never registered); the worker did not run it.
+    UnknownEpoch,
 }
 
 /// A rejection: a code and a reason.
