@@ -285,25 +285,25 @@ async fn bad_input_gets_a_rejection_and_a_dead_letter_and_nothing_crashes() -> a
     cluster.shutdown().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_submission_runs_once_with_one_result() -> anyhow::Result<()> {
-    let cluster = Cluster::start(&[WorkerSpec::new("dup-a")]).await?;
-    let c = cluster.client("job1").await?;
-    c.run(&open("o1", "job1", "t1"), T).await?;
-    let a = exec(
+/// An exec in job1/t1 that counts its own runs in the sandbox's `n.txt`.
+fn counting_exec() -> tangram_shared::Action {
+    exec(
         "count",
         "job1",
         "t1",
         &["sh", "-c", "echo x >> n.txt; wc -l < n.txt"],
         1,
         1,
-    );
-    c.submit(&a).await?;
-    c.submit(&a).await?; // same Nats-Msg-Id: JetStream drops it
-    let first = c.result(&a.id, T).await?;
-    assert_eq!(first.stdout.trim(), "1");
-    // Again without the header, so JetStream cannot deduplicate: the scheduler must.
-    let bytes = tangram_shared::codec::encode(&a, tangram_shared::Encoding::Msgpack)?;
+    )
+}
+
+/// Publishes `a` again without a `Nats-Msg-Id` (so JetStream cannot deduplicate it), then
+/// checks from inside the sandbox that it ran once and that it has one result.
+async fn resubmit_and_check_it_ran_once(
+    c: &tangram_tests::Client,
+    a: &tangram_shared::Action,
+) -> anyhow::Result<()> {
+    let bytes = tangram_shared::codec::encode(a, tangram_shared::Encoding::Msgpack)?;
     c.publish_raw("tangram.v1.action.job1.sandbox_exec", None, None, bytes)
         .await?;
     let r = c
@@ -319,6 +319,21 @@ async fn duplicate_submission_runs_once_with_one_result() -> anyhow::Result<()> 
     );
     let all = c.results(&a.id, 2, Duration::from_secs(2)).await?;
     assert_eq!(all.len(), 1, "{all:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_submission_runs_once_with_one_result() -> anyhow::Result<()> {
+    let cluster = Cluster::start(&[WorkerSpec::new("dup-a")]).await?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let a = counting_exec();
+    c.submit(&a).await?;
+    c.submit(&a).await?; // same Nats-Msg-Id: JetStream drops it
+    let first = c.result(&a.id, T).await?;
+    assert_eq!(first.stdout.trim(), "1");
+    // Again without the header, so JetStream cannot deduplicate: the scheduler must.
+    resubmit_and_check_it_ran_once(&c, &a).await?;
     cluster.shutdown().await
 }
 
@@ -329,14 +344,7 @@ async fn a_resubmission_after_a_scheduler_restart_runs_once() -> anyhow::Result<
     let mut cluster = Cluster::start(&[WorkerSpec::new("resub-a")]).await?;
     let c = cluster.client("job1").await?;
     c.run(&open("o1", "job1", "t1"), T).await?;
-    let a = exec(
-        "count",
-        "job1",
-        "t1",
-        &["sh", "-c", "echo x >> n.txt; wc -l < n.txt"],
-        1,
-        1,
-    );
+    let a = counting_exec();
     assert_eq!(c.run(&a, T).await?.stdout.trim(), "1");
 
     cluster.stop_scheduler().await?;
@@ -344,22 +352,7 @@ async fn a_resubmission_after_a_scheduler_restart_runs_once() -> anyhow::Result<
     // The new scheduler is up and placing work before the resubmission arrives.
     c.run(&exec("fresh", "job1", "t1", &["true"], 1, 1), T)
         .await?;
-    let bytes = tangram_shared::codec::encode(&a, tangram_shared::Encoding::Msgpack)?;
-    c.publish_raw("tangram.v1.action.job1.sandbox_exec", None, None, bytes)
-        .await?;
-    let r = c
-        .run(
-            &exec("check", "job1", "t1", &["wc", "-l", "n.txt"], 1, 1),
-            T,
-        )
-        .await?;
-    assert_eq!(
-        r.stdout.split_whitespace().next(),
-        Some("1"),
-        "ran more than once: {r:?}"
-    );
-    let all = c.results(&a.id, 2, Duration::from_secs(2)).await?;
-    assert_eq!(all.len(), 1, "{all:?}");
+    resubmit_and_check_it_ran_once(&c, &a).await?;
     cluster.shutdown().await
 }
 
