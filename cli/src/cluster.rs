@@ -118,14 +118,22 @@ pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn spawn(state: &Path, name: &str, cmd: &mut Command) -> anyhow::Result<u32> {
-    let log = std::fs::File::create(state.join("logs").join(format!("{name}.log")))?;
-    let child = cmd
-        .stdin(Stdio::null())
+    let log = state.join("logs").join(format!("{name}.log"));
+    Ok(spawn_logged(&log, name, cmd)?.id())
+}
+
+/// Starts `cmd` with no stdin and its stdout and stderr both in the file `log`.
+pub(crate) fn spawn_logged(
+    log: &Path,
+    name: &str,
+    cmd: &mut Command,
+) -> anyhow::Result<std::process::Child> {
+    let log = std::fs::File::create(log)?;
+    cmd.stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
-        .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
-    Ok(child.id())
+        .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -130,7 +130,10 @@ mod tests {
                         stdin: None,
                     }),
                 },
-                grant: Grant { cores: 1, mem_mb: 0 },
+                grant: Grant {
+                    cores: 1,
+                    mem_mb: 0,
+                },
                 submitted_at_us: 0,
                 result_encoding: Encoding::Msgpack,
                 gpu: None,

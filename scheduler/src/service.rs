@@ -9,8 +9,8 @@
 
 use crate::config::Config;
 use crate::dispatcher;
-use crate::stored::StoredResults;
 use crate::shell::{Input, Shell};
+use crate::stored::StoredResults;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;

@@ -24,7 +24,10 @@ fn floor_subject(stream: usize, what: &str) -> String {
 }
 
 impl Floor {
-    pub(super) async fn create(js: &jetstream::Context, payload_bytes: usize) -> anyhow::Result<Self> {
+    pub(super) async fn create(
+        js: &jetstream::Context,
+        payload_bytes: usize,
+    ) -> anyhow::Result<Self> {
         for k in 1..=FLOOR_STREAMS {
             js.create_stream(stream::Config {
                 name: format!("BENCH_S{k}"),
@@ -43,21 +46,14 @@ impl Floor {
 
     /// One publish at a time, each waiting for its PubAck; microseconds each.
     pub(super) async fn publish_ack(&self, n: usize, within: Duration) -> anyhow::Result<Vec<f64>> {
-        let deadline = Instant::now() + within;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if Instant::now() > deadline {
-                break;
-            }
-            let t = Instant::now();
+        sample_us(n, within, || async {
             self.js
                 .publish(floor_subject(1, "ack"), self.payload.clone())
                 .await?
                 .await?;
-            out.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        out.sort_by(f64::total_cmp);
-        Ok(out)
+            Ok(())
+        })
+        .await
     }
 
     /// Publish on hop 1; a consumer republishes to hop 2 (waiting for its PubAck, then acking,
@@ -95,7 +91,14 @@ impl Floor {
         let mut relays = Vec::new();
         for hop in 1..=2u8 {
             let mut child = tokio::process::Command::new(&exe)
-                .args(["bench", "relay", "--nats-url", url, "--hop", &hop.to_string()])
+                .args([
+                    "bench",
+                    "relay",
+                    "--nats-url",
+                    url,
+                    "--hop",
+                    &hop.to_string(),
+                ])
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .kill_on_drop(true)
@@ -106,7 +109,10 @@ impl Floor {
             let ready = tokio::time::timeout(ACTION_WAIT, lines.next_line())
                 .await
                 .context("the relay process did not get ready")??;
-            anyhow::ensure!(ready.as_deref() == Some("ready"), "relay process: {ready:?}");
+            anyhow::ensure!(
+                ready.as_deref() == Some("ready"),
+                "relay process: {ready:?}"
+            );
             relays.push(child);
         }
         self.chain(client, "xhop", n, within).await
@@ -120,26 +126,19 @@ impl Floor {
         n: usize,
         within: Duration,
     ) -> anyhow::Result<Vec<f64>> {
-        let mut reader = client.subscribe(floor_subject(3, what)).await?;
-        let deadline = Instant::now() + within;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if Instant::now() > deadline {
-                break;
-            }
-            let t = Instant::now();
+        let reader = tokio::sync::Mutex::new(client.subscribe(floor_subject(3, what)).await?);
+        sample_us(n, within, || async {
             self.js
                 .publish(floor_subject(1, what), self.payload.clone())
                 .await?
                 .await?;
-            tokio::time::timeout(ACTION_WAIT, reader.next())
+            tokio::time::timeout(ACTION_WAIT, reader.lock().await.next())
                 .await
                 .context("the three-hop chain stalled")?
                 .context("the reader's subscription closed")?;
-            out.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        out.sort_by(f64::total_cmp);
-        Ok(out)
+            Ok(())
+        })
+        .await
     }
 
     /// Pipelined publishing, `window` PubAcks outstanding, spread round-robin over `streams`
@@ -181,6 +180,27 @@ impl Floor {
         }
         Ok(acked as f64 / t.elapsed().as_secs_f64())
     }
+}
+
+/// Runs `one` up to `n` times, one after another, until `within` has passed; the
+/// microseconds each took, sorted.
+async fn sample_us<F, Fut>(n: usize, within: Duration, mut one: F) -> anyhow::Result<Vec<f64>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + within;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        if Instant::now() > deadline {
+            break;
+        }
+        let t = Instant::now();
+        one().await?;
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
 }
 
 async fn relay_consumer(

@@ -16,18 +16,18 @@ mod floor;
 mod table;
 
 use anyhow::{bail, Context as _};
-use floor::Floor;
-pub use floor::relay;
-use table::print_table;
 use async_nats::jetstream::{self, consumer};
+pub use floor::relay;
+use floor::Floor;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt as _;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use table::print_table;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::stats::quantile;
 use tangram_shared::{
@@ -298,13 +298,8 @@ impl LocalCluster {
     }
 
     fn spawn(&mut self, name: &'static str, cmd: &mut Command) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log")))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
+        let log = self.dir.path().join(format!("{name}.log"));
+        let child = crate::cluster::spawn_logged(&log, name, cmd)?;
         self.procs.push(Proc { name, child });
         Ok(())
     }
