@@ -24,6 +24,10 @@ pub struct UpArgs {
     /// NATS client port on 127.0.0.1.
     #[arg(long, env = "TANGRAM_NATS_PORT", default_value_t = 4222)]
     pub nats_port: u16,
+    /// Schedulers: the first to start leads, the others stand by and take over within
+    /// about 2.3 s of its death.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub schedulers: u32,
     /// CPU workers (each grants all of this machine's cores; on a small machine they share them).
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
@@ -204,21 +208,31 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        pids.push((
-            "scheduler".into(),
-            spawn(
-                &state,
-                "scheduler",
-                Command::new(sibling("tangram-scheduler")?)
-                    .env("TANGRAM_NATS_URL", &url)
-                    .args([
-                        "--policy",
-                        &a.policy,
-                        "--static-cores",
-                        &a.static_cores.to_string(),
-                    ]),
-            )?,
-        ));
+        for i in 0..a.schedulers {
+            // The first keeps the plain name (its log is logs/scheduler.log); standbys are
+            // scheduler-1, scheduler-2, ...
+            let name = if i == 0 {
+                "scheduler".to_string()
+            } else {
+                format!("scheduler-{i}")
+            };
+            pids.push((
+                name.clone(),
+                spawn(
+                    &state,
+                    &name,
+                    Command::new(sibling("tangram-scheduler")?)
+                        .env("TANGRAM_NATS_URL", &url)
+                        .args(["--id", &name])
+                        .args([
+                            "--policy",
+                            &a.policy,
+                            "--static-cores",
+                            &a.static_cores.to_string(),
+                        ]),
+                )?,
+            ));
+        }
         let online = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -401,7 +415,7 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
     order.extend(
         r.pids
             .iter()
-            .filter(|(n, _)| n == "scheduler" || n == "search"),
+            .filter(|(n, _)| n.starts_with("scheduler") || n == "search"),
     );
     order.extend(r.pids.iter().filter(|(n, _)| n == "nats"));
     let mut stopped = 0;
@@ -477,6 +491,19 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
         "scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open",
         st.epoch, st.policy, st.uptime_s, st.sandboxes
     );
+    if let Some(l) = &st.leader {
+        println!("leader: {} (pid {} on {})", l.id, l.pid, l.host);
+    }
+    if st.standbys.is_empty() {
+        println!("standbys: none");
+    } else {
+        let list: Vec<String> = st
+            .standbys
+            .iter()
+            .map(|s| format!("{} (pid {} on {})", s.id, s.pid, s.host))
+            .collect();
+        println!("standbys: {}", list.join(", "));
+    }
     println!(
         "\n{:<10} {:>11} {:>15} {:>6} {:>10}",
         "worker", "cores used", "memory used", "GPUs", "last seen"

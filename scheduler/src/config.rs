@@ -29,6 +29,11 @@ pub struct RawConfig {
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
     pub static_cores: Option<u32>,
+    /// This scheduler's id in the leader lease (default: `<host>-<pid>`).
+    pub id: Option<String>,
+    /// How long the leader lease holds without a renewal, ms: a standby takes over this
+    /// long after the leader's last renewal.
+    pub lease_ttl_ms: Option<u64>,
 }
 
 /// The validated configuration.
@@ -52,6 +57,10 @@ pub struct Config {
     pub job_weights: std::collections::BTreeMap<String, f64>,
     /// Cores per sandbox under `static`.
     pub static_cores: u32,
+    /// Id in the leader lease.
+    pub id: String,
+    /// Leader lease lifetime without renewal.
+    pub lease_ttl: Duration,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -65,6 +74,10 @@ pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// Three missed heartbeats (3 s at the default 1 s period) before a worker counts as lost:
 /// long enough to ride out a GC pause or a NATS reconnect.
 pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;
+
+/// Two seconds: a standby takes over within about 2.3 s of the leader's death (the lease
+/// plus one poll), and a leader renews four times per lease.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 2_000;
 
 /// Two default heartbeat periods: every live worker has reported by then.
 pub const DEFAULT_SETTLE_MS: u64 = 2_000;
@@ -145,6 +158,8 @@ impl RawConfig {
             settle_ms: over.settle_ms.or(self.settle_ms),
             job_weights: over.job_weights.or(self.job_weights),
             static_cores: over.static_cores.or(self.static_cores),
+            id: over.id.or(self.id),
+            lease_ttl_ms: over.lease_ttl_ms.or(self.lease_ttl_ms),
         }
     }
 
@@ -209,7 +224,30 @@ impl RawConfig {
         if static_cores == 0 {
             return Err(invalid("static_cores", "must be at least 1"));
         }
+        let lease_ttl_ms = self.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS);
+        if !(200..=60_000).contains(&lease_ttl_ms) {
+            return Err(invalid(
+                "lease_ttl_ms",
+                format!("{lease_ttl_ms} is outside 200 to 60000"),
+            ));
+        }
+        let id = self
+            .id
+            .unwrap_or_else(|| format!("{}-{}", crate::lease::host_name(), std::process::id()));
+        if id.is_empty()
+            || id.len() > 128
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+        {
+            return Err(invalid(
+                "id",
+                format!("{id:?} must be 1 to 128 characters of letters, digits, - and _"),
+            ));
+        }
         Ok(Config {
+            id,
+            lease_ttl: Duration::from_millis(lease_ttl_ms),
             static_cores,
             job_weights,
             nats_url,

@@ -3,11 +3,13 @@
 //! out (assume on send) and gives it back on failure (forget on failure), so nothing here
 //! waits on the state task and no state task waits on a PubAck.
 
+use crate::lease::Fence;
 use crate::shell::Input;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use std::sync::Arc;
 use tangram_core::Event;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, ActionId, Dispatch, WorkerId};
@@ -31,6 +33,7 @@ pub(crate) async fn run(
     js: jetstream::Context,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     events: mpsc::Sender<Input>,
+    fence: Arc<Fence>,
     stop: CancellationToken,
 ) {
     let mut pending = FuturesUnordered::new();
@@ -45,7 +48,13 @@ pub(crate) async fn run(
             out = rx.recv(), if pending.len() < IN_FLIGHT => {
                 let Some(out) = out else { break };
                 let (id, attempt) = (out.dispatch.action.id.clone(), out.dispatch.attempt);
-                match publish(&js, &out).await {
+                // A leader whose lease may have passed to another publishes nothing more.
+                let published = if fence.holds() {
+                    publish(&js, &out).await
+                } else {
+                    Err("this scheduler no longer holds the leader lease".to_string())
+                };
+                match published {
                     Ok(ack) => pending.push(async move {
                         match ack.await {
                             Ok(_) => Event::DispatchStored { id, attempt },

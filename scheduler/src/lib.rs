@@ -11,6 +11,7 @@
 
 pub mod config;
 mod dispatcher;
+mod lease;
 pub mod metrics;
 mod service;
 mod shell;

@@ -28,6 +28,13 @@ struct Args {
     /// Cores each trajectory's sandbox holds under the `static` policy [default: 4].
     #[arg(long, env = "TANGRAM_SCHEDULER_STATIC_CORES")]
     static_cores: Option<u32>,
+    /// This scheduler's id in the leader lease [default: <host>-<pid>].
+    #[arg(long, env = "TANGRAM_SCHEDULER_ID")]
+    id: Option<String>,
+    /// Leader lease lifetime in ms: a standby takes over this long after the leader's last
+    /// renewal [default: 2000].
+    #[arg(long, env = "TANGRAM_SCHEDULER_LEASE_TTL_MS")]
+    lease_ttl_ms: Option<u64>,
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
@@ -41,6 +48,8 @@ fn main() -> ExitCode {
         max_action_bytes: args.max_action_bytes,
         policy: args.policy,
         static_cores: args.static_cores,
+        id: args.id,
+        lease_ttl_ms: args.lease_ttl_ms,
         ..Default::default()
     };
     // flags and env (clap merges those two) > file > defaults.

@@ -42,6 +42,10 @@ pub const PROVIDER_INFLIGHT: &str = "tangram_scheduler_provider_inflight";
 pub const PROVIDER_WAITING: &str = "tangram_scheduler_provider_waiting";
 /// Api actions admitted, by provider and job.
 pub const API_ADMITTED: &str = "tangram_scheduler_api_admitted_total";
+/// 1 while this scheduler holds the leader lease, 0 while it stands by.
+pub const LEADER: &str = "tangram_scheduler_leader";
+/// Terms this scheduler has begun as leader (takeovers and first starts).
+pub const TERMS: &str = "tangram_scheduler_leader_terms_total";
 /// GPUs known in the fleet and GPUs held by resident replicas.
 pub const GPUS: &str = "tangram_scheduler_gpus";
 
@@ -107,4 +111,11 @@ pub(crate) fn provider(name: &str, rate: f64, inflight: u32, waiting: usize) {
 pub(crate) fn api_admitted(provider: &str, job: &str) {
     counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job.to_string())
         .increment(1);
+}
+
+pub(crate) fn leader(leading: bool) {
+    gauge!(LEADER).set(if leading { 1.0 } else { 0.0 });
+    if leading {
+        counter!(TERMS).increment(1);
+    }
 }

@@ -9,6 +9,7 @@
 
 use crate::config::Config;
 use crate::dispatcher;
+use crate::lease::{self, Fence, LeaseConfig};
 use crate::shell::{Input, Shell};
 use crate::stored::StoredResults;
 use anyhow::Context as _;
@@ -25,14 +26,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
-const EPOCH_BUCKET: &str = "tangram_scheduler";
-const EPOCH_KEY: &str = "epoch";
 /// Inputs waiting for the state task; intake pauses when it is full.
 const EVENT_CHANNEL: usize = 4096;
 /// Stored-result lookups in flight at once on the intake (their answers are taken in order).
 const LOOKUPS: usize = 64;
 
-/// Runs the scheduler until `shutdown` is cancelled.
+/// Runs the scheduler until `shutdown` is cancelled: as a standby until it holds the leader
+/// lease, then as leader until it stops or loses the lease (then a standby again).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let client = async_nats::ConnectOptions::new()
         .name("tangram-scheduler")
@@ -41,9 +41,58 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
     let js = jetstream::new(client.clone());
     tangram_nats::ensure_streams(&js).await?;
-    let epoch = next_epoch(&js).await?;
-    info!(epoch, "scheduler starting");
+    let store = scheduler_store(&js).await?;
+    let lease_config = LeaseConfig {
+        id: config.id.clone(),
+        ttl: config.lease_ttl,
+    };
+    info!(id = %config.id, "scheduler starting");
+    while let Some(mut held) = lease::campaign(&store, &lease_config, &shutdown).await {
+        let epoch = next_epoch(&store).await?;
+        held.record.epoch = epoch;
+        info!(epoch, "leading");
+        crate::metrics::leader(true);
+        // The term ends on shutdown or when the lease is lost; the fence stops dispatches
+        // the moment renewals stop succeeding, before a standby can take over.
+        let term = shutdown.child_token();
+        let fence = Fence::new(config.lease_ttl / 2);
+        let holder = tokio::spawn(lease::hold(
+            held,
+            lease_config.clone(),
+            fence.clone(),
+            term.clone(),
+            term.clone(),
+        ));
+        let led = lead(&client, &js, &store, &config, epoch, fence, term.clone()).await;
+        term.cancel();
+        let _ = holder.await;
+        crate::metrics::leader(false);
+        led?;
+        if shutdown.is_cancelled() {
+            break;
+        }
+        warn!(epoch, "lost the leader lease; standing by");
+    }
+    // Drain: unsubscribe (no more deliveries to this process) and flush. Bounded: NATS may be
+    // gone, and SIGTERM must still end the process.
+    let _ = tokio::time::timeout(Duration::from_secs(3), client.drain()).await;
+    info!("scheduler stopped");
+    Ok(())
+}
 
+/// One term as leader, until `shutdown` (the end of the term) is cancelled.
+async fn lead(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    store: &kv::Store,
+    config: &Config,
+    epoch: u64,
+    fence: Arc<Fence>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = config.clone();
+    let js = js.clone();
+    let store = store.clone();
     let actions = tangram_nats::scheduler_actions_consumer(&js).await?;
     let results = tangram_nats::scheduler_results_consumer(&js).await?;
     let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
@@ -156,13 +205,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         pump(status_requests, shutdown.clone(), move |msg| {
             let tx = to_state.clone();
             let client = replier.clone();
+            let store = store.clone();
             async move {
                 let Some(reply) = msg.reply else { return true };
                 let (otx, orx) = tokio::sync::oneshot::channel();
                 if tx.send(Input::Status(otx)).await.is_err() {
                     return false;
                 }
-                if let Ok(status) = orx.await {
+                if let Ok(mut status) = orx.await {
+                    fill_lease(&mut status, &store).await;
                     if let Ok(body) = serde_json::to_vec(&status) {
                         let _ = client.publish(reply, body.into()).await;
                     }
@@ -196,8 +247,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
     let dispatcher_stop = CancellationToken::new();
     tasks.spawn(
-        dispatcher::run(js.clone(), dispatch_rx, tx.clone(), dispatcher_stop.clone())
-            .instrument(tracing::info_span!("dispatcher")),
+        dispatcher::run(
+            js.clone(),
+            dispatch_rx,
+            tx.clone(),
+            fence.clone(),
+            dispatcher_stop.clone(),
+        )
+        .instrument(tracing::info_span!("dispatcher")),
     );
     drop(tx);
 
@@ -211,7 +268,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         limits,
         ..EngineConfig::default()
     });
-    let mut shell = Shell::new(engine, js, dispatch_tx, tasks.clone());
+    let mut shell = Shell::new(engine, js, dispatch_tx, fence, tasks.clone());
     shell
         .run(rx, shutdown.clone())
         .instrument(tracing::info_span!("state", epoch))
@@ -229,10 +286,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     {
         warn!("scheduler tasks did not stop within 5 s");
     }
-    // Drain: unsubscribe (no more deliveries to this process) and flush. Bounded: NATS may be
-    // gone, and SIGTERM must still end the process.
-    let _ = tokio::time::timeout(Duration::from_secs(3), client.drain()).await;
-    info!("scheduler stopped");
     Ok(())
 }
 
@@ -369,24 +422,67 @@ pub(crate) fn content_type(
     )
 }
 
-/// Bumps the scheduler epoch in KV; every dispatch carries it so workers can refuse a stale
-/// scheduler's decisions.
-async fn next_epoch(js: &jetstream::Context) -> anyhow::Result<u64> {
-    let store = match js.get_key_value(EPOCH_BUCKET).await {
-        Ok(s) => s,
+/// Standbys that have not announced themselves for this long are left out of the status.
+const STANDBY_STALE_MS: u64 = 5_000;
+
+/// Adds the leader lease and the live standbys, read from KV, to a status answer.
+async fn fill_lease(status: &mut tangram_shared::status::Status, store: &kv::Store) {
+    let read = async {
+        if let Some(e) = store.entry(subject::LEADER_KEY).await? {
+            status.leader = serde_json::from_slice(&e.value).ok();
+        }
+        let mut keys = store.keys().await?;
+        let now = lease::unix_ms();
+        let mut standbys = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key?;
+            if !key.starts_with(subject::STANDBY_PREFIX) {
+                continue;
+            }
+            if let Some(e) = store.entry(key).await? {
+                if let Ok(r) =
+                    serde_json::from_slice::<tangram_shared::status::StandbyRecord>(&e.value)
+                {
+                    if now.saturating_sub(r.seen_unix_ms) <= STANDBY_STALE_MS {
+                        standbys.push(r);
+                    }
+                }
+            }
+        }
+        standbys.sort_by(|a, b| a.id.cmp(&b.id));
+        status.standbys = standbys;
+        Ok::<(), anyhow::Error>(())
+    };
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")))
+    {
+        warn!(error = %e, "reading the leader lease for a status answer");
+    }
+}
+
+/// The scheduler's KV bucket (epoch, leader lease, standbys), created when missing.
+async fn scheduler_store(js: &jetstream::Context) -> anyhow::Result<kv::Store> {
+    match js.get_key_value(subject::SCHEDULER_BUCKET).await {
+        Ok(s) => Ok(s),
         Err(_) => js
             .create_key_value(kv::Config {
-                bucket: EPOCH_BUCKET.into(),
-                description: "scheduler epoch".into(),
+                bucket: subject::SCHEDULER_BUCKET.into(),
+                description: "scheduler epoch, leader lease and standbys".into(),
                 history: 1,
                 storage: jetstream::stream::StorageType::File,
                 ..Default::default()
             })
             .await
-            .context("creating the scheduler KV bucket")?,
-    };
+            .context("creating the scheduler KV bucket"),
+    }
+}
+
+/// Bumps the scheduler epoch in KV; every dispatch carries it so workers can refuse a stale
+/// scheduler's decisions.
+async fn next_epoch(store: &kv::Store) -> anyhow::Result<u64> {
     for _ in 0..16 {
-        let entry = store.entry(EPOCH_KEY).await?;
+        let entry = store.entry(subject::EPOCH_KEY).await?;
         let (current, revision) = match entry {
             Some(e) => {
                 let text = String::from_utf8_lossy(&e.value).to_string();
@@ -397,11 +493,11 @@ async fn next_epoch(js: &jetstream::Context) -> anyhow::Result<u64> {
         let next = current + 1;
         let written = match revision {
             Some(rev) => store
-                .update(EPOCH_KEY, next.to_string().into(), rev)
+                .update(subject::EPOCH_KEY, next.to_string().into(), rev)
                 .await
                 .is_ok(),
             None => store
-                .create(EPOCH_KEY, next.to_string().into())
+                .create(subject::EPOCH_KEY, next.to_string().into())
                 .await
                 .is_ok(),
         };

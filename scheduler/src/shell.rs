@@ -4,10 +4,12 @@
 //! the acker. It holds each action message until the engine acks, naks or rejects it.
 
 use crate::dispatcher::Outgoing;
+use crate::lease::Fence;
 use crate::metrics as m;
 use async_nats::jetstream::{self, AckKind};
 use async_nats::HeaderMap;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tangram_core::engine::{Delivery, Observation, Reject};
 use tangram_core::{Effect, Engine, Event, Now};
@@ -80,6 +82,7 @@ pub(crate) struct Shell {
     replies_rx: Option<mpsc::UnboundedReceiver<Reply>>,
     tasks: TaskTracker,
     wake_at: Option<u64>,
+    fence: Arc<Fence>,
 }
 
 impl Shell {
@@ -87,6 +90,7 @@ impl Shell {
         engine: Engine,
         js: jetstream::Context,
         dispatches: mpsc::UnboundedSender<Outgoing>,
+        fence: Arc<Fence>,
         tasks: TaskTracker,
     ) -> Self {
         let (replies, replies_rx) = mpsc::unbounded_channel();
@@ -100,6 +104,7 @@ impl Shell {
             replies_rx: Some(replies_rx),
             tasks,
             wake_at: None,
+            fence,
         }
     }
 
@@ -205,9 +210,15 @@ impl Shell {
                 }
                 Effect::PublishResult { result, encoding } => {
                     let js = self.js.clone();
+                    let fence = self.fence.clone();
                     self.tasks.spawn(
                         async move {
-                            publish_result(&js, &result, encoding).await;
+                            // A result on a worker's behalf speaks for the leader only.
+                            if fence.holds() {
+                                publish_result(&js, &result, encoding).await;
+                            } else {
+                                warn!(action = %result.id, "not the leader any more; result left to the next one");
+                            }
                         }
                         .instrument(tracing::info_span!("result")),
                     );

@@ -27,6 +27,12 @@ pub struct Status {
     pub providers: Vec<ProviderStatus>,
     /// ACT of recent results, by kind.
     pub recent: BTreeMap<String, ActStats>,
+    /// The scheduler holding the leader lease (the one answering).
+    #[serde(default)]
+    pub leader: Option<LeaderRecord>,
+    /// Standby schedulers that announced themselves in the last few seconds.
+    #[serde(default)]
+    pub standbys: Vec<StandbyRecord>,
 }
 
 /// One worker.
@@ -101,4 +107,36 @@ pub struct ActStats {
     pub overhead_s: f64,
     /// Mean execution.
     pub exec_s: f64,
+}
+
+/// The leader lease, as stored under [`crate::subject::LEADER_KEY`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// The scheduler's id (host and pid unless configured).
+    pub id: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its host name.
+    pub host: String,
+    /// The epoch it leads in.
+    pub epoch: u64,
+    /// When it took the lease, Unix milliseconds.
+    pub since_unix_ms: u64,
+    /// When it last renewed the lease, Unix milliseconds (its own clock).
+    pub renewed_unix_ms: u64,
+    /// How long the lease holds without a renewal, ms.
+    pub ttl_ms: u64,
+}
+
+/// A standby scheduler, as announced under `standby.<id>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StandbyRecord {
+    /// The scheduler's id.
+    pub id: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its host name.
+    pub host: String,
+    /// When it last announced itself, Unix milliseconds (its own clock).
+    pub seen_unix_ms: u64,
 }

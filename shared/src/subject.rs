@@ -35,6 +35,17 @@ pub const HEADER_DLQ_SUBJECT: &str = "Tangram-Original-Subject";
 /// Core NATS request/reply subject answered by the scheduler with its status (JSON).
 pub const STATUS: &str = "tangram.v1.status";
 
+/// The scheduler's key-value bucket: its epoch, its leader lease and its standbys.
+pub const SCHEDULER_BUCKET: &str = "tangram_scheduler";
+/// Key of the current scheduler epoch (a decimal string), bumped by each new leader.
+pub const EPOCH_KEY: &str = "epoch";
+/// Key of the leader lease (JSON [`crate::status::LeaderRecord`]), renewed by
+/// compare-and-set on its revision.
+pub const LEADER_KEY: &str = "leader";
+/// Prefix of the keys standbys announce themselves under (`standby.<id>`, JSON
+/// [`crate::status::StandbyRecord`]).
+pub const STANDBY_PREFIX: &str = "standby.";
+
 /// Subject for submitting an action: `tangram.v1.action.<job>.<kind>`.
 pub fn action(job: &JobId, kind: ActionKind) -> String {
     format!("{PREFIX}.action.{job}.{}", kind.as_str())

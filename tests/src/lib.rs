@@ -330,6 +330,32 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Starts NATS and the workers with no scheduler (a test starts scheduler processes).
+    pub async fn start_without_scheduler(workers: &[WorkerSpec]) -> anyhow::Result<Self> {
+        init_logging();
+        let mut cluster = Self {
+            nats: NatsServer::start(),
+            scheduler: None,
+            workers: Vec::new(),
+        };
+        for w in workers {
+            cluster.start_worker(w.clone())?;
+        }
+        Ok(cluster)
+    }
+
+    /// Starts a `tangram-scheduler` process with this id, so that a test can SIGKILL it.
+    pub fn spawn_scheduler_process(&self, id: &str) -> anyhow::Result<ChildGuard> {
+        let bin = built_binary("tangram-scheduler");
+        let child = Command::new(&bin)
+            .args(["--id", id, "--nats-url", &self.nats.url()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        Ok(ChildGuard(child))
+    }
+
     /// Starts the scheduler.
     pub fn start_scheduler(&mut self) {
         let config = tangram_scheduler::Config::with_nats_url(self.nats.url());
@@ -606,6 +632,39 @@ impl Client {
     pub async fn run(&self, action: &Action, timeout: Duration) -> anyhow::Result<ActionResult> {
         self.submit(action).await?;
         self.result(&action.id, timeout).await
+    }
+
+    /// The leader lease as stored now, if any.
+    pub async fn leader(&self) -> anyhow::Result<Option<tangram_shared::status::LeaderRecord>> {
+        let Ok(store) = self.js.get_key_value(subject::SCHEDULER_BUCKET).await else {
+            return Ok(None);
+        };
+        Ok(match store.entry(subject::LEADER_KEY).await? {
+            Some(e) if e.operation == jetstream::kv::Operation::Put => {
+                Some(serde_json::from_slice(&e.value)?)
+            }
+            _ => None,
+        })
+    }
+
+    /// Waits until the scheduler with this id holds the leader lease with an epoch set.
+    pub async fn wait_for_leader(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<tangram_shared::status::LeaderRecord> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.leader().await? {
+                if l.id == id && l.epoch > 0 {
+                    return Ok(l);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("{id} did not become leader within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits until `n` workers are registered with the scheduler, by submitting nothing:

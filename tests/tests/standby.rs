@@ -1,0 +1,106 @@
+//! Two schedulers: one leads through the lease in NATS KV, the other stands by and takes
+//! over when the leader dies, fencing it by epoch.
+
+use std::time::{Duration, Instant};
+use tangram_shared::ActionId;
+use tangram_shared::Outcome;
+use tangram_tests::build::{exec, open};
+use tangram_tests::{Cluster, WorkerSpec};
+
+const T: Duration = Duration::from_secs(30);
+
+fn sigkill(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_within_3_s_of_the_leaders_sigkill() -> anyhow::Result<()> {
+    let cluster = Cluster::start_without_scheduler(&[WorkerSpec::new("sb-a")]).await?;
+    let leader = cluster.spawn_scheduler_process("sched-a")?;
+    let c = cluster.client("job1").await?;
+    let first = c.wait_for_leader("sched-a", T).await?;
+    assert_eq!(first.pid, leader.id());
+    let _standby = cluster.spawn_scheduler_process("sched-b")?;
+    // The standby announces itself; the leader's status names both.
+    let status = c
+        .wait_for_status(T, "the standby announced", |s| {
+            s.standbys.iter().any(|b| b.id == "sched-b")
+        })
+        .await?;
+    assert_eq!(
+        status.leader.as_ref().map(|l| l.id.as_str()),
+        Some("sched-a")
+    );
+
+    c.wait_for_workers(&["sb-a"], T).await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let before = c
+        .run(&exec("e1", "job1", "t1", &["echo", "before"], 1, 1), T)
+        .await?;
+    assert_eq!(before.stdout, "before\n");
+
+    sigkill(leader.id());
+    let killed = Instant::now();
+    let second = c
+        .wait_for_leader("sched-b", Duration::from_secs(10))
+        .await?;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(3), "takeover took {took:?}");
+    assert!(second.epoch > first.epoch, "{second:?} after {first:?}");
+
+    // The new leader adopted the sandbox from the worker's heartbeat and carries on.
+    let after = c
+        .run(&exec("e2", "job1", "t1", &["echo", "after"], 1, 1), T)
+        .await?;
+    assert_eq!(after.stdout, "after\n", "{after:?}");
+    for id in ["o1", "e1", "e2"] {
+        let n = c
+            .results(&ActionId::new(id)?, 2, Duration::from_millis(500))
+            .await?
+            .len();
+        assert_eq!(n, 1, "{id} has {n} results");
+    }
+    let status = c
+        .wait_for_status(T, "a leader", |s| s.leader.is_some())
+        .await?;
+    assert_eq!(status.leader.map(|l| l.id), Some("sched-b".to_string()));
+    cluster.shutdown().await
+}
+
+/// Regression: nothing stopped two schedulers sharing the durable consumer. Two started at
+/// once: exactly one leads, and every action runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_started_at_once_elect_one_leader() -> anyhow::Result<()> {
+    let cluster = Cluster::start_without_scheduler(&[WorkerSpec::new("sb2-a")]).await?;
+    let a = cluster.spawn_scheduler_process("twin-a")?;
+    let b = cluster.spawn_scheduler_process("twin-b")?;
+    let c = cluster.client("job1").await?;
+    let status = c
+        .wait_for_status(T, "one leader, one standby", |s| {
+            s.leader.is_some() && s.standbys.len() == 1
+        })
+        .await?;
+    let leader = status.leader.expect("a leader");
+    let standby = &status.standbys[0];
+    assert_ne!(leader.id, standby.id);
+    assert!([a.id(), b.id()].contains(&leader.pid));
+    c.wait_for_workers(&["sb2-a"], T).await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    for i in 0..20 {
+        let r = c
+            .run(&exec(&format!("x{i}"), "job1", "t1", &["true"], 1, 1), T)
+            .await?;
+        assert!(
+            matches!(r.outcome, Outcome::Completed { exit_code: 0 }),
+            "{r:?}"
+        );
+    }
+    for i in 0..20 {
+        let id = ActionId::new(format!("x{i}"))?;
+        let n = c.results(&id, 2, Duration::from_millis(200)).await?.len();
+        assert_eq!(n, 1, "x{i} has {n} results");
+    }
+    cluster.shutdown().await
+}
