@@ -1,7 +1,8 @@
 //! Two schedulers: one leads through the lease in NATS KV, the other stands by and takes
 //! over when the leader dies, fencing it by epoch.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tangram_shared::ActionId;
 use tangram_shared::Outcome;
 use tangram_tests::build::{exec, open};
