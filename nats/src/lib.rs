@@ -128,7 +128,7 @@ pub async fn worker_consumer(
 ) -> Result<consumer::PullConsumer, SetupError> {
     let mut config = consumer_config("consumers/worker.json", WORKER_CONSUMER)?;
     config.durable_name = Some(subject::worker_consumer(worker));
-    config.filter_subject = subject::dispatch(worker);
+    config.filter_subject = subject::dispatch_filter(worker);
     ensure_consumer(js, subject::DISPATCH_STREAM, config).await
 }
 

@@ -96,9 +96,13 @@ async fn publish(
         subject::HEADER_CONTENT_TYPE,
         Encoding::Msgpack.content_type(),
     );
-    js.publish_with_headers(subject::dispatch(&out.worker), headers, payload.into())
-        .await
-        .map_err(|e| e.to_string())
+    js.publish_with_headers(
+        subject::dispatch(&out.worker, &out.dispatch.action.id),
+        headers,
+        payload.into(),
+    )
+    .await
+    .map_err(|e| e.to_string())
 }
 
 /// A dispatch's `Nats-Msg-Id`: the same for every attempt of one scheduler epoch to one

@@ -15,9 +15,9 @@ use async_nats::jetstream::kv::{self, Operation, UpdateErrorKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 use tangram_shared::status::{LeaderRecord, StandbyRecord};
 use tangram_shared::subject;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 

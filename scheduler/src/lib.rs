@@ -9,6 +9,7 @@
 //! `README.md` beside this crate for the lifecycles.
 #![forbid(unsafe_code)]
 
+mod adopt;
 pub mod config;
 mod dispatcher;
 mod lease;

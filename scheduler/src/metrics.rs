@@ -42,6 +42,9 @@ pub const PROVIDER_INFLIGHT: &str = "tangram_scheduler_provider_inflight";
 pub const PROVIDER_WAITING: &str = "tangram_scheduler_provider_waiting";
 /// Api actions admitted, by provider and job.
 pub const API_ADMITTED: &str = "tangram_scheduler_api_admitted_total";
+/// Running actions taken over from an earlier leader (listed in a heartbeat, or found
+/// dispatched when their message came back), by kind.
+pub const ADOPTED: &str = "tangram_scheduler_adopted_total";
 /// 1 while this scheduler holds the leader lease, 0 while it stands by.
 pub const LEADER: &str = "tangram_scheduler_leader";
 /// Terms this scheduler has begun as leader (takeovers and first starts).
@@ -118,4 +121,8 @@ pub(crate) fn leader(leading: bool) {
     if leading {
         counter!(TERMS).increment(1);
     }
+}
+
+pub(crate) fn adopted(kind: &'static str) {
+    counter!(ADOPTED, "kind" => kind).increment(1);
 }

@@ -98,6 +98,7 @@ async fn lead(
     let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
     let status_requests = client.subscribe(subject::STATUS).await?;
     let results_stream = js.get_stream(subject::RESULTS_STREAM).await?;
+    let dispatch_stream = js.get_stream(subject::DISPATCH_STREAM).await?;
 
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
     let tasks = TaskTracker::new();
@@ -120,6 +121,7 @@ async fn lead(
     let max_bytes = config.max_action_bytes;
     let intake = {
         let stream = results_stream.clone();
+        let dispatch_stream = dispatch_stream.clone();
         let stored = stored.clone();
         messages
             .filter_map(|m| async move {
@@ -128,8 +130,9 @@ async fn lead(
             })
             .map(move |msg| {
                 let stream = stream.clone();
+                let dispatches = dispatch_stream.clone();
                 let stored = stored.clone();
-                async move { admit(msg, &limits, max_bytes, &stream, &stored).await }
+                async move { admit(msg, &limits, max_bytes, &stream, &dispatches, &stored).await }
             })
             .buffered(LOOKUPS)
     };
@@ -256,7 +259,8 @@ async fn lead(
         )
         .instrument(tracing::info_span!("dispatcher")),
     );
-    drop(tx);
+    // The state task's own sender, for answers to lookups it starts.
+    let to_self = tx;
 
     let engine = Engine::new(EngineConfig {
         epoch,
@@ -268,7 +272,15 @@ async fn lead(
         limits,
         ..EngineConfig::default()
     });
-    let mut shell = Shell::new(engine, js, dispatch_tx, fence, tasks.clone());
+    let mut shell = Shell::new(
+        engine,
+        js,
+        dispatch_stream,
+        to_self,
+        dispatch_tx,
+        fence,
+        tasks.clone(),
+    );
     shell
         .run(rx, shutdown.clone())
         .instrument(tracing::info_span!("state", epoch))
@@ -342,6 +354,7 @@ async fn admit(
     limits: &Limits,
     max_bytes: usize,
     results: &jetstream::stream::Stream,
+    dispatches: &jetstream::stream::Stream,
     stored: &StoredResults,
 ) -> (jetstream::Message, Event) {
     let info = msg.info().ok();
@@ -376,6 +389,15 @@ async fn admit(
                 crate::metrics::result_lookup(if seen { "stored" } else { "absent" });
                 seen
             };
+            // A message coming back may have been dispatched by a leader that ended before
+            // acking it: the stored dispatch says so, and the action is taken over.
+            let dispatched = if !first_delivery && !seen {
+                crate::adopt::dispatch_of(dispatches, &action.id)
+                    .await
+                    .map(Box::new)
+            } else {
+                None
+            };
             Event::Arrived(Box::new(Arrival {
                 action,
                 encoding,
@@ -383,6 +405,7 @@ async fn admit(
                 delivery,
                 seen,
                 model: None,
+                dispatched,
             }))
         }
         Err(bad) => Event::Bad(bad),

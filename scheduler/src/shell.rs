@@ -83,12 +83,16 @@ pub(crate) struct Shell {
     tasks: TaskTracker,
     wake_at: Option<u64>,
     fence: Arc<Fence>,
+    dispatch_stream: jetstream::stream::Stream,
+    to_self: mpsc::Sender<Input>,
 }
 
 impl Shell {
     pub(crate) fn new(
         engine: Engine,
         js: jetstream::Context,
+        dispatch_stream: jetstream::stream::Stream,
+        to_self: mpsc::Sender<Input>,
         dispatches: mpsc::UnboundedSender<Outgoing>,
         fence: Arc<Fence>,
         tasks: TaskTracker,
@@ -105,6 +109,8 @@ impl Shell {
             tasks,
             wake_at: None,
             fence,
+            dispatch_stream,
+            to_self,
         }
     }
 
@@ -223,6 +229,24 @@ impl Shell {
                         .instrument(tracing::info_span!("result")),
                     );
                 }
+                Effect::FetchDispatch { worker, id } => {
+                    let stream = self.dispatch_stream.clone();
+                    let tx = self.to_self.clone();
+                    self.tasks.spawn(
+                        async move {
+                            let event = match crate::adopt::dispatch_to(&stream, &worker, &id).await
+                            {
+                                Some(d) => Event::Adopt {
+                                    worker,
+                                    dispatch: Box::new(d),
+                                },
+                                None => Event::AdoptFailed { id },
+                            };
+                            let _ = tx.send(Input::Engine(event)).await;
+                        }
+                        .instrument(tracing::info_span!("adopt")),
+                    );
+                }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
                 Effect::Observe(o) => observe(o),
             }
@@ -267,6 +291,13 @@ fn observe(o: Observation) {
         Observation::Rejected(code) => m::rejected(code),
         Observation::Dispatched { kind, queued_s } => m::dispatched(kind.as_str(), queued_s),
         Observation::Result(outcome) => m::result(outcome),
+        Observation::Adopted(kind) => {
+            info!(
+                kind = kind.as_str(),
+                "took over an action an earlier leader dispatched"
+            );
+            m::adopted(kind.as_str())
+        }
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");
             m::worker_lost()

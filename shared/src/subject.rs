@@ -67,9 +67,15 @@ pub fn result(job: &JobId, id: &ActionId) -> String {
 /// Wildcard over every result.
 pub const RESULT_ALL: &str = "tangram.v1.result.>";
 
-/// Subject of a worker's dispatches: `tangram.v1.dispatch.<worker>`.
-pub fn dispatch(worker: &WorkerId) -> String {
-    format!("{PREFIX}.dispatch.{worker}")
+/// Subject of one action's dispatch to a worker: `tangram.v1.dispatch.<worker>.<action-id>`.
+/// The action id in the subject lets a new leader fetch a running action's dispatch with one
+/// direct get when a heartbeat lists an action it does not know.
+pub fn dispatch(worker: &WorkerId, id: &ActionId) -> String {
+    format!("{PREFIX}.dispatch.{worker}.{id}")
+}
+/// Every dispatch to one worker: its consumer's filter, `tangram.v1.dispatch.<worker>.>`.
+pub fn dispatch_filter(worker: &WorkerId) -> String {
+    format!("{PREFIX}.dispatch.{worker}.>")
 }
 /// Wildcard over every dispatch.
 pub const DISPATCH_ALL: &str = "tangram.v1.dispatch.>";

@@ -660,7 +660,10 @@ async fn a_restarted_scheduler_bumps_its_epoch_and_adopts_open_sandboxes() -> an
     };
     let bytes = tangram_shared::codec::encode(&stale, tangram_shared::Encoding::Msgpack)?;
     c.publish_raw(
-        &tangram_shared::subject::dispatch(&tangram_tests::build::worker("epoch-a")),
+        &tangram_shared::subject::dispatch(
+            &tangram_tests::build::worker("epoch-a"),
+            &stale.action.id,
+        ),
         None,
         None,
         bytes,

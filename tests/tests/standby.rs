@@ -2,11 +2,11 @@
 //! over when the leader dies, fencing it by epoch.
 
 use std::time::Duration;
-use tokio::time::Instant;
 use tangram_shared::ActionId;
 use tangram_shared::Outcome;
 use tangram_tests::build::{exec, open};
 use tangram_tests::{Cluster, WorkerSpec};
+use tokio::time::Instant;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -103,5 +103,42 @@ async fn two_schedulers_started_at_once_elect_one_leader() -> anyhow::Result<()>
         let n = c.results(&id, 2, Duration::from_millis(200)).await?.len();
         assert_eq!(n, 1, "x{i} has {n} results");
     }
+    cluster.shutdown().await
+}
+
+/// Regression: a restarted scheduler ignored the heartbeats' running lists: an action the
+/// old one dispatched ran on with nothing booked for it, and no deadline if its worker died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_scheduler_adopts_what_is_running() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("adopt-a")]).await?;
+    let c = cluster.client("job1").await?;
+    c.run(&open("o1", "job1", "t1"), T).await?;
+    let long = exec("long", "job1", "t1", &["sleep", "4"], 1, 1);
+    c.submit(&long).await?;
+    c.wait_for_status(T, "the exec runs", |s| {
+        s.running.get("sandbox_exec") == Some(&1)
+    })
+    .await?;
+    cluster.restart_scheduler_with(|_| {}).await?;
+    // The new scheduler knows it as running (from the heartbeat and the stored dispatch)...
+    let st = c
+        .wait_for_status(T, "the exec is adopted", |s| {
+            s.running.get("sandbox_exec") == Some(&1)
+        })
+        .await?;
+    assert!(st.epoch >= 2, "a new epoch: {st:?}");
+    // ...and its one result settles it.
+    let r = c.result(&long.id, T).await?;
+    assert!(
+        matches!(r.outcome, Outcome::Completed { exit_code: 0 }),
+        "{r:?}"
+    );
+    let n = c
+        .results(&long.id, 2, Duration::from_millis(500))
+        .await?
+        .len();
+    assert_eq!(n, 1);
+    c.wait_for_status(T, "nothing left running", |s| s.running.is_empty())
+        .await?;
     cluster.shutdown().await
 }

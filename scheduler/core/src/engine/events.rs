@@ -45,6 +45,9 @@ pub struct Arrival {
     /// Its elasticity when the caller knows it (the simulator's oracle); otherwise the
     /// learner's model for its (job, tool) key.
     pub model: Option<ElasticModel>,
+    /// For a redelivery: the dispatch stored for this action already, if any (an earlier
+    /// leader dispatched it and ended before acking the message), with its worker.
+    pub dispatched: Option<Box<(WorkerId, Dispatch)>>,
 }
 
 /// What the outside world tells the engine.
@@ -78,6 +81,19 @@ pub enum Event {
     Tick,
     /// The scheduler is stopping: hand queued actions back.
     Shutdown,
+    /// The stored dispatch of an action a worker reports running, fetched because this
+    /// engine asked ([`Effect::FetchDispatch`]).
+    Adopt {
+        /// The worker that runs it.
+        worker: WorkerId,
+        /// Its dispatch, as stored.
+        dispatch: Box<Dispatch>,
+    },
+    /// No dispatch was found for an action asked about.
+    AdoptFailed {
+        /// The action.
+        id: ActionId,
+    },
 }
 
 /// What the engine wants done.
@@ -110,6 +126,14 @@ pub enum Effect {
     WakeAt(u64),
     /// Something worth counting (metrics).
     Observe(Observation),
+    /// Fetch the stored dispatch of an action a worker reports running and this engine does
+    /// not know; answer with [`Event::Adopt`] or [`Event::AdoptFailed`].
+    FetchDispatch {
+        /// The worker reporting it.
+        worker: WorkerId,
+        /// The action.
+        id: ActionId,
+    },
 }
 
 /// A rejected message, whom to tell, and what to tell them.
@@ -141,6 +165,8 @@ pub enum Observation {
     /// A result was seen, by outcome label.
     Result(&'static str),
     /// A worker was declared lost.
+    /// A running action taken over from an earlier leader.
+    Adopted(ActionKind),
     WorkerLost,
     /// One planning cycle.
     Cycle {

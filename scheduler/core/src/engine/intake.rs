@@ -137,6 +137,15 @@ impl Engine {
             self.out.push(Effect::Ack(a.delivery));
             return;
         }
+        if let Some(d) = a.dispatched {
+            // An earlier leader stored its dispatch and ended before acking: the worker has
+            // it, so it is taken over, never dispatched again.
+            let (worker, dispatch) = *d;
+            if dispatch.action.id == a.action.id {
+                self.adopt(worker, dispatch, Some(a.delivery), now);
+                return;
+            }
+        }
         if self.stopping {
             // The next scheduler takes it.
             self.out.push(Effect::Nak(a.delivery));

@@ -13,6 +13,7 @@
 //! API quotas, the learner and every policy, the live `static` baseline included. See
 //! `scheduler/README.md` for the lifecycle diagrams.
 
+mod adopt;
 mod api;
 mod cycle;
 mod events;
@@ -138,6 +139,8 @@ pub struct Engine {
     /// When a rate-limited action can go next.
     pub(crate) wake_at: Option<u64>,
     pub(crate) out: Vec<Effect>,
+    /// Actions whose dispatch was asked for, to adopt them.
+    pub(crate) adopting: std::collections::HashSet<ActionId>,
     /// `per-task`: opens placed so far per job, for round robin inside its pool.
     pub(crate) task_opens: HashMap<String, usize>,
 }
@@ -181,6 +184,7 @@ impl Engine {
             stopping: false,
             wake_at: None,
             out: Vec::new(),
+            adopting: Default::default(),
             task_opens: HashMap::new(),
         }
     }
@@ -220,6 +224,8 @@ impl Engine {
             Event::DispatchFailed { id, attempt, .. } => self.on_dispatch_failed(&id, attempt, now),
             Event::Tick => self.on_tick(now),
             Event::Shutdown => self.on_shutdown(),
+            Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, now),
+            Event::AdoptFailed { id } => self.on_adopt_failed(&id),
         }
     }
 

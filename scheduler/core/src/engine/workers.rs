@@ -56,6 +56,7 @@ impl Engine {
             }
         }
         self.reconcile_running(&hb, now);
+        self.request_adoption(&hb);
         self.workers.insert(
             hb.worker.clone(),
             WorkerState {

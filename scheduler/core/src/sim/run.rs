@@ -438,6 +438,7 @@ impl Driver<'_> {
             delivery,
             seen: false,
             model,
+            dispatched: None,
         }))
     }
 
@@ -479,6 +480,10 @@ impl Driver<'_> {
                             self.tick_at = Some(at);
                             self.push(at.max(now), Kind::Tick);
                         }
+                    }
+                    // The simulator knows every action it dispatched: it never adopts.
+                    Effect::FetchDispatch { id, .. } => {
+                        follow.push(Event::AdoptFailed { id });
                     }
                     Effect::Ack(_) | Effect::Nak(_) | Effect::Progress(_) | Effect::Observe(_) => {}
                 }

@@ -1,6 +1,7 @@
 //! The decision engine, stepped: one test per lifecycle transition (`transitions.rs`) and
 //! property tests over random event sequences (`props.rs`).
 
+mod adopt;
 mod props;
 mod transitions;
 
@@ -108,6 +109,7 @@ impl Harness {
             delivery,
             seen,
             model: None,
+            dispatched: None,
         })))
     }
 

@@ -1,0 +1,96 @@
+//! Adoption: actions a new leader finds already running. A heartbeat that lists an action
+//! this engine does not know (dispatched by an earlier leader, whose term ended before the
+//! result) makes the shell fetch its dispatch; a redelivered action whose dispatch is stored
+//! already arrives with it. Either way the action becomes `Running` on the worker that has
+//! it, booking its grant, with a deadline, and is never dispatched a second time.
+
+use super::lifecycle::{ActionState, Booking, Entry};
+use super::{Delivery, Effect, Engine, Now, Observation};
+use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
+
+impl Engine {
+    /// Asks for the dispatch of each listed action that is neither known nor settled.
+    pub(crate) fn request_adoption(&mut self, hb: &Heartbeat) {
+        for id in &hb.running {
+            if self.actions.contains_key(id)
+                || self.settled_set.contains(id)
+                || self.adopting.contains(id)
+            {
+                continue;
+            }
+            self.adopting.insert(id.clone());
+            self.out.push(Effect::FetchDispatch {
+                worker: hb.worker.clone(),
+                id: id.clone(),
+            });
+        }
+    }
+
+    /// The fetch found nothing: forget the request (a later heartbeat asks again).
+    pub(crate) fn on_adopt_failed(&mut self, id: &ActionId) {
+        self.adopting.remove(id);
+    }
+
+    /// Takes over a running action from its stored dispatch. `delivery` is the action
+    /// message held for it, if any: it is acked, since the dispatch is durable.
+    pub(crate) fn adopt(
+        &mut self,
+        worker: WorkerId,
+        dispatch: Dispatch,
+        delivery: Option<Delivery>,
+        now: Now,
+    ) {
+        let id = dispatch.action.id.clone();
+        self.adopting.remove(&id);
+        if self.actions.contains_key(&id) || self.settled_set.contains(&id) {
+            if let Some(d) = delivery {
+                self.out.push(Effect::Ack(d));
+            }
+            return;
+        }
+        let kind = dispatch.action.kind();
+        // Cores count against the worker as a launch would count them: execs, unless the
+        // sandbox holds its cores itself (`static`).
+        let counted_cores = if kind == ActionKind::SandboxExec && self.static_cores.is_none() {
+            dispatch.grant.cores
+        } else {
+            0
+        };
+        let deadline_ms = now.ms + dispatch.action.timeout_ms + self.config.result_grace_ms;
+        self.actions.insert(
+            id,
+            Entry {
+                encoding: dispatch.result_encoding,
+                submitted_at_us: dispatch.submitted_at_us,
+                // No message is held for an action adopted from a heartbeat (0 is never a
+                // stream sequence).
+                delivery: delivery.unwrap_or(0),
+                arrived_ms: now.ms,
+                model: None,
+                attempts: dispatch.attempt,
+                pin: None,
+                state: ActionState::Running {
+                    worker,
+                    // The replica slot and the provider's quota are not booked again: the
+                    // earlier leader booked them, and the result gives back nothing here.
+                    booking: Booking {
+                        grant: dispatch.grant,
+                        counted_cores,
+                        gpu: None,
+                        provider: None,
+                    },
+                    attempt: dispatch.attempt,
+                    stored_ms: now.ms,
+                    deadline_ms,
+                    unreported: 0,
+                },
+                action: dispatch.action,
+            },
+        );
+        if let Some(d) = delivery {
+            self.out.push(Effect::Ack(d));
+        }
+        self.out.push(Effect::Observe(Observation::Adopted(kind)));
+        self.dirty = true;
+    }
+}
