@@ -540,6 +540,25 @@ pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
         fmt(&st.queued),
         fmt(&st.running)
     );
+    if let Some(n) = st.backlog.filter(|n| *n > 0) {
+        println!("backlog: {n} action(s) stored and not yet taken in by the scheduler");
+    }
+    let waiting: Vec<_> = st.queues.iter().filter(|(_, q)| q.depth > 0).collect();
+    if !waiting.is_empty() {
+        println!(
+            "\n{:<14} {:>7} {:>12} {:>12} {:>10}",
+            "queue", "depth", "oldest", "est. wait", "done/s"
+        );
+        for (k, q) in waiting {
+            let est = q
+                .est_wait_s
+                .map_or_else(|| "unknown".to_string(), |s| format!("{s:.1} s"));
+            println!(
+                "{:<14} {:>7} {:>10.1} s {:>12} {:>10.1}",
+                k, q.depth, q.oldest_wait_s, est, q.throughput_per_s
+            );
+        }
+    }
     if !st.services.is_empty() {
         println!(
             "\n{:<16} {:>5} {:>10} {:>5}  resident on",
@@ -614,9 +633,10 @@ pub(crate) fn apply_config_file(
             None | Some(clap::parser::ValueSource::DefaultValue)
         )
     };
-    const KEYS: [&str; 11] = [
+    const KEYS: [&str; 12] = [
         "state_dir",
         "nats_port",
+        "schedulers",
         "workers",
         "worker_mem_mb",
         "gpus",
@@ -644,6 +664,14 @@ pub(crate) fn apply_config_file(
         match id {
             "state_dir" => a.state_dir = PathBuf::from(value.as_str().ok_or_else(bad)?),
             "nats_port" => a.nats_port = u16::try_from(int()?).map_err(|_| bad())?,
+            "schedulers" => {
+                a.schedulers = u32::try_from(int()?)
+                    .ok()
+                    .filter(|n| (1..=8).contains(n))
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("{}: up.schedulers must be 1 to 8", path.display())
+                    })?
+            }
             "workers" => a.workers = u32::try_from(int()?).map_err(|_| bad())?,
             "worker_mem_mb" => a.worker_mem_mb = u64::try_from(int()?).map_err(|_| bad())?,
             "gpus" => a.gpus = u32::try_from(int()?).map_err(|_| bad())?,

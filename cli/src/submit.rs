@@ -224,14 +224,22 @@ pub async fn submit_and_wait(
     headers.insert(subject::HEADER_MSG_ID, action.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Json.content_type());
     let body = codec::encode(action, Encoding::Json)?;
-    js.publish_with_headers(
-        subject::action(&action.job, action.kind()),
-        headers,
-        body.into(),
-    )
-    .await?
-    .await
-    .context("JetStream did not store the action (is the cluster up?)")?;
+    let stored = js
+        .publish_with_headers(
+            subject::action(&action.job, action.kind()),
+            headers,
+            body.into(),
+        )
+        .await?
+        .await;
+    match stored {
+        Err(e) if tangram_nats::stream_full(&e) => anyhow::bail!(
+            "the cluster refused {}: the action stream is full ({e}); work arrives faster than \
+             it is processed, so slow down (`tangram status` shows the queue) and resubmit later",
+            action.id
+        ),
+        other => other.context("JetStream did not store the action (is the cluster up?)")?,
+    };
     if let Ok(stream) = js.get_stream(subject::RESULTS_STREAM).await {
         if let Ok(m) = stream
             .get_last_raw_message_by_subject(&result_subject)

@@ -132,6 +132,16 @@ pub async fn worker_consumer(
     ensure_consumer(js, subject::DISPATCH_STREAM, config).await
 }
 
+/// Whether a publish was refused because its stream is full: the streams that hold
+/// unprocessed work discard new messages rather than old ones, so a full stream turns
+/// publishers away (JetStream error 10077) instead of deleting what is not yet processed.
+pub fn stream_full(e: &jetstream::context::PublishError) -> bool {
+    use std::error::Error as _;
+    e.source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|j| j.error_code() == jetstream::ErrorCode::STREAM_STORE_FAILED)
+}
+
 /// A result could not be stored. The message names the cause too, because callers log the
 /// error's Display alone.
 #[derive(Debug, thiserror::Error)]

@@ -49,6 +49,15 @@ pub const ADOPTED: &str = "tangram_scheduler_adopted_total";
 pub const LEADER: &str = "tangram_scheduler_leader";
 /// Terms this scheduler has begun as leader (takeovers and first starts).
 pub const TERMS: &str = "tangram_scheduler_leader_terms_total";
+/// Actions queued now, by kind.
+pub const QUEUE_DEPTH_BY_KIND: &str = "tangram_scheduler_queue_depth_by_kind";
+/// How long the oldest queued action of a kind has waited, seconds.
+pub const QUEUE_OLDEST: &str = "tangram_scheduler_queue_oldest_wait_seconds";
+/// The wait a new action of a kind would see now (queue depth over the last minute's
+/// throughput), seconds; what a rollout framework reads to slow generation.
+pub const QUEUE_ESTIMATE: &str = "tangram_scheduler_queue_estimated_wait_seconds";
+/// Actions stored in the stream and not yet delivered to the scheduler.
+pub const STREAM_BACKLOG: &str = "tangram_scheduler_stream_backlog";
 /// GPUs known in the fleet and GPUs held by resident replicas.
 pub const GPUS: &str = "tangram_scheduler_gpus";
 
@@ -95,6 +104,21 @@ pub(crate) fn gauges(queued: usize, running: usize, alive: usize) {
     gauge!(QUEUE_DEPTH).set(queued as f64);
     gauge!(RUNNING).set(running as f64);
     gauge!(WORKERS_ALIVE).set(alive as f64);
+}
+pub(crate) fn queues(
+    queues: &std::collections::BTreeMap<String, tangram_shared::status::QueueStatus>,
+) {
+    // Every kind is set, so a kind whose queue emptied reads 0 rather than its last depth.
+    for kind in tangram_shared::ActionKind::ALL {
+        let q = queues.get(kind.as_str()).cloned().unwrap_or_default();
+        let k = kind.as_str();
+        gauge!(QUEUE_DEPTH_BY_KIND, "kind" => k).set(q.depth as f64);
+        gauge!(QUEUE_OLDEST, "kind" => k).set(q.oldest_wait_s);
+        gauge!(QUEUE_ESTIMATE, "kind" => k).set(q.est_wait_s.unwrap_or(q.oldest_wait_s));
+    }
+}
+pub(crate) fn backlog(n: u64) {
+    gauge!(STREAM_BACKLOG).set(n as f64);
 }
 pub(crate) fn gpu_route(service: &str, restore: bool, evictions: usize) {
     counter!(GPU_ROUTES, "service" => service.to_string(), "restore" => if restore { "true" } else { "false" }).increment(1);

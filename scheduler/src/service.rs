@@ -204,11 +204,13 @@ async fn lead(
     // Status requests (core NATS request/reply): the state task builds the answer.
     let to_state = tx.clone();
     let replier = client.clone();
+    let consumer = actions.clone();
     tasks.spawn(
         pump(status_requests, shutdown.clone(), move |msg| {
             let tx = to_state.clone();
             let client = replier.clone();
             let store = store.clone();
+            let consumer = consumer.clone();
             async move {
                 let Some(reply) = msg.reply else { return true };
                 let (otx, orx) = tokio::sync::oneshot::channel();
@@ -217,6 +219,7 @@ async fn lead(
                 }
                 if let Ok(mut status) = orx.await {
                     fill_lease(&mut status, &store).await;
+                    status.backlog = backlog(&consumer).await;
                     if let Ok(body) = serde_json::to_vec(&status) {
                         let _ = client.publish(reply, body.into()).await;
                     }
@@ -226,6 +229,20 @@ async fn lead(
         })
         .instrument(tracing::info_span!("status")),
     );
+    // The stream's backlog, for the metrics (status answers read it afresh).
+    {
+        let consumer = actions.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let mut every = tokio::time::interval(BACKLOG_EVERY);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = every.tick() => { backlog(&consumer).await; }
+                }
+            }
+        });
+    }
     // Ticks: liveness checks, deadlines and keeping queued actions' acks alive.
     {
         let tx = tx.clone();
@@ -443,6 +460,23 @@ pub(crate) fn content_type(
             .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
             .map(|v| v.as_str()),
     )
+}
+
+/// How often the actions stream's backlog is read for the metrics.
+const BACKLOG_EVERY: Duration = Duration::from_secs(2);
+
+/// Actions stored and not yet delivered to this scheduler (beyond its in-memory queue).
+async fn backlog(consumer: &jetstream::consumer::PullConsumer) -> Option<u64> {
+    match consumer.get_info().await {
+        Ok(info) => {
+            crate::metrics::backlog(info.num_pending);
+            Some(info.num_pending)
+        }
+        Err(e) => {
+            warn!(error = %e, "reading the actions consumer for a status answer");
+            None
+        }
+    }
 }
 
 /// Standbys that have not announced themselves for this long are left out of the status.

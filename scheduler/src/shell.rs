@@ -298,6 +298,7 @@ fn observe(o: Observation) {
             );
             m::adopted(kind.as_str())
         }
+        Observation::Queues(q) => m::queues(&q),
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");
             m::worker_lost()

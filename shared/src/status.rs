@@ -17,6 +17,14 @@ pub struct Status {
     pub workers: Vec<WorkerStatus>,
     /// Actions waiting, by kind.
     pub queued: BTreeMap<String, usize>,
+    /// The queue by kind: depth, the oldest wait and an estimate of the wait a new action of
+    /// that kind would see now. What a rollout framework reads to slow generation.
+    #[serde(default)]
+    pub queues: BTreeMap<String, QueueStatus>,
+    /// Actions stored in the stream and not yet delivered to the scheduler (the backlog beyond
+    /// its in-memory queue); `None` when the stream could not be asked.
+    #[serde(default)]
+    pub backlog: Option<u64>,
     /// Actions running, by kind.
     pub running: BTreeMap<String, usize>,
     /// Sandboxes open.
@@ -33,6 +41,21 @@ pub struct Status {
     /// Standby schedulers that announced themselves in the last few seconds.
     #[serde(default)]
     pub standbys: Vec<StandbyRecord>,
+}
+
+/// The queue of one action kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// Actions waiting.
+    pub depth: usize,
+    /// How long the oldest of them has waited, seconds.
+    pub oldest_wait_s: f64,
+    /// Completions per second over the last minute (or since the first one seen).
+    pub throughput_per_s: f64,
+    /// The wait a new action of this kind would see now: the depth divided by the recent
+    /// throughput, at least the mean queueing time of recent results; `None` while there is
+    /// a queue and no completion yet to estimate from.
+    pub est_wait_s: Option<f64>,
 }
 
 /// One worker.

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import msgpack
 import nats
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 __all__ = [
     "Tangram",
@@ -43,6 +43,7 @@ __all__ = [
     "HttpReply",
     "TangramError",
     "TangramTimeout",
+    "TangramBackpressure",
     "ActionFailed",
 ]
 
@@ -65,6 +66,25 @@ class TangramError(Exception):
 class TangramTimeout(TangramError):
     """No result arrived in time. The action may still run; its result will be on its result
     subject, and submitting the same id again returns it instead of running it twice."""
+
+
+class TangramBackpressure(TangramError):
+    """The cluster refused the action because its action stream is full: work is arriving
+    faster than it is processed. Nothing was stored; slow down (see ``tangram status``, the
+    queue's estimated wait) and submit the same id again later.
+
+    ``reason`` is the server's description (``maximum bytes exceeded`` or
+    ``maximum messages exceeded``)."""
+
+    def __init__(self, action_id: str, reason: str):
+        super().__init__(f"action {action_id} refused, the action stream is full ({reason}): "
+                         "the cluster is not keeping up; slow down and resubmit it later")
+        self.action_id = action_id
+        self.reason = reason
+
+
+# JetStream's error code for a publish refused by a full stream that discards new messages.
+_STREAM_FULL = 10077
 
 
 class ActionFailed(TangramError):
@@ -269,6 +289,12 @@ class Tangram:
             try:
                 await self._js.publish(subject, payload, headers=headers, timeout=self._publish_timeout_s)
                 return action_id
+            except APIError as e:
+                # Stored nothing, and retrying at once would not help: say so, typed.
+                self._waiting.pop(action_id, None)
+                if e.err_code == _STREAM_FULL:
+                    raise TangramBackpressure(action_id, e.description or "stream full") from e
+                raise TangramError(f"the server refused {action_id}: {e.description or e}") from e
             except (NatsTimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
                     asyncio.TimeoutError, OSError):
                 # The same Nats-Msg-Id: if the first publish was stored, this one is dropped.

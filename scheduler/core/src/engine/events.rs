@@ -164,10 +164,12 @@ pub enum Observation {
     },
     /// A result was seen, by outcome label.
     Result(&'static str),
-    /// A worker was declared lost.
     /// A running action taken over from an earlier leader.
     Adopted(ActionKind),
+    /// A worker was declared lost.
     WorkerLost,
+    /// The queue by kind (at most once a second): depth, oldest wait, estimated wait.
+    Queues(std::collections::BTreeMap<String, tangram_shared::status::QueueStatus>),
     /// One planning cycle.
     Cycle {
         /// Actions queued.

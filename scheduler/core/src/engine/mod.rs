@@ -19,6 +19,7 @@ mod cycle;
 mod events;
 pub mod intake;
 pub mod lifecycle;
+mod queue;
 mod results;
 mod status;
 mod workers;
@@ -99,6 +100,8 @@ pub(crate) struct Provider {
 
 /// How many settled ids are remembered to recognise late results and resubmissions.
 const SETTLED_MEMORY: usize = 100_000;
+/// How often the queue by kind is reported to the metrics.
+const QUEUES_EVERY_MS: u64 = 1_000;
 /// Recent results kept for the status report.
 const RECENT: usize = 2_000;
 
@@ -129,9 +132,11 @@ pub struct Engine {
     pub(crate) slices:
         HashMap<(tangram_shared::JobId, tangram_shared::TrajectoryId, String), crate::quota::Quota>,
     /// Recent completed results, by kind, for the status report.
-    pub(crate) recent: VecDeque<(ActionKind, Timing)>,
+    pub(crate) recent: VecDeque<(ActionKind, Timing, u64)>,
     /// Something changed since the last plan.
     pub(crate) dirty: bool,
+    /// When the queue was last reported to the metrics.
+    queues_observed_ms: Option<u64>,
     /// True once `settle_ms` has passed since the first event.
     pub(crate) settled_in: bool,
     /// Shutting down: nothing more is launched, and what cannot go ahead is handed back.
@@ -180,6 +185,7 @@ impl Engine {
             slices: HashMap::new(),
             recent: VecDeque::new(),
             dirty: false,
+            queues_observed_ms: None,
             settled_in: false,
             stopping: false,
             wake_at: None,
@@ -207,6 +213,14 @@ impl Engine {
         if self.dirty {
             self.dirty = false;
             self.cycle(now);
+        }
+        if self
+            .queues_observed_ms
+            .is_none_or(|t| now.ms >= t + QUEUES_EVERY_MS)
+        {
+            self.queues_observed_ms = Some(now.ms);
+            self.out
+                .push(Effect::Observe(Observation::Queues(self.queues(now))));
         }
         if let Some(at) = self.next_wake(now) {
             self.out.push(Effect::WakeAt(at));
@@ -329,8 +343,8 @@ impl Engine {
         }
     }
 
-    pub(crate) fn push_recent(&mut self, kind: ActionKind, timing: Timing) {
-        self.recent.push_back((kind, timing));
+    pub(crate) fn push_recent(&mut self, kind: ActionKind, timing: Timing, now: Now) {
+        self.recent.push_back((kind, timing, now.ms));
         while self.recent.len() > RECENT {
             self.recent.pop_front();
         }

@@ -123,13 +123,13 @@ impl Engine {
             // saw): nothing is booked for it.
             if !self.settled_set.contains(&r.id) {
                 if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
-                    self.push_recent(kind, r.timing);
+                    self.push_recent(kind, r.timing, now);
                 }
             }
             return;
         };
         if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
-            self.push_recent(kind, r.timing);
+            self.push_recent(kind, r.timing, now);
         }
         if queued {
             // Dispatched by an earlier scheduler that stopped before acking the action: the

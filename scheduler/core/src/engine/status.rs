@@ -15,6 +15,7 @@ impl Engine {
             policy: self.config.policy.clone(),
             uptime_s: now.ms.saturating_sub(started) as f64 / 1e3,
             sandboxes: self.sandboxes.values().filter(|s| s.holds()).count(),
+            queues: self.queues(now),
             ..Default::default()
         };
         let snapshot = self.snapshot();
@@ -78,7 +79,7 @@ impl Engine {
             });
         }
         let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();
-        for (k, t) in &self.recent {
+        for (k, t, _) in &self.recent {
             by_kind.entry(k.as_str()).or_default().push(t);
         }
         for (k, ts) in by_kind {
