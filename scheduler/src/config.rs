@@ -18,6 +18,10 @@ pub struct RawConfig {
     pub max_action_bytes: Option<u64>,
     /// Longest action timeout accepted, in milliseconds.
     pub max_timeout_ms: Option<u64>,
+    /// Action messages held in memory (queued or being dispatched) at most.
+    pub max_queued_actions: Option<u64>,
+    /// Bytes of action messages held in memory at most.
+    pub max_queued_bytes: Option<u64>,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: Option<u32>,
     /// Scheduling policy, by name (see `tangram_core::policies::NAMES`).
@@ -47,6 +51,10 @@ pub struct Config {
     pub max_action_bytes: usize,
     /// Longest action timeout accepted.
     pub max_timeout: Duration,
+    /// Action messages held in memory at most; the rest wait in the stream.
+    pub max_queued_actions: usize,
+    /// Bytes of action messages held in memory at most.
+    pub max_queued_bytes: u64,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: u32,
     /// Scheduling policy name.
@@ -69,6 +77,10 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// image or a volume. NATS' own limit (nats/server.conf) is above it so oversize input reaches
 /// us and gets a clear rejection rather than a publish error.
 pub const DEFAULT_MAX_ACTION_BYTES: u64 = 1 << 20;
+/// The scheduler consumer's `max_ack_pending`: JetStream never has more out at once.
+pub const DEFAULT_MAX_QUEUED_ACTIONS: u64 = 100_000;
+/// 1 GiB of action messages in memory; beyond it the intake pauses and the stream holds them.
+pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// One hour: longer actions are almost always a hung test suite.
 pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 3_600_000;
 /// Three missed heartbeats (3 s at the default 1 s period) before a worker counts as lost:
@@ -151,6 +163,8 @@ impl RawConfig {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             max_action_bytes: over.max_action_bytes.or(self.max_action_bytes),
             max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
+            max_queued_actions: over.max_queued_actions.or(self.max_queued_actions),
+            max_queued_bytes: over.max_queued_bytes.or(self.max_queued_bytes),
             worker_missed_heartbeats: over
                 .worker_missed_heartbeats
                 .or(self.worker_missed_heartbeats),
@@ -188,6 +202,22 @@ impl RawConfig {
             return Err(invalid(
                 "max_action_bytes",
                 format!("{max_action_bytes} is outside 1024 to 8 MiB (the NATS payload limit in nats/server.conf)"),
+            ));
+        }
+        let max_queued_actions = self
+            .max_queued_actions
+            .unwrap_or(DEFAULT_MAX_QUEUED_ACTIONS);
+        if !(1..=DEFAULT_MAX_QUEUED_ACTIONS).contains(&max_queued_actions) {
+            return Err(invalid(
+                "max_queued_actions",
+                format!("{max_queued_actions} is outside 1 to {DEFAULT_MAX_QUEUED_ACTIONS} (the consumer's max_ack_pending)"),
+            ));
+        }
+        let max_queued_bytes = self.max_queued_bytes.unwrap_or(DEFAULT_MAX_QUEUED_BYTES);
+        if max_queued_bytes < 8 << 20 {
+            return Err(invalid(
+                "max_queued_bytes",
+                format!("{max_queued_bytes} is below 8 MiB (one action may be that large)"),
             ));
         }
         let max_timeout_ms = self.max_timeout_ms.unwrap_or(DEFAULT_MAX_TIMEOUT_MS);
@@ -254,6 +284,8 @@ impl RawConfig {
             metrics_addr,
             max_action_bytes: max_action_bytes as usize,
             max_timeout: Duration::from_millis(max_timeout_ms),
+            max_queued_actions: max_queued_actions as usize,
+            max_queued_bytes,
             worker_missed_heartbeats,
             policy,
             settle: Duration::from_millis(self.settle_ms.unwrap_or(DEFAULT_SETTLE_MS)),

@@ -12,6 +12,7 @@
 mod adopt;
 pub mod config;
 mod dispatcher;
+mod gate;
 mod lease;
 pub mod metrics;
 mod service;

@@ -58,6 +58,13 @@ pub const QUEUE_OLDEST: &str = "tangram_scheduler_queue_oldest_wait_seconds";
 pub const QUEUE_ESTIMATE: &str = "tangram_scheduler_queue_estimated_wait_seconds";
 /// Actions stored in the stream and not yet delivered to the scheduler.
 pub const STREAM_BACKLOG: &str = "tangram_scheduler_stream_backlog";
+/// Action messages held in memory (queued or being dispatched), and their bytes.
+pub const HELD_ACTIONS: &str = "tangram_scheduler_held_actions";
+/// Bytes of action messages held in memory.
+pub const HELD_BYTES: &str = "tangram_scheduler_held_bytes";
+/// Times the intake paused because the held actions reached `max_queued_actions` or
+/// `max_queued_bytes` (the stream kept the rest).
+pub const INTAKE_PAUSED: &str = "tangram_scheduler_intake_paused_total";
 /// GPUs known in the fleet and GPUs held by resident replicas.
 pub const GPUS: &str = "tangram_scheduler_gpus";
 
@@ -117,6 +124,13 @@ pub(crate) fn queues(
         gauge!(QUEUE_ESTIMATE, "kind" => k).set(q.est_wait_s.unwrap_or(q.oldest_wait_s));
     }
 }
+pub(crate) fn held(count: usize, bytes: u64) {
+    gauge!(HELD_ACTIONS).set(count as f64);
+    gauge!(HELD_BYTES).set(bytes as f64);
+}
+pub(crate) fn intake_paused() {
+    counter!(INTAKE_PAUSED).increment(1);
+}
 pub(crate) fn backlog(n: u64) {
     gauge!(STREAM_BACKLOG).set(n as f64);
 }
@@ -135,8 +149,26 @@ pub(crate) fn provider(name: &str, rate: f64, inflight: u32, waiting: usize) {
     gauge!(PROVIDER_INFLIGHT, "provider" => name.to_string()).set(inflight as f64);
     gauge!(PROVIDER_WAITING, "provider" => name.to_string()).set(waiting as f64);
 }
+/// Job label values the metrics keep at most; later jobs are counted as `other`, so a fleet
+/// that runs many short jobs does not grow the exporter without bound.
+const MAX_JOB_LABELS: usize = 256;
+
+fn job_label(job: &str) -> String {
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.contains(job) {
+        job.to_string()
+    } else if seen.len() < MAX_JOB_LABELS {
+        seen.insert(job.to_string());
+        job.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
 pub(crate) fn api_admitted(provider: &str, job: &str) {
-    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job.to_string())
+    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job_label(job))
         .increment(1);
 }
 

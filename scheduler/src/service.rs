@@ -9,8 +9,9 @@
 
 use crate::config::Config;
 use crate::dispatcher;
+use crate::gate::Gate;
 use crate::lease::{self, Fence, LeaseConfig};
-use crate::shell::{Input, Shell};
+use crate::shell::{Input, Shell, ShellIo};
 use crate::stored::StoredResults;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
@@ -137,10 +138,29 @@ async fn lead(
             .buffered(LOOKUPS)
     };
     let to_state = tx.clone();
+    let gate = Arc::new(Gate::new(
+        config.max_queued_actions,
+        config.max_queued_bytes,
+    ));
+    let intake_gate = gate.clone();
     tasks.spawn(
         pump(intake, intake_stop.clone(), move |(msg, event)| {
             let tx = to_state.clone();
-            async move { tx.send(Input::Message(Box::new(msg), event)).await.is_ok() }
+            let gate = intake_gate.clone();
+            async move {
+                // Memory is bounded: past the gate's limits the intake waits, and what it
+                // has not pulled stays in the stream.
+                if gate.wait_for_room().await {
+                    crate::metrics::intake_paused();
+                }
+                let bytes = msg.payload.len();
+                gate.hold(bytes);
+                let sent = tx.send(Input::Message(Box::new(msg), event)).await.is_ok();
+                if !sent {
+                    gate.release(bytes);
+                }
+                sent
+            }
         })
         .instrument(tracing::info_span!("intake")),
     );
@@ -205,12 +225,14 @@ async fn lead(
     let to_state = tx.clone();
     let replier = client.clone();
     let consumer = actions.clone();
+    let status_gate = gate.clone();
     tasks.spawn(
         pump(status_requests, shutdown.clone(), move |msg| {
             let tx = to_state.clone();
             let client = replier.clone();
             let store = store.clone();
             let consumer = consumer.clone();
+            let gate = status_gate.clone();
             async move {
                 let Some(reply) = msg.reply else { return true };
                 let (otx, orx) = tokio::sync::oneshot::channel();
@@ -219,7 +241,7 @@ async fn lead(
                 }
                 if let Ok(mut status) = orx.await {
                     fill_lease(&mut status, &store).await;
-                    status.backlog = backlog(&consumer).await;
+                    status.backlog = backlog(&consumer, &gate).await;
                     if let Ok(body) = serde_json::to_vec(&status) {
                         let _ = client.publish(reply, body.into()).await;
                     }
@@ -233,12 +255,13 @@ async fn lead(
     {
         let consumer = actions.clone();
         let stop = shutdown.clone();
+        let gate = gate.clone();
         tasks.spawn(async move {
             let mut every = tokio::time::interval(BACKLOG_EVERY);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = every.tick() => { backlog(&consumer).await; }
+                    _ = every.tick() => { backlog(&consumer, &gate).await; }
                 }
             }
         });
@@ -291,12 +314,15 @@ async fn lead(
     });
     let mut shell = Shell::new(
         engine,
-        js,
-        dispatch_stream,
-        to_self,
-        dispatch_tx,
-        fence,
-        tasks.clone(),
+        ShellIo {
+            js,
+            dispatch_stream,
+            to_self,
+            dispatches: dispatch_tx,
+            fence,
+            tasks: tasks.clone(),
+            gate,
+        },
     );
     shell
         .run(rx, shutdown.clone())
@@ -466,11 +492,15 @@ pub(crate) fn content_type(
 const BACKLOG_EVERY: Duration = Duration::from_secs(2);
 
 /// Actions stored and not yet delivered to this scheduler (beyond its in-memory queue).
-async fn backlog(consumer: &jetstream::consumer::PullConsumer) -> Option<u64> {
+/// That is the messages not yet delivered, plus those delivered into the client's buffer
+/// and not yet let through the intake gate (JetStream counts them as awaiting an ack).
+async fn backlog(consumer: &jetstream::consumer::PullConsumer, gate: &Gate) -> Option<u64> {
     match consumer.get_info().await {
         Ok(info) => {
-            crate::metrics::backlog(info.num_pending);
-            Some(info.num_pending)
+            let buffered = (info.num_ack_pending as u64).saturating_sub(gate.count() as u64);
+            let n = info.num_pending + buffered;
+            crate::metrics::backlog(n);
+            Some(n)
         }
         Err(e) => {
             warn!(error = %e, "reading the actions consumer for a status answer");

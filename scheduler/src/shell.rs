@@ -85,32 +85,38 @@ pub(crate) struct Shell {
     fence: Arc<Fence>,
     dispatch_stream: jetstream::stream::Stream,
     to_self: mpsc::Sender<Input>,
+    gate: Arc<crate::gate::Gate>,
+}
+
+/// What the state task is wired to.
+pub(crate) struct ShellIo {
+    pub(crate) js: jetstream::Context,
+    pub(crate) dispatch_stream: jetstream::stream::Stream,
+    /// Its own input channel, for lookups it starts.
+    pub(crate) to_self: mpsc::Sender<Input>,
+    pub(crate) dispatches: mpsc::UnboundedSender<Outgoing>,
+    pub(crate) fence: Arc<Fence>,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) gate: Arc<crate::gate::Gate>,
 }
 
 impl Shell {
-    pub(crate) fn new(
-        engine: Engine,
-        js: jetstream::Context,
-        dispatch_stream: jetstream::stream::Stream,
-        to_self: mpsc::Sender<Input>,
-        dispatches: mpsc::UnboundedSender<Outgoing>,
-        fence: Arc<Fence>,
-        tasks: TaskTracker,
-    ) -> Self {
+    pub(crate) fn new(engine: Engine, io: ShellIo) -> Self {
         let (replies, replies_rx) = mpsc::unbounded_channel();
         Self {
             engine,
             clock: Clock::new(),
-            js,
+            js: io.js,
             messages: HashMap::new(),
-            dispatches,
+            dispatches: io.dispatches,
             replies,
             replies_rx: Some(replies_rx),
-            tasks,
+            tasks: io.tasks,
             wake_at: None,
-            fence,
-            dispatch_stream,
-            to_self,
+            fence: io.fence,
+            dispatch_stream: io.dispatch_stream,
+            to_self: io.to_self,
+            gate: io.gate,
         }
     }
 
@@ -175,13 +181,19 @@ impl Shell {
     fn take(&mut self, input: Input, burst: &mut Vec<Event>) {
         match input {
             Input::Message(msg, event) => {
+                // The intake counted it in the gate when it sent it.
                 let delivery = match &event {
                     Event::Arrived(a) => a.delivery,
                     Event::Bad(b) => b.delivery,
-                    _ => return,
+                    _ => {
+                        self.gate.release(msg.payload.len());
+                        return;
+                    }
                 };
                 // A redelivery replaces the message the ack is expected on.
-                self.messages.insert(delivery, msg);
+                if let Some(old) = self.messages.insert(delivery, msg) {
+                    self.gate.release(old.payload.len());
+                }
                 burst.push(event);
             }
             Input::Engine(event) => burst.push(event),
@@ -207,7 +219,7 @@ impl Shell {
                     }
                 }
                 Effect::Reject(r) => {
-                    let Some(msg) = self.messages.remove(&r.message.delivery) else {
+                    let Some(msg) = self.let_go(r.message.delivery) else {
                         continue;
                     };
                     let js = self.js.clone();
@@ -253,8 +265,15 @@ impl Shell {
         }
     }
 
+    /// The engine is done with an action message: it leaves memory (and the gate).
+    fn let_go(&mut self, d: Delivery) -> Option<Box<jetstream::Message>> {
+        let msg = self.messages.remove(&d)?;
+        self.gate.release(msg.payload.len());
+        Some(msg)
+    }
+
     fn reply(&mut self, d: Delivery, make: fn(Box<jetstream::Message>) -> Reply) {
-        if let Some(msg) = self.messages.remove(&d) {
+        if let Some(msg) = self.let_go(d) {
             let _ = self.replies.send(make(msg));
         }
     }

@@ -123,3 +123,45 @@ async fn status_reports_queue_depth_and_an_estimated_wait_per_kind() -> anyhow::
     cluster.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_queued_actions_the_rest_wait_in_the_stream_and_all_run() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[]).await?;
+    cluster
+        .restart_scheduler_with(|c| c.max_queued_actions = 3)
+        .await?;
+    let c = cluster.client("bpm").await?;
+    let ids: Vec<String> = (0..8).map(|i| format!("bpm-open-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        c.submit(&open(id, "bpm", &format!("t{i}"))).await?;
+    }
+    // No worker yet: the scheduler holds three, the stream the other five.
+    let st = c
+        .wait_for_status(
+            Duration::from_secs(20),
+            "three held, five in the stream",
+            |s| s.queued.get("sandbox_open") == Some(&3) && s.backlog == Some(5),
+        )
+        .await?;
+    assert_eq!(st.queues["sandbox_open"].depth, 3);
+    // A worker joins: every action runs, none lost to the bound.
+    cluster.start_worker(WorkerSpec::new("bpm-cpu"))?;
+    for id in &ids {
+        let r = c
+            .result(
+                &tangram_shared::ActionId::new(id.as_str())?,
+                Duration::from_secs(60),
+            )
+            .await?;
+        assert!(
+            matches!(
+                r.outcome,
+                tangram_shared::Outcome::Completed { exit_code: 0 }
+            ),
+            "{id}: {:?}",
+            r.outcome
+        );
+    }
+    cluster.shutdown().await?;
+    Ok(())
+}

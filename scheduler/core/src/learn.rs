@@ -12,6 +12,10 @@ use std::collections::HashMap;
 
 /// Prior parallel fraction before anything is known about a key's scaling.
 pub const PRIOR_P: f64 = 0.5;
+/// Keys kept at most. Keys come from rollouts (job and program name), so their number is
+/// not ours to choose: past this, the least recently observed eighth is forgotten (those
+/// keys start again from the prior).
+pub const MAX_KEYS: usize = 10_000;
 
 #[derive(Debug, Default, Clone)]
 struct Sums {
@@ -21,12 +25,16 @@ struct Sums {
     sxx: f64,
     sxy: f64,
     distinct: Option<(u32, bool)>,
+    /// The learner's observation count when this key was last observed.
+    last: u64,
 }
 
 /// Per-key running sums; O(1) memory per key.
 #[derive(Debug, Default, Clone)]
 pub struct Learner {
     keys: HashMap<String, Sums>,
+    observed: u64,
+    evicted: u64,
 }
 
 impl Learner {
@@ -40,7 +48,12 @@ impl Learner {
         if cores == 0 || !(exec_ms.is_finite() && exec_ms > 0.0) {
             return;
         }
+        if !self.keys.contains_key(key) && self.keys.len() >= MAX_KEYS {
+            self.evict_oldest();
+        }
+        self.observed += 1;
         let s = self.keys.entry(key.to_string()).or_default();
+        s.last = self.observed;
         let x = 1.0 / cores as f64;
         s.n += 1.0;
         s.sx += x;
@@ -51,6 +64,23 @@ impl Learner {
             None => Some((cores, false)),
             Some((c, many)) => Some((c, many || c != cores)),
         };
+    }
+
+    /// Forgets the least recently observed eighth of the keys (one sort per eighth, so the
+    /// cost per observation stays constant).
+    fn evict_oldest(&mut self) {
+        let mut lasts: Vec<u64> = self.keys.values().map(|s| s.last).collect();
+        let cut = (lasts.len() / 8).max(1);
+        let (_, nth, _) = lasts.select_nth_unstable(cut - 1);
+        let threshold = *nth;
+        let before = self.keys.len();
+        self.keys.retain(|_, s| s.last > threshold);
+        self.evicted += (before - self.keys.len()) as u64;
+    }
+
+    /// Keys forgotten to stay within [`MAX_KEYS`].
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// The model learned for `key`, if any sample was seen.
@@ -107,6 +137,25 @@ mod tests {
             "{got:?}"
         );
         assert!(l.model("other").is_none());
+    }
+
+    #[test]
+    fn distinct_programs_past_the_bound_evict_the_least_recently_observed() {
+        let mut l = Learner::new();
+        for i in 0..MAX_KEYS {
+            l.observe(&format!("job/prog-{i}"), 1, 100.0);
+        }
+        // Key 0 is observed again: it is the most recent now.
+        l.observe("job/prog-0", 2, 60.0);
+        for i in 0..3 * MAX_KEYS {
+            l.observe(&format!("job/other-{i}"), 1, 100.0);
+            assert!(l.len() <= MAX_KEYS);
+        }
+        assert!(l.evicted() >= 3 * MAX_KEYS as u64);
+        assert!(l.model("job/prog-1").is_none());
+        assert!(l
+            .model(&format!("job/other-{}", 3 * MAX_KEYS - 1))
+            .is_some());
     }
 
     #[test]

@@ -92,6 +92,13 @@ pub struct Quota {
     overloads: u64,
 }
 
+/// Jobs a provider keeps per-job state for (fair-queuing tags, admission counts). Tags of
+/// idle jobs are dropped past it; admissions of jobs beyond it are counted under
+/// [`OTHER_JOBS`].
+pub const MAX_JOBS: usize = 1_024;
+/// The admission count of jobs past [`MAX_JOBS`].
+pub const OTHER_JOBS: &str = "(other jobs)";
+
 impl Quota {
     /// A provider with a full bucket at `now_ms`. Part of the burst is kept as headroom for
     /// jitter between the scheduler's admission and the request's arrival at the provider
@@ -196,7 +203,30 @@ impl Quota {
         self.vtime = start;
         self.tags
             .insert(job.to_string(), start + 1.0 / weight.max(1e-6));
-        *self.admitted.entry(job.to_string()).or_default() += 1;
+        if self.tags.len() > MAX_JOBS {
+            self.forget_idle_tags();
+        }
+        if self.admitted.len() >= MAX_JOBS && !self.admitted.contains_key(job) {
+            *self.admitted.entry(OTHER_JOBS.to_string()).or_default() += 1;
+        } else {
+            *self.admitted.entry(job.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Keeps the fair-queuing tags within [`MAX_JOBS`]. A tag at or behind the virtual time
+    /// says nothing a missing one does not (both start at the virtual time), so those go
+    /// first, changing no pick; if that is not enough, the lowest tags (the jobs idle the
+    /// longest) go too, each such job gaining at most one request's worth of head start.
+    fn forget_idle_tags(&mut self) {
+        let vtime = self.vtime;
+        self.tags.retain(|_, tag| *tag > vtime);
+        if self.tags.len() > MAX_JOBS {
+            let mut tags: Vec<f64> = self.tags.values().copied().collect();
+            let cut = (tags.len() / 8).max(1);
+            let (_, nth, _) = tags.select_nth_unstable_by(cut - 1, f64::total_cmp);
+            let threshold = *nth;
+            self.tags.retain(|_, tag| *tag > threshold);
+        }
     }
 
     /// A request ended: `status` is the HTTP status when a reply came, `latency_ms` how long
@@ -262,6 +292,23 @@ mod tests {
         assert_eq!(c.ready_in_ms(0), None, "concurrency cap");
         c.finish(5, Some(200), 5);
         assert_eq!(c.ready_in_ms(5), Some(0));
+    }
+
+    #[test]
+    fn ten_thousand_jobs_keep_per_job_state_bounded() {
+        let mut q = Quota::new(spec(1e9, 1_000_000, 1_000_000), 0);
+        for i in 0..10_000 {
+            let job = format!("job-{i}");
+            q.take(&job, 1.0, 0);
+            q.finish(0, Some(200), 1);
+            assert!(q.tags.len() <= MAX_JOBS + 1);
+        }
+        assert!(q.admitted().len() <= MAX_JOBS + 1);
+        assert_eq!(q.admitted().values().sum::<u64>(), 10_000);
+        assert_eq!(q.admitted()[OTHER_JOBS], 10_000 - MAX_JOBS as u64);
+        // A job the bound forgot still gets its fair start: the current virtual time.
+        let waiting = [(0, "job-0"), (1, "job-9999")];
+        assert_eq!(q.pick(&waiting), Some(0));
     }
 
     #[test]

@@ -6,6 +6,9 @@ use super::{Arrival, Delivery, Effect, Engine, Now, Observation, Reject};
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, Action, ActionId, ActionResult, JobId, RejectCode, Rejection};
 
+/// Jobs whose `per-task` open rotation is remembered at most.
+const MAX_TASK_JOBS: usize = 10_000;
+
 /// An action message as it came off the stream.
 #[derive(Debug, Clone, Copy)]
 pub struct RawMessage<'a> {
@@ -190,6 +193,10 @@ impl Engine {
             .map(|(_, w)| *w)
             .collect();
         let pool = if mine.is_empty() { workers } else { mine };
+        if self.task_opens.len() >= MAX_TASK_JOBS && !self.task_opens.contains_key(&action.job.0) {
+            // Round-robin counters only: forgetting them restarts each job's rotation.
+            self.task_opens.clear();
+        }
         let n = self.task_opens.entry(action.job.0.clone()).or_default();
         *n += 1;
         pool.get((*n - 1) % pool.len().max(1)).map(|w| (*w).clone())

@@ -357,14 +357,20 @@ pub fn learn_key(action: &Action) -> Option<String> {
     let tangram_shared::ActionSpec::SandboxExec(e) = &action.spec else {
         return None;
     };
-    let prog = e.argv.first()?.rsplit('/').next()?.to_string();
+    let prog = bounded(e.argv.first()?.rsplit('/').next()?);
     let tool = match (
         prog.starts_with("python"),
         e.argv.get(1).map(String::as_str),
         e.argv.get(2),
     ) {
-        (true, Some("-m"), Some(module)) => format!("{prog} -m {module}"),
+        (true, Some("-m"), Some(module)) => format!("{prog} -m {}", bounded(module)),
         _ => prog,
     };
     Some(format!("{}/{tool}", action.job))
+}
+
+/// A program or module name as part of a learner key: at most 64 characters (a rollout may
+/// send anything as `argv[0]`).
+fn bounded(s: &str) -> String {
+    s.chars().take(64).collect()
 }
