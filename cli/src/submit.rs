@@ -298,6 +298,9 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
         let outcome = match &r.outcome {
             Outcome::Completed { exit_code } => format!("completed, exit code {exit_code}"),
             Outcome::TimedOut => "timed out".into(),
+            Outcome::OutOfMemory { exit_code } => {
+                format!("out of memory (the sandbox's memory limit; exit code {exit_code})")
+            }
             Outcome::Rejected { code, reason } => format!("rejected ({}): {reason}", code.as_str()),
             Outcome::InfraError { code, reason } => format!("infra_error ({code:?}): {reason}"),
         };

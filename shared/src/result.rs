@@ -19,6 +19,14 @@ pub enum Outcome {
     },
     /// The command ran past `timeout_ms` and its whole process tree was killed.
     TimedOut,
+    /// The sandbox reached its memory limit while the command ran and the kernel killed a
+    /// process of it (usually the command itself, then `exit_code` is 137). Distinct from
+    /// `completed` so that a trainer can tell "the program crashed" from "the program needed
+    /// more memory than the sandbox has".
+    OutOfMemory {
+        /// Exit code of the command (137 when it was the process killed).
+        exit_code: i32,
+    },
     /// The action was refused before it ran; `reason` says why.
     Rejected {
         /// Machine-readable class of the refusal.
@@ -41,6 +49,7 @@ impl Outcome {
         match self {
             Outcome::Completed { .. } => "completed",
             Outcome::TimedOut => "timed_out",
+            Outcome::OutOfMemory { .. } => "out_of_memory",
             Outcome::Rejected { .. } => "rejected",
             Outcome::InfraError { .. } => "infra_error",
         }

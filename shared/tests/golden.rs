@@ -113,6 +113,13 @@ fn results() {
         },
     );
     golden(
+        "result_out_of_memory",
+        &ActionResult {
+            outcome: Outcome::OutOfMemory { exit_code: 137 },
+            ..done.clone()
+        },
+    );
+    golden(
         "result_infra_error",
         &ActionResult {
             outcome: Outcome::InfraError {

@@ -13,6 +13,13 @@ use std::path::Path;
 use std::time::Duration;
 use tangram_shared::WorkerId;
 
+mod sandbox;
+use sandbox::validate_sandbox;
+pub use sandbox::{
+    RawSandbox, SandboxConfig, DEFAULT_IMAGE, DEFAULT_OUTPUT_LIMIT, DEFAULT_PIDS_LIMIT,
+    DEFAULT_RUNTIMES, DEFAULT_USER,
+};
+
 /// How cores are granted to and taken from a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -21,31 +28,6 @@ pub enum GrantMode {
     Cgroup,
     /// Call Docker's container update API.
     Docker,
-}
-
-/// The `[sandbox]` table: container settings. The secure values are the defaults; the
-/// dangerous ones exist only so that asking for them gets a clear refusal.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSandbox {
-    /// Default image for `sandbox_open` without one.
-    pub image: Option<String>,
-    /// User the sandbox runs as (`uid:gid`). Root (`0`) is refused.
-    pub user: Option<String>,
-    /// Process limit per sandbox.
-    pub pids_limit: Option<i64>,
-    /// Open-file limit per process.
-    pub nofile: Option<u64>,
-    /// Stdout and stderr are each cut at this many bytes.
-    pub output_limit_bytes: Option<usize>,
-    /// Refused when true.
-    pub privileged: Option<bool>,
-    /// Only `"none"` is allowed.
-    pub network: Option<String>,
-    /// Extra bind mounts (`host:container[:ro]`); a Docker socket is refused.
-    pub mounts: Option<Vec<String>>,
-    /// Extra capabilities; refused (all are dropped).
-    pub cap_add: Option<Vec<String>>,
 }
 
 /// The file as written.
@@ -100,23 +82,6 @@ pub struct RawGpu {
     pub count: Option<u32>,
 }
 
-/// Validated sandbox settings.
-#[derive(Debug, Clone)]
-pub struct SandboxConfig {
-    /// Default image.
-    pub image: String,
-    /// `uid:gid`.
-    pub user: String,
-    /// Process limit.
-    pub pids_limit: i64,
-    /// Open-file limit.
-    pub nofile: u64,
-    /// Output cap per stream, in bytes.
-    pub output_limit_bytes: usize,
-    /// Extra read-only or read-write bind mounts.
-    pub mounts: Vec<String>,
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -155,15 +120,6 @@ pub struct Config {
     /// External API providers.
     pub providers: Vec<ProviderConfig>,
 }
-
-/// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
-pub const DEFAULT_IMAGE: &str = "tangram/sandbox:py3-v1";
-/// `nobody`: sandboxes never run as root.
-pub const DEFAULT_USER: &str = "65534:65534";
-/// Enough for a parallel test runner, low enough to stop a fork bomb.
-pub const DEFAULT_PIDS_LIMIT: i64 = 512;
-/// 1 MiB per stream: a failing test suite's log fits; a runaway print loop does not.
-pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
 
 /// What kind of mistake a configuration error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,67 +376,6 @@ impl RawConfig {
             sandbox,
         })
     }
-}
-
-fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
-    if raw.privileged == Some(true) {
-        return refused(
-            "sandbox.privileged",
-            "a privileged container can take over the host. \
-             Sandboxes run model-generated code; keep the default (false)",
-        );
-    }
-    if let Some(net) = raw.network.as_deref() {
-        if net != "none" {
-            return refused(
-                "sandbox.network",
-                format!(
-                    "{net:?}: sandboxes have no network (\"none\"); \
-                     host or bridge networking would let model-generated code reach the fleet"
-                ),
-            );
-        }
-    }
-    if let Some(caps) = raw.cap_add.as_ref().filter(|c| !c.is_empty()) {
-        return refused(
-            "sandbox.cap_add",
-            format!("{caps:?}: sandboxes drop all capabilities"),
-        );
-    }
-    let mounts = raw.mounts.unwrap_or_default();
-    for m in &mounts {
-        if m.contains("docker.sock")
-            || m.contains("containerd.sock")
-            || m.split(':').next() == Some("/")
-        {
-            return refused(
-                "sandbox.mounts",
-                format!(
-                    "{m:?} would give model-generated code control of the host's container runtime"
-                ),
-            );
-        }
-    }
-    let user = raw.user.unwrap_or_else(|| DEFAULT_USER.into());
-    let uid = user.split(':').next().unwrap_or("");
-    if uid == "0" || uid == "root" || uid.is_empty() {
-        return refused(
-            "sandbox.user",
-            format!("{user:?}: sandboxes never run as root"),
-        );
-    }
-    let pids_limit = raw.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT);
-    if !(16..=65_536).contains(&pids_limit) {
-        return invalid("sandbox.pids_limit", "must be between 16 and 65536");
-    }
-    Ok(SandboxConfig {
-        image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
-        user,
-        pids_limit,
-        nofile: raw.nofile.unwrap_or(4096),
-        output_limit_bytes: raw.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT),
-        mounts,
-    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod containment;
 pub mod cpuset;
 pub mod docker;
 pub mod gpu;

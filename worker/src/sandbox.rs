@@ -13,6 +13,7 @@
 //! removes sandboxes.
 
 use crate::cgroup::CgroupCpu;
+use crate::containment::Containment;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +71,10 @@ pub struct SandboxHandle {
     pub id: String,
     /// Its CPU controls, when grants write the cgroup files directly.
     pub cgroup: Option<CgroupCpu>,
+    /// Its cgroups as seen from the host, for the kill that needs no exec and for the
+    /// out-of-memory counter; `None` where they cannot be found (the runtime then falls back
+    /// to killing from inside, and cannot tell an out-of-memory kill from another SIGKILL).
+    pub containment: Option<Containment>,
 }
 
 /// One command to run in a sandbox.
@@ -102,6 +107,9 @@ pub struct ExecOutput {
     pub stderr: Vec<u8>,
     /// True when either stream was cut.
     pub truncated: bool,
+    /// True when the kernel's out-of-memory killer killed a process of the sandbox while
+    /// the command ran (the sandbox's memory limit was reached).
+    pub oom_killed: bool,
     /// How long the command itself ran (files written first are not counted), µs.
     pub exec_us: u64,
 }
@@ -252,7 +260,11 @@ impl SandboxRuntime for InMemorySandboxes {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             let id = format!("mem-{}-{}-{n}", key.job, key.trajectory);
             self.open.lock().expect("open lock").insert(id.clone());
-            Ok(SandboxHandle { id, cgroup: None })
+            Ok(SandboxHandle {
+                id,
+                cgroup: None,
+                containment: None,
+            })
         })
     }
 

@@ -54,6 +54,17 @@ fn isolation_weakening_config_is_refused_with_exit_64() {
             Refused,
             Some("sandbox.mounts"),
         ),
+        (
+            "[sandbox]\nruntime = \"sysbox-runc\"\n",
+            Refused,
+            Some("sandbox.runtime"),
+        ),
+        (
+            "[sandbox]\nmounts = [\"/var/run/../run/docker.sock:/s\"]\n",
+            Refused,
+            Some("sandbox.mounts"),
+        ),
+        ("[sandbox]\nuser = \"00\"\n", Refused, Some("sandbox.user")),
         ("unknown_key = 1\n", Parse, None),
     ] {
         assert_eq!(fault(text), (kind, field), "{text}");

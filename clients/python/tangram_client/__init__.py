@@ -55,6 +55,7 @@ class Outcome(str, enum.Enum):
 
     COMPLETED = "completed"
     TIMED_OUT = "timed_out"
+    OUT_OF_MEMORY = "out_of_memory"
     REJECTED = "rejected"
     INFRA_ERROR = "infra_error"
 

@@ -9,6 +9,7 @@
 //! archive API cannot reach).
 
 use crate::config::SandboxConfig;
+use crate::containment::Containment;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, ContainerUpdateBody, HostConfig, ResourcesUlimits};
@@ -52,6 +53,14 @@ pub enum DockerError {
     /// The image is not present (no registry is reachable, so it cannot be pulled).
     #[error("image {0:?} is not present on this worker; build or load it first (deploy/build-sandbox-image.sh builds the default)")]
     NoImage(String),
+    /// The daemon does not know the configured OCI runtime.
+    #[error("sandbox runtime {want:?} is not configured in the Docker daemon (it has: {known})")]
+    NoRuntime {
+        /// The runtime asked for.
+        want: String,
+        /// The daemon's runtimes.
+        known: String,
+    },
     /// The container is gone.
     #[error("container {0} no longer exists")]
     Gone(String),
@@ -72,6 +81,17 @@ impl DockerError {
             _ => DockerError::Api(e),
         }
     }
+}
+
+/// How long a command may run, how much of its output is kept, and how to kill it.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits<'a> {
+    /// After this every process in the sandbox but init is killed.
+    pub timeout: Duration,
+    /// Stdout and stderr are each cut at this many bytes.
+    pub cap: usize,
+    /// The sandbox's cgroups, for the kill from outside (see [`DockerSandboxes::kill_tree`]).
+    pub containment: Option<&'a Containment>,
 }
 
 /// A created sandbox.
@@ -148,6 +168,24 @@ impl DockerSandboxes {
         })
     }
 
+    /// Fails unless the daemon knows the configured OCI runtime (none configured: its
+    /// default, always known).
+    pub async fn check_runtime(&self) -> Result<(), DockerError> {
+        let Some(want) = &self.config.runtime else {
+            return Ok(());
+        };
+        let info = self.docker.info().await?;
+        let known: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        if known.iter().any(|k| k == want) {
+            Ok(())
+        } else {
+            Err(DockerError::NoRuntime {
+                want: want.clone(),
+                known: known.join(", "),
+            })
+        }
+    }
+
     /// The default image of this worker.
     pub fn default_image(&self) -> &str {
         &self.config.image
@@ -217,11 +255,20 @@ impl DockerSandboxes {
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
             init: Some(false),
-            ulimits: Some(vec![ResourcesUlimits {
-                name: Some("nofile".into()),
-                soft: Some(self.config.nofile as i64),
-                hard: Some(self.config.nofile as i64),
-            }]),
+            ulimits: Some(vec![
+                ResourcesUlimits {
+                    name: Some("nofile".into()),
+                    soft: Some(self.config.nofile as i64),
+                    hard: Some(self.config.nofile as i64),
+                },
+                // No core dumps: a crashing program's memory image stays out of /work and /tmp.
+                ResourcesUlimits {
+                    name: Some("core".into()),
+                    soft: Some(0),
+                    hard: Some(0),
+                },
+            ]),
+            runtime: self.config.runtime.clone(),
             binds: (!self.config.mounts.is_empty()).then(|| self.config.mounts.clone()),
             ..Default::default()
         };
@@ -309,8 +356,11 @@ impl DockerSandboxes {
                 &argv,
                 &[],
                 Some(&bytes),
-                Duration::from_secs(30),
-                64 * 1024,
+                RunLimits {
+                    timeout: Duration::from_secs(30),
+                    cap: 64 * 1024,
+                    containment: None,
+                },
             )
             .await?;
         match out.exit_code {
@@ -322,17 +372,21 @@ impl DockerSandboxes {
         }
     }
 
-    /// Runs a command, feeding `stdin`, capturing output up to `cap` bytes per stream, and
-    /// killing every process in the sandbox if `timeout` passes.
+    /// Runs a command, feeding `stdin`, capturing output up to `limits.cap` bytes per stream,
+    /// and killing every process in the sandbox if `limits.timeout` passes.
     pub async fn run(
         &self,
         id: &str,
         argv: &[String],
         env: &[String],
         stdin: Option<&[u8]>,
-        timeout: Duration,
-        cap: usize,
+        limits: RunLimits<'_>,
     ) -> Result<ExecOutput, DockerError> {
+        let RunLimits {
+            timeout,
+            cap,
+            containment,
+        } = limits;
         let exec = self
             .docker
             .create_exec(
@@ -404,7 +458,7 @@ impl DockerSandboxes {
                 Ok(None) => break,
                 Err(_) => {
                     out.timed_out = true;
-                    self.kill_all(id).await;
+                    self.kill_tree(id, containment).await;
                     // Drain what is left, briefly: the streams close once the tree is dead.
                     let _ = tokio::time::timeout(Duration::from_secs(2), async {
                         while output.next().await.is_some() {}
@@ -426,6 +480,24 @@ impl DockerSandboxes {
             }
         }
         Ok(out)
+    }
+
+    /// Kills every process in the sandbox except its init: from the host through its cgroups
+    /// when they are known (this needs no new process in the sandbox, so it works when a fork
+    /// bomb has used up the pids limit), else, or if that fails, from inside.
+    pub async fn kill_tree(&self, id: &str, containment: Option<&Containment>) {
+        if let Some(c) = containment.cloned() {
+            match tokio::task::spawn_blocking(move || c.kill_all_but_init()).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, sandbox = id, "killing through the cgroup failed; killing from inside")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, sandbox = id, "cgroup kill task failed; killing from inside")
+                }
+            }
+        }
+        self.kill_all(id).await;
     }
 
     /// Kills every process in the sandbox except its init: `kill -9 -1` run as the sandbox

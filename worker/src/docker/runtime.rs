@@ -1,11 +1,12 @@
 //! Docker as the worker's sandbox runtime.
 
 use super::{
-    files_archive, us_since, with_files_wrapper, DockerError, DockerSandboxes, FILES_FAILED_EXIT,
-    FILES_FAILED_MARK,
+    files_archive, us_since, with_files_wrapper, DockerError, DockerSandboxes, RunLimits,
+    FILES_FAILED_EXIT, FILES_FAILED_MARK,
 };
 use crate::cgroup::CgroupCpu;
 use crate::config::{GrantMode, SandboxConfig};
+use crate::containment::Containment;
 use crate::metrics as m;
 use crate::sandbox::{
     ExecOutput, ExecRequest, RuntimeKind, SandboxError, SandboxHandle, SandboxKey, SandboxRuntime,
@@ -53,6 +54,7 @@ impl SandboxRuntime for DockerRuntime {
 
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
+            self.docker.check_runtime().await?;
             let image = self.docker.default_image();
             if self.docker.has_image(image).await? {
                 Ok(())
@@ -93,9 +95,19 @@ impl SandboxRuntime for DockerRuntime {
                     }
                 },
             };
+            let containment = match Containment::for_pid(created.pid) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, sandbox = %created.id,
+                        "sandbox cgroups not found: timeouts kill from inside the sandbox, \
+                         and out-of-memory kills are reported as plain SIGKILL");
+                    None
+                }
+            };
             Ok(SandboxHandle {
                 id: created.id,
                 cgroup,
+                containment,
             })
         })
     }
@@ -159,6 +171,8 @@ impl SandboxRuntime for DockerRuntime {
                     })?;
                 (req.argv.to_vec(), req.stdin.map(<[u8]>::to_vec))
             };
+            let containment = sandbox.containment.as_ref();
+            let ooms_before = containment.and_then(Containment::oom_kills);
             let t = Instant::now();
             let mut out = self
                 .docker
@@ -167,11 +181,16 @@ impl SandboxRuntime for DockerRuntime {
                     &argv,
                     req.env,
                     stdin.as_deref(),
-                    req.timeout,
-                    req.output_limit_bytes,
+                    RunLimits {
+                        timeout: req.timeout,
+                        cap: req.output_limit_bytes,
+                        containment,
+                    },
                 )
                 .await?;
             out.exec_us = us_since(t);
+            let ooms_after = containment.and_then(Containment::oom_kills);
+            out.oom_killed = matches!((ooms_before, ooms_after), (Some(b), Some(a)) if a > b);
             if inline_files && out.exit_code == Some(FILES_FAILED_EXIT) {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 if stderr.contains(FILES_FAILED_MARK) {
@@ -186,7 +205,10 @@ impl SandboxRuntime for DockerRuntime {
     }
 
     fn stop<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, ()> {
-        Box::pin(self.docker.kill_all(&sandbox.id))
+        Box::pin(
+            self.docker
+                .kill_tree(&sandbox.id, sandbox.containment.as_ref()),
+        )
     }
 
     fn remove<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, Result<(), SandboxError>> {

@@ -209,6 +209,7 @@ impl Worker {
             result.truncated = out.truncated;
             Ok(match (out.timed_out, out.exit_code) {
                 (true, _) => Outcome::TimedOut,
+                (false, Some(code)) if out.oom_killed => Outcome::OutOfMemory { exit_code: code as i32 },
                 (false, Some(code)) => Outcome::Completed { exit_code: code as i32 },
                 (false, None) => infra(InfraCode::Runtime, "the command's exit code is unavailable".into()),
             })

@@ -1,0 +1,404 @@
+//! The `[sandbox]` table and its guard. Settings that would weaken isolation are refused
+//! with the reason; paths are compared as canonical paths, component by component, never as
+//! strings, so `..`, symlinks and doubled slashes cannot smuggle a host path past the guard.
+
+use super::{invalid, refused, ConfigError};
+use serde::Deserialize;
+use std::path::{Component, Path, PathBuf};
+
+/// The `[sandbox]` table: container settings. The secure values are the defaults; the
+/// dangerous ones exist only so that asking for them gets a clear refusal.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    /// Default image for `sandbox_open` without one.
+    pub image: Option<String>,
+    /// User the sandbox runs as (`uid:gid`). Root (`0`) is refused.
+    pub user: Option<String>,
+    /// Process limit per sandbox.
+    pub pids_limit: Option<i64>,
+    /// Open-file limit per process.
+    pub nofile: Option<u64>,
+    /// Stdout and stderr are each cut at this many bytes.
+    pub output_limit_bytes: Option<usize>,
+    /// Refused when true.
+    pub privileged: Option<bool>,
+    /// Only `"none"` is allowed.
+    pub network: Option<String>,
+    /// Extra bind mounts (`host:container[:ro|rw]`); host runtime paths are refused.
+    pub mounts: Option<Vec<String>>,
+    /// Extra capabilities; refused (all are dropped).
+    pub cap_add: Option<Vec<String>>,
+    /// The OCI runtime Docker runs sandboxes with (`runc`, `runsc` for gVisor, `kata`...);
+    /// Docker's default when unset. Must be in `allowed_runtimes`.
+    pub runtime: Option<String>,
+    /// Runtimes an operator may name in `runtime`. Defaults to [`DEFAULT_RUNTIMES`].
+    pub allowed_runtimes: Option<Vec<String>>,
+}
+
+/// Validated sandbox settings.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Default image.
+    pub image: String,
+    /// `uid:gid`.
+    pub user: String,
+    /// Process limit.
+    pub pids_limit: i64,
+    /// Open-file limit.
+    pub nofile: u64,
+    /// Output cap per stream, in bytes.
+    pub output_limit_bytes: usize,
+    /// Extra read-only or read-write bind mounts, with canonical host paths.
+    pub mounts: Vec<String>,
+    /// The OCI runtime, when one is named (checked against the daemon's at start).
+    pub runtime: Option<String>,
+}
+
+/// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
+pub const DEFAULT_IMAGE: &str = "tangram/sandbox:py3-v1";
+/// `nobody`: sandboxes never run as root.
+pub const DEFAULT_USER: &str = "65534:65534";
+/// Enough for a parallel test runner, low enough to stop a fork bomb.
+pub const DEFAULT_PIDS_LIMIT: i64 = 512;
+/// 1 MiB per stream: a failing test suite's log fits; a runaway print loop does not.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
+/// OCI runtimes that keep a container's isolation: runc (Docker's default), gVisor and
+/// Kata Containers under their usual names.
+pub const DEFAULT_RUNTIMES: &[&str] = &[
+    "runc",
+    "io.containerd.runc.v2",
+    "runsc",
+    "kata",
+    "kata-runtime",
+    "kata-qemu",
+    "kata-clh",
+    "kata-fc",
+];
+
+/// Host paths a sandbox may not see, nor any directory holding them: the container
+/// runtimes' sockets and state.
+const RUNTIME_PATHS: &[&str] = &[
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/containerd",
+    "/var/run/containerd",
+    "/run/crio",
+    "/var/run/crio",
+    "/run/podman",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+];
+
+/// Host trees a sandbox may not see any part of (or any directory holding them).
+const HOST_TREES: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/boot", "/root"];
+
+/// Places inside the sandbox a mount may not cover.
+const GUARDED_TARGETS: &[&str] = &["/proc", "/sys", "/dev", "/etc"];
+
+pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
+    if raw.privileged == Some(true) {
+        return refused(
+            "sandbox.privileged",
+            "a privileged container can take over the host. \
+             Sandboxes run model-generated code; keep the default (false)",
+        );
+    }
+    if let Some(net) = raw.network.as_deref() {
+        if net != "none" {
+            return refused(
+                "sandbox.network",
+                format!(
+                    "{net:?}: sandboxes have no network (\"none\"); \
+                     host or bridge networking would let model-generated code reach the fleet"
+                ),
+            );
+        }
+    }
+    if let Some(caps) = raw.cap_add.as_ref().filter(|c| !c.is_empty()) {
+        return refused(
+            "sandbox.cap_add",
+            format!("{caps:?}: sandboxes drop all capabilities"),
+        );
+    }
+    let mounts = raw
+        .mounts
+        .unwrap_or_default()
+        .iter()
+        .map(|m| check_mount(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let user = raw.user.unwrap_or_else(|| DEFAULT_USER.into());
+    check_user(&user)?;
+    let pids_limit = raw.pids_limit.unwrap_or(DEFAULT_PIDS_LIMIT);
+    if !(16..=65_536).contains(&pids_limit) {
+        return invalid("sandbox.pids_limit", "must be between 16 and 65536");
+    }
+    let allowed: Vec<String> = raw
+        .allowed_runtimes
+        .unwrap_or_else(|| DEFAULT_RUNTIMES.iter().map(|s| s.to_string()).collect());
+    if let Some(rt) = &raw.runtime {
+        if !allowed.iter().any(|a| a == rt) {
+            return refused(
+                "sandbox.runtime",
+                format!(
+                    "{rt:?} is not in allowed_runtimes ({}); an unknown runtime may not isolate \
+                     model-generated code",
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+    Ok(SandboxConfig {
+        image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        user,
+        pids_limit,
+        nofile: raw.nofile.unwrap_or(4096),
+        output_limit_bytes: raw.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT),
+        mounts,
+        runtime: raw.runtime,
+    })
+}
+
+/// Root by number (`0`, `00`) or by name is refused; so is an empty user.
+fn check_user(user: &str) -> Result<(), ConfigError> {
+    let uid = user.split(':').next().unwrap_or("").trim();
+    let root = match uid.parse::<u32>() {
+        Ok(n) => n == 0,
+        Err(_) => uid.is_empty() || uid == "root",
+    };
+    if root {
+        return refused(
+            "sandbox.user",
+            format!("{user:?}: sandboxes never run as root"),
+        );
+    }
+    Ok(())
+}
+
+/// Checks one `host:container[:mode]` bind and returns it with the host path canonical.
+fn check_mount(m: &str) -> Result<String, ConfigError> {
+    let mut parts = m.split(':');
+    let (Some(host), Some(target)) = (parts.next(), parts.next()) else {
+        return invalid(
+            "sandbox.mounts",
+            format!("{m:?}: a mount is host_path:container_path[:ro|rw]"),
+        );
+    };
+    let mode = parts.next();
+    if parts.next().is_some() || !matches!(mode, None | Some("ro") | Some("rw")) {
+        return invalid(
+            "sandbox.mounts",
+            format!("{m:?}: the only mount modes are ro and rw"),
+        );
+    }
+    if !host.starts_with('/') || !target.starts_with('/') {
+        return invalid(
+            "sandbox.mounts",
+            format!("{m:?}: both paths must be absolute"),
+        );
+    }
+    let host_path = canonical(Path::new(host));
+    if let Some(why) = host_path_refusal(&host_path) {
+        return refused("sandbox.mounts", format!("{m:?}: {why}"));
+    }
+    let target_path = lexical(Path::new(target));
+    if target_path == Path::new("/")
+        || GUARDED_TARGETS
+            .iter()
+            .any(|g| target_path.starts_with(g) || Path::new(g).starts_with(&target_path))
+    {
+        return refused(
+            "sandbox.mounts",
+            format!("{m:?}: a mount may not cover / or the sandbox's /proc, /sys, /dev or /etc"),
+        );
+    }
+    let mut out = format!("{}:{}", host_path.display(), target_path.display());
+    if let Some(mode) = mode {
+        out.push(':');
+        out.push_str(mode);
+    }
+    Ok(out)
+}
+
+/// Why a canonical host path may not be mounted, if it may not.
+fn host_path_refusal(host: &Path) -> Option<String> {
+    if host == Path::new("/") {
+        return Some("the host's root holds everything the sandbox must not see".into());
+    }
+    if let Some(p) = RUNTIME_PATHS
+        .iter()
+        .find(|p| Path::new(p).starts_with(host) || host.starts_with(p))
+    {
+        return Some(format!(
+            "{} would give model-generated code control of the host's container runtime ({p})",
+            host.display()
+        ));
+    }
+    if let Some(p) = HOST_TREES
+        .iter()
+        .find(|p| Path::new(p).starts_with(host) || host.starts_with(p))
+    {
+        return Some(format!(
+            "{} exposes the host's {p} to model-generated code",
+            host.display()
+        ));
+    }
+    if is_socket(host) {
+        return Some(format!(
+            "{} is a socket; sandboxes get no channel to host services",
+            host.display()
+        ));
+    }
+    None
+}
+
+#[cfg(unix)]
+fn is_socket(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+}
+
+#[cfg(not(unix))]
+fn is_socket(_: &Path) -> bool {
+    false
+}
+
+/// The path with symlinks resolved where it exists; else the longest existing ancestor
+/// resolved and the rest normalised lexically.
+fn canonical(p: &Path) -> PathBuf {
+    let p = lexical(p);
+    if let Ok(c) = std::fs::canonicalize(&p) {
+        return c;
+    }
+    let mut rest = Vec::new();
+    let mut cur = p.as_path();
+    while let Some(parent) = cur.parent() {
+        if let Some(name) = cur.file_name() {
+            rest.push(name.to_owned());
+        }
+        if let Ok(c) = std::fs::canonicalize(parent) {
+            let mut out = c;
+            for name in rest.iter().rev() {
+                out.push(name);
+            }
+            return out;
+        }
+        cur = parent;
+    }
+    p
+}
+
+/// `.` and `..` resolved and repeated slashes dropped, without touching the file system.
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigErrorKind;
+
+    fn sandbox(text: &str) -> Result<SandboxConfig, ConfigError> {
+        validate_sandbox(toml::from_str(text).unwrap())
+    }
+
+    fn kind(text: &str) -> ConfigErrorKind {
+        sandbox(text).unwrap_err().kind()
+    }
+
+    #[test]
+    fn runtime_socket_mounts_are_refused_however_the_path_is_spelled() {
+        for m in [
+            "/var/run/docker.sock:/s",
+            "/var/run/../run/docker.sock:/s",
+            "//var//run/./docker.sock:/s",
+            "/var/lib/docker/volumes:/v:ro",
+            "/var:/host-var:ro",
+            "/run:/r",
+            "/:/host",
+            "/proc/1/root:/x",
+            "/etc/shadow:/x:ro",
+        ] {
+            let text = format!("mounts = [{m:?}]");
+            assert_eq!(kind(&text), ConfigErrorKind::Refused, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_symlink_to_the_runtime_socket_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink("/var/run", &link).unwrap();
+        let text = format!("mounts = [\"{}/docker.sock:/s\"]", link.display());
+        assert_eq!(kind(&text), ConfigErrorKind::Refused);
+    }
+
+    #[test]
+    fn an_ordinary_data_mount_is_kept_with_its_canonical_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let spelled = format!("{}/./data/../data", dir.path().display());
+        let c = sandbox(&format!("mounts = [\"{spelled}:/data:ro\"]")).unwrap();
+        let canon = std::fs::canonicalize(&data).unwrap();
+        assert_eq!(c.mounts, vec![format!("{}:/data:ro", canon.display())]);
+    }
+
+    #[test]
+    fn malformed_mounts_and_guarded_targets_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        assert_eq!(kind("mounts = [\"data:/data\"]"), ConfigErrorKind::Invalid);
+        assert_eq!(kind("mounts = [\"/srv\"]"), ConfigErrorKind::Invalid);
+        assert_eq!(
+            kind(&format!("mounts = [\"{d}:/data:shared\"]")),
+            ConfigErrorKind::Invalid
+        );
+        for target in ["/", "/proc", "/etc/passwd", "/dev/../dev/x"] {
+            assert_eq!(
+                kind(&format!("mounts = [\"{d}:{target}\"]")),
+                ConfigErrorKind::Refused,
+                "{target}"
+            );
+        }
+    }
+
+    #[test]
+    fn root_is_refused_by_any_spelling() {
+        for user in ["0", "00", "0:1000", "root", "root:root", ""] {
+            assert_eq!(
+                kind(&format!("user = {user:?}")),
+                ConfigErrorKind::Refused,
+                "{user}"
+            );
+        }
+        assert!(sandbox("user = \"1000:1000\"").is_ok());
+        assert!(sandbox("user = \"nobody\"").is_ok());
+    }
+
+    #[test]
+    fn the_runtime_must_be_in_the_allow_list() {
+        assert_eq!(sandbox("").unwrap().runtime, None);
+        assert_eq!(
+            sandbox("runtime = \"runsc\"").unwrap().runtime.as_deref(),
+            Some("runsc")
+        );
+        assert_eq!(kind("runtime = \"sysbox-runc\""), ConfigErrorKind::Refused);
+        assert_eq!(
+            kind("runtime = \"runsc\"\nallowed_runtimes = [\"runc\"]"),
+            ConfigErrorKind::Refused
+        );
+        let c = sandbox("runtime = \"my-vm\"\nallowed_runtimes = [\"my-vm\"]").unwrap();
+        assert_eq!(c.runtime.as_deref(), Some("my-vm"));
+    }
+}
