@@ -80,6 +80,7 @@ pub struct Fence {
     base: Instant,
     valid_until_ms: AtomicU64,
     margin: Duration,
+    renewals: AtomicU64,
 }
 
 impl Fence {
@@ -89,6 +90,7 @@ impl Fence {
             base: Instant::now(),
             valid_until_ms: AtomicU64::new(0),
             margin,
+            renewals: AtomicU64::new(0),
         });
         f.renewed();
         f
@@ -102,6 +104,12 @@ impl Fence {
     pub fn renewed(&self) {
         let until = self.now_ms() + self.margin.as_millis() as u64;
         self.valid_until_ms.store(until, Ordering::Release);
+        self.renewals.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many renewals have succeeded: each is a round trip to NATS that worked.
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::Acquire)
     }
 
     /// Whether the lease is surely still ours.

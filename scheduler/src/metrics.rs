@@ -26,6 +26,9 @@ pub const RUNNING: &str = "tangram_scheduler_running";
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
 /// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
+/// Counter: gaps in this scheduler's reach of NATS after which worker graces were restarted
+/// instead of declaring workers lost.
+pub const NATS_GAPS: &str = "tangram_scheduler_nats_gaps_total";
 /// Time spent in one call of the decision engine (one burst of events and its cycle).
 pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
 /// Time from arrival to dispatch publish acknowledged.
@@ -100,6 +103,9 @@ pub(crate) fn dispatched(kind: &'static str, queued_s: f64) {
 }
 pub(crate) fn result(outcome: &'static str) {
     counter!(RESULTS, "outcome" => outcome).increment(1);
+}
+pub(crate) fn nats_gap() {
+    counter!(NATS_GAPS).increment(1);
 }
 pub(crate) fn worker_lost() {
     counter!(WORKERS_LOST).increment(1);

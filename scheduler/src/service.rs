@@ -31,6 +31,8 @@ use tracing::{info, warn, Instrument};
 const EVENT_CHANNEL: usize = 4096;
 /// Stored-result lookups in flight at once on the intake (their answers are taken in order).
 const LOOKUPS: usize = 64;
+/// How often the engine is ticked (liveness, deadlines, in-progress acks).
+const TICK: Duration = Duration::from_millis(250);
 
 /// Runs the scheduler until `shutdown` is cancelled: as a standby until it holds the leader
 /// lease, then as leader until it stops or loses the lease (then a standby again).
@@ -266,18 +268,26 @@ async fn lead(
             }
         });
     }
-    // Ticks: liveness checks, deadlines and keeping queued actions' acks alive.
+    // Ticks: liveness checks, deadlines and keeping queued actions' acks alive; and after
+    // each lease renewal, word that NATS answered (worker liveness is judged on that).
     {
         let tx = tx.clone();
         let stop = shutdown.clone();
+        let fence = fence.clone();
         tasks.spawn(
             async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                let mut tick = tokio::time::interval(TICK);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut renewals = fence.renewals();
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => break,
                         _ = tick.tick() => {
+                            let now = fence.renewals();
+                            if now != renewals {
+                                renewals = now;
+                                if tx.send(Input::Engine(Event::Reachable)).await.is_err() { break; }
+                            }
                             if tx.send(Input::Engine(Event::Tick)).await.is_err() { break; }
                         }
                     }
@@ -310,6 +320,8 @@ async fn lead(
         settle_ms: config.settle.as_millis() as u64,
         job_weights: config.job_weights.clone(),
         limits,
+        // Renewals come every quarter lease; the ticker passes each on within a tick.
+        reachable_every_ms: (config.lease_ttl / 4 + TICK).as_millis() as u64,
         ..EngineConfig::default()
     });
     let mut shell = Shell::new(

@@ -318,6 +318,13 @@ fn observe(o: Observation) {
             m::adopted(kind.as_str())
         }
         Observation::Queues(q) => m::queues(&q),
+        Observation::Unreachable { gap_ms } => {
+            warn!(
+                gap_ms,
+                "NATS answered again after a gap; worker graces restarted, nobody declared lost for it"
+            );
+            m::nats_gap()
+        }
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");
             m::worker_lost()

@@ -149,7 +149,7 @@ class Model:
         return out
 
 
-def make_handler(model: Model, service: str):
+def make_handler(model: Model, service: str, request_log=None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Keep-alive clients must not wait on Nagle's algorithm: a response written as headers
@@ -203,6 +203,11 @@ def make_handler(model: Model, service: str):
                         return
                     t0 = time.monotonic()
                     scores = model.score(inputs)
+                    if request_log:
+                        # One line per scored input, appended before the answer leaves: the
+                        # fault suite counts these as the reward's effects.
+                        with open(request_log, "a") as f:
+                            f.write("".join(i.replace("\n", " ") + "\n" for i in inputs))
                     self.reply(200, {"scores": scores, "device": model.device, "exec_s": time.monotonic() - t0})
                 else:
                     self.reply(404, {"error": "no such endpoint %s" % path})
@@ -232,13 +237,14 @@ def main():
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--awake", action="store_true", help="start resident instead of asleep")
     ap.add_argument("--no-parent-watch", action="store_true")
+    ap.add_argument("--request-log", help="append every scored input to this file (tests)")
     args = ap.parse_args()
     model = Model(args.service, args.vocab, args.dim)
     if args.awake:
         model.wake()
     if not args.no_parent_watch:
         threading.Thread(target=watch_parent, daemon=True).start()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(model, args.service))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(model, args.service, args.request_log))
     server.daemon_threads = True
     print(json.dumps({"event": "ready", "service": args.service, "port": server.server_address[1],
                       "cuda": HAVE_CUDA, "weights_mb": model.host_mb}), flush=True)

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api_server;
+pub mod faults;
 
 use anyhow::{bail, Context as _};
 use async_nats::jetstream;
@@ -116,6 +117,11 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The client port.

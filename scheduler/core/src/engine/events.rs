@@ -79,6 +79,11 @@ pub enum Event {
     },
     /// Time passed: liveness, deadlines, in-progress acks.
     Tick,
+    /// A round trip to NATS just succeeded (the leader lease was renewed): what this
+    /// scheduler saw of the workers until now was not its own silence. Sent about every
+    /// [`crate::EngineConfig::reachable_every_ms`]; an engine never sent one judges worker
+    /// liveness by the clock alone.
+    Reachable,
     /// The scheduler is stopping: hand queued actions back.
     Shutdown,
     /// The stored dispatch of an action a worker reports running, fetched because this
@@ -168,6 +173,12 @@ pub enum Observation {
     Adopted(ActionKind),
     /// A worker was declared lost.
     WorkerLost,
+    /// NATS answered again after a gap this long, ms: worker graces and result deadlines
+    /// were restarted rather than judged on silence nobody could hear.
+    Unreachable {
+        /// The gap between two confirmations that NATS answered.
+        gap_ms: u64,
+    },
     /// The queue by kind (at most once a second): depth, oldest wait, estimated wait.
     Queues(std::collections::BTreeMap<String, tangram_shared::status::QueueStatus>),
     /// One planning cycle.

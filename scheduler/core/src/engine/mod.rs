@@ -60,6 +60,13 @@ pub struct EngineConfig {
     /// deployment is provisioned for); `None`: the sandboxes open when a trajectory first
     /// calls.
     pub static_trajectories: Option<u32>,
+    /// How often the shell confirms NATS is reachable ([`Event::Reachable`]); 0 when it
+    /// never does. A worker is declared lost only on evidence: a confirmation that came more
+    /// than its grace after its last heartbeat. A gap of more than twice this between
+    /// confirmations (NATS paused or unreachable, this process stalled) restarts every
+    /// worker's grace and pushes result deadlines back by the gap, since nobody's silence
+    /// could be judged during it.
+    pub reachable_every_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +86,7 @@ impl Default for EngineConfig {
             result_grace_ms: 60_000,
             task_pools: Vec::new(),
             static_trajectories: None,
+            reachable_every_ms: 0,
         }
     }
 }
@@ -114,6 +122,8 @@ pub struct Engine {
     pub(crate) static_cores: Option<u32>,
     pub(crate) learner: crate::learn::Learner,
     pub(crate) started_ms: Option<u64>,
+    /// When NATS was last confirmed reachable ([`Event::Reachable`]); `None` until then.
+    pub(crate) reachable_ms: Option<u64>,
     pub(crate) workers: BTreeMap<WorkerId, WorkerState>,
     /// Every action not yet settled, with its lifecycle state.
     pub(crate) actions: HashMap<ActionId, Entry>,
@@ -173,6 +183,7 @@ impl Engine {
             static_cores,
             learner: crate::learn::Learner::new(),
             started_ms: None,
+            reachable_ms: None,
             workers: BTreeMap::new(),
             actions: HashMap::new(),
             queue: Vec::new(),
@@ -237,6 +248,7 @@ impl Engine {
             Event::DispatchStored { id, attempt } => self.on_dispatch_stored(&id, attempt, now),
             Event::DispatchFailed { id, attempt, .. } => self.on_dispatch_failed(&id, attempt, now),
             Event::Tick => self.on_tick(now),
+            Event::Reachable => self.on_reachable(now),
             Event::Shutdown => self.on_shutdown(),
             Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, now),
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),
@@ -267,6 +279,11 @@ impl Engine {
     /// How long a worker may stay silent before it is declared lost.
     pub(crate) fn grace_ms(&self, hb: &Heartbeat) -> u64 {
         hb.interval_ms.max(100) * self.config.missed_heartbeats as u64
+    }
+
+    /// Keys the elasticity learner holds (bounded by [`crate::learn::MAX_KEYS`]).
+    pub fn learned_keys(&self) -> usize {
+        self.learner.len()
     }
 
     /// The policy's name.

@@ -187,11 +187,38 @@ impl Engine {
         }
     }
 
+    /// NATS answered: silence until now is evidence. After a gap in the confirmations, the
+    /// silence during it is nobody's evidence: every worker's grace starts again and result
+    /// deadlines move back by the gap.
+    pub(crate) fn on_reachable(&mut self, now: Now) {
+        let every = self.config.reachable_every_ms;
+        if let Some(prev) = self.reachable_ms {
+            let gap = now.ms.saturating_sub(prev);
+            if every > 0 && gap > 2 * every {
+                for w in self.workers.values_mut() {
+                    w.last_seen_ms = w.last_seen_ms.max(now.ms);
+                }
+                for e in self.actions.values_mut() {
+                    if let ActionState::Running { deadline_ms, .. } = &mut e.state {
+                        *deadline_ms = deadline_ms.saturating_add(gap);
+                    }
+                }
+                self.out
+                    .push(Effect::Observe(Observation::Unreachable { gap_ms: gap }));
+            }
+        }
+        self.reachable_ms = Some(now.ms);
+        self.dirty = true;
+    }
+
     pub(crate) fn on_tick(&mut self, now: Now) {
+        // Judged at the last confirmation that NATS answered, when there is one: a worker is
+        // lost only if it had been silent past its grace while NATS was known to work.
+        let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);
         let lost: Vec<WorkerId> = self
             .workers
             .iter()
-            .filter(|(_, w)| now.ms.saturating_sub(w.last_seen_ms) > self.grace_ms(&w.hb))
+            .filter(|(_, w)| judged_at.saturating_sub(w.last_seen_ms) > self.grace_ms(&w.hb))
             .map(|(id, _)| id.clone())
             .collect();
         for worker in lost {
@@ -211,7 +238,7 @@ impl Engine {
                     worker,
                     deadline_ms,
                     ..
-                } if now.ms >= *deadline_ms => overdue.push((id.clone(), worker.clone())),
+                } if judged_at >= *deadline_ms => overdue.push((id.clone(), worker.clone())),
                 _ => {}
             }
         }

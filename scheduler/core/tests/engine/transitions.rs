@@ -487,3 +487,68 @@ fn a_reward_of_a_restarted_worker_does_not_free_a_slot_of_the_new_replica() {
         "a second call on a one-slot replica: {fx:?}"
     );
 }
+
+#[test]
+fn a_nats_gap_longer_than_the_grace_declares_no_worker_lost() {
+    let config = EngineConfig {
+        reachable_every_ms: 750,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (_, disp) = dispatched(&fx).remove(0);
+    h.stored(&disp);
+    h.step(Event::Reachable);
+    // NATS stops answering for 20 s (paused): no heartbeats, no confirmations.
+    let mut fx = Vec::new();
+    for _ in 0..80 {
+        fx.extend(h.advance(250));
+    }
+    assert!(
+        published(&fx).is_empty(),
+        "nobody is judged in the dark: {fx:?}"
+    );
+    // It answers again: the worker's grace starts over and its heartbeat comes within it.
+    let mut fx = h.step(Event::Reachable);
+    fx.extend(h.advance(250));
+    h.heartbeat("w1", 4, 4096, &["x1"], &[("j", "t1")]);
+    fx.extend(h.advance(250));
+    assert!(published(&fx).is_empty(), "{fx:?}");
+    assert!(matches!(
+        h.engine.state_of(&id("x1")),
+        Some(ActionState::Running { .. })
+    ));
+    // Its own result settles it.
+    h.complete(&disp, "w1");
+    assert!(h.engine.is_settled(&id("x1")));
+}
+
+#[test]
+fn a_worker_silent_while_nats_answers_is_still_declared_lost() {
+    let config = EngineConfig {
+        reachable_every_ms: 750,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (_, disp) = dispatched(&fx).remove(0);
+    h.stored(&disp);
+    let mut fx = Vec::new();
+    // Heartbeats stop; renewals go on every half second.
+    for _ in 0..10 {
+        h.now += 500;
+        fx.extend(h.step(Event::Reachable));
+        fx.extend(h.step(Event::Tick));
+    }
+    let results = published(&fx);
+    assert_eq!(results.len(), 1, "{fx:?}");
+    assert!(matches!(
+        results[0].outcome,
+        Outcome::InfraError {
+            code: InfraCode::WorkerLost,
+            ..
+        }
+    ));
+}

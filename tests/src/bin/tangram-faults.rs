@@ -1,0 +1,69 @@
+//! The fault suite at any size: `tangram-faults --actions 10000` runs the mixed workload once
+//! per fault (the actions split evenly between them), prints a table and one JSON line, and
+//! exits 1 unless every acknowledged action was ok (none lost, none duplicated).
+//!
+//! Flags: `--actions N` (10,000), `--faults a,b` (all: leader-kill, scheduler-restart,
+//! nats-kill, nats-pause, worker-kill, worker-partition, two-schedulers, worker-drain),
+//! `--trajectories N` (16 at once), `--pause-s N` (20).
+
+use tangram_tests::faults::{run, Fault, Report, Size};
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let actions: usize = flag(&args, "--actions").map_or(Ok(10_000), |v| v.parse())?;
+    let trajectories: usize = flag(&args, "--trajectories").map_or(Ok(16), |v| v.parse())?;
+    let pause_s: u64 = flag(&args, "--pause-s").map_or(Ok(20), |v| v.parse())?;
+    let faults: Vec<Fault> = match flag(&args, "--faults") {
+        None => Fault::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|n| Fault::parse(n.trim()).ok_or_else(|| anyhow::anyhow!("no fault {n:?}")))
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let per = actions / faults.len().max(1);
+    let mut reports: Vec<Report> = Vec::new();
+    for f in &faults {
+        let size = Size {
+            pause_s,
+            ..Size::about(per, trajectories)
+        };
+        eprintln!("{}: about {per} actions ...", f.name());
+        reports.push(run(*f, size).await?);
+    }
+    println!(
+        "{:<18} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9}",
+        "fault", "acked", "ok", "lost", "duplicated", "wl-after-eff", "seconds"
+    );
+    for r in &reports {
+        println!(
+            "{:<18} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9.1}",
+            r.fault,
+            r.total.acked,
+            r.total.ok,
+            r.total.lost,
+            r.total.duplicated,
+            r.total.worker_lost_after_effect,
+            r.total_s
+        );
+    }
+    let clean = reports.iter().all(Report::clean);
+    println!(
+        "{}",
+        serde_json::json!({ "suite": "faults", "clean": clean, "runs": reports })
+    );
+    if !clean {
+        for r in reports.iter().filter(|r| !r.clean()) {
+            eprintln!("{}: {:#?}", r.fault, r.examples);
+        }
+        std::process::exit(1);
+    }
+    Ok(())
+}

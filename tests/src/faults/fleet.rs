@@ -1,0 +1,246 @@
+//! The fleet under fault: every component a separate process (so that a fault can SIGKILL,
+//! SIGSTOP or SIGTERM it), each with its effects written where the harness can count them.
+//!
+//! - `cpu-a` and `cpu-b`: CPU workers; sandboxes mount the shared effects directory, and every
+//!   exec of the workload appends its action id to `/effects/log`. `cpu-b` reaches NATS
+//!   through a [`Proxy`] that a partition cuts.
+//! - `gpu-a`: declares two GPUs and serves `judge` with the reference replica, which appends
+//!   every scored input (the action id) to its request log.
+//! - `api-a`: calls the `search` provider, a local stand-in that records every request.
+
+use super::proxy::Proxy;
+use crate::api_server::RateLimitedApi;
+use crate::{built_binary, repo_root, ChildGuard, NatsServer};
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The CPU workers.
+pub const CPU_WORKERS: [&str; 2] = ["cpu-a", "cpu-b"];
+/// The worker behind the proxy.
+pub const PARTITIONED: &str = "cpu-b";
+/// The GPU worker.
+pub const GPU_WORKER: &str = "gpu-a";
+/// The API worker.
+pub const API_WORKER: &str = "api-a";
+/// The reward service.
+pub const SERVICE: &str = "judge";
+/// The API provider.
+pub const PROVIDER: &str = "search";
+
+/// One worker process, its config and, for the partitioned one, its proxy.
+#[derive(Debug)]
+struct WorkerProc {
+    config: PathBuf,
+    child: Option<ChildGuard>,
+}
+
+/// The running fleet.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The server (SIGKILL, restart, SIGSTOP through its pid).
+    pub nats: NatsServer,
+    /// The provider stand-in.
+    pub api: RateLimitedApi,
+    dir: tempfile::TempDir,
+    schedulers: Vec<(String, ChildGuard)>,
+    next_scheduler: u32,
+    workers: BTreeMap<String, WorkerProc>,
+    proxy: Proxy,
+}
+
+impl Fleet {
+    /// Starts NATS, the provider and the four workers, no scheduler.
+    pub async fn start() -> anyhow::Result<Self> {
+        crate::init_logging();
+        let nats = NatsServer::start();
+        let dir = tempfile::tempdir()?;
+        let effects = dir.path().join("effects");
+        std::fs::create_dir(&effects)?;
+        // Sandboxes run as nobody.
+        set_mode(&effects, 0o777)?;
+        let api = RateLimitedApi::start(10_000.0, 10_000.0, Duration::from_millis(2)).await?;
+        let proxy = Proxy::start(format!("127.0.0.1:{}", nats.port())).await?;
+        let mut fleet = Self {
+            nats,
+            api,
+            dir,
+            schedulers: Vec::new(),
+            next_scheduler: 0,
+            workers: BTreeMap::new(),
+            proxy,
+        };
+        for id in CPU_WORKERS {
+            let url = if id == PARTITIONED {
+                fleet.proxy.url()
+            } else {
+                fleet.nats.url()
+            };
+            let text = format!(
+                "id = \"{id}\"\nnats_url = \"{url}\"\ncores = \"0-1\"\nmem_mb = 8192\n\
+                 heartbeat_ms = 200\nshutdown_grace_ms = 10000\n\
+                 [sandbox]\nmounts = [\"{}:/effects:rw\"]\n",
+                effects.display()
+            );
+            fleet.add_worker(id, &text)?;
+        }
+        let replica = repo_root().join("services/reference-replica/replica.py");
+        let gpu = format!(
+            "id = \"{GPU_WORKER}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
+             shutdown_grace_ms = 10000\nsandboxes = false\nstate_dir = \"{state}\"\n\
+             [gpu]\ncount = 2\nnvml = \"off\"\n\
+             [[service]]\nname = \"{SERVICE}\"\ndriver = \"reference\"\n\
+             command = [\"python3\", \"{script}\", \"--service\", \"{{service}}\", \"--port\", \"{{port}}\", \
+             \"--vocab\", \"4096\", \"--dim\", \"16\", \"--request-log\", \"{log}\"]\n\
+             gpus = 1\nhost_mem_mb = 1\nrestore_ms = 20\nslots = 4\nstart_timeout_ms = 30000\n",
+            url = fleet.nats.url(),
+            state = fleet.dir.path().join("gpu-state").display(),
+            script = replica.display(),
+            log = fleet.replica_log().display(),
+        );
+        fleet.add_worker(GPU_WORKER, &gpu)?;
+        let api = format!(
+            "id = \"{API_WORKER}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
+             shutdown_grace_ms = 10000\nsandboxes = false\n\
+             [[provider]]\nname = \"{PROVIDER}\"\nbase_url = \"{base}\"\nrate_per_s = 2000.0\n\
+             burst = 100\nconcurrency = 32\ntimeout_ms = 10000\nallow = [\"GET /search\"]\n",
+            url = fleet.nats.url(),
+            base = fleet.api.url,
+        );
+        fleet.add_worker(API_WORKER, &api)?;
+        Ok(fleet)
+    }
+
+    fn add_worker(&mut self, id: &str, text: &str) -> anyhow::Result<()> {
+        let config = self.dir.path().join(format!("{id}.toml"));
+        std::fs::write(&config, text)?;
+        self.workers.insert(
+            id.to_string(),
+            WorkerProc {
+                config,
+                child: None,
+            },
+        );
+        self.start_worker(id)
+    }
+
+    /// Where sandbox execs leave their marks.
+    pub fn effects_log(&self) -> PathBuf {
+        self.dir.path().join("effects/log")
+    }
+
+    /// Where the replica logs what it scored.
+    pub fn replica_log(&self) -> PathBuf {
+        self.dir.path().join("replica.log")
+    }
+
+    /// The worker ids.
+    pub fn worker_ids(&self) -> Vec<String> {
+        self.workers.keys().cloned().collect()
+    }
+
+    /// Starts (or restarts) a worker's process.
+    pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let w = self.workers.get_mut(id).context("no such worker")?;
+        let bin = built_binary("tangram-worker");
+        let child = Command::new(&bin)
+            .arg("--config")
+            .arg(&w.config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        w.child = Some(ChildGuard(child));
+        Ok(())
+    }
+
+    /// Sends a signal to a worker's process.
+    pub fn signal_worker(&mut self, id: &str, signal: &str) -> anyhow::Result<()> {
+        let w = self.workers.get_mut(id).context("no such worker")?;
+        let child = w.child.as_mut().context("worker not running")?;
+        signal_pid(child.id(), signal)
+    }
+
+    /// Waits (bounded) for a worker's process to exit, and forgets it.
+    pub async fn wait_worker_exit(&mut self, id: &str, within: Duration) -> anyhow::Result<()> {
+        let w = self.workers.get_mut(id).context("no such worker")?;
+        let mut child = w.child.take().context("worker not running")?;
+        let deadline = tokio::time::Instant::now() + within;
+        while child.try_wait()?.is_none() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{id} did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs a worker's process and waits for it.
+    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let w = self.workers.get_mut(id).context("no such worker")?;
+        if let Some(mut c) = w.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        Ok(())
+    }
+
+    /// Starts a scheduler process; returns its id.
+    pub fn start_scheduler(&mut self) -> anyhow::Result<String> {
+        self.next_scheduler += 1;
+        let id = format!("sched-{}", self.next_scheduler);
+        let bin = built_binary("tangram-scheduler");
+        let child = Command::new(&bin)
+            .args(["--id", &id, "--nats-url", &self.nats.url()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        self.schedulers.push((id.clone(), ChildGuard(child)));
+        Ok(id)
+    }
+
+    /// SIGKILLs the scheduler with this id.
+    pub fn kill_scheduler(&mut self, id: &str) -> anyhow::Result<()> {
+        let pos = self
+            .schedulers
+            .iter()
+            .position(|(s, _)| s == id)
+            .with_context(|| format!("no scheduler {id}"))?;
+        let (_, mut child) = self.schedulers.remove(pos);
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(())
+    }
+
+    /// Ids of the scheduler processes running.
+    pub fn schedulers(&self) -> Vec<String> {
+        self.schedulers.iter().map(|(s, _)| s.clone()).collect()
+    }
+
+    /// The partition proxy of [`PARTITIONED`].
+    pub fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    /// Sends a signal to nats-server.
+    pub fn signal_nats(&self, signal: &str) -> anyhow::Result<()> {
+        signal_pid(self.nats.pid().context("nats-server not running")?, signal)
+    }
+}
+
+fn signal_pid(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}

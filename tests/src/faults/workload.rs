@@ -1,0 +1,196 @@
+//! The workload: trajectories running at once, each a rollout's life: open a sandbox, then
+//! steps of exec (which leaves its mark in `/effects/log` and runs for a fifth of a second, so
+//! that kills land mid-exec), reward (the replica logs the input) and api (the provider logs
+//! the request), then close. A lost or broken sandbox is opened again, as a rollout would.
+//! Publishing retries with the same `Nats-Msg-Id` until JetStream acknowledges it; only
+//! acknowledged actions are counted.
+
+use super::fleet::{PROVIDER, SERVICE};
+use super::Size;
+use crate::build::{api, close, exec, open, reward};
+use crate::Client;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tangram_shared::{Action, ActionId, ActionResult, ActionSpec, InfraCode, Outcome, RejectCode};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// How long one action may take to get its result, faults included.
+const RESULT_WAIT: Duration = Duration::from_secs(180);
+
+/// One acknowledged action and the result its submitter saw.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    /// The action.
+    pub id: ActionId,
+    /// `open`, `exec`, `reward`, `api` or `close`.
+    pub kind: &'static str,
+    /// The result the submitter read, if any came within [`RESULT_WAIT`].
+    pub result: Option<ActionResult>,
+}
+
+/// A running workload.
+#[derive(Debug)]
+pub struct Workload {
+    tasks: JoinSet<anyhow::Result<Vec<Submitted>>>,
+    done: Arc<AtomicUsize>,
+    expected: usize,
+}
+
+impl Workload {
+    /// Starts `size.trajectories` rollouts.
+    pub async fn start(url: &str, job: &str, size: Size) -> anyhow::Result<Self> {
+        let done = Arc::new(AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        for t in 0..size.trajectories {
+            let client = Client::connect(url, job).await?;
+            let done = done.clone();
+            tasks.spawn(trajectory(client, format!("t{t}"), size.steps, done));
+        }
+        Ok(Self {
+            tasks,
+            done,
+            expected: size.trajectories * (2 + 3 * size.steps),
+        })
+    }
+
+    /// Waits until this fraction of the planned actions has results.
+    pub async fn wait_progress(&self, fraction: f64, within: Duration) -> anyhow::Result<()> {
+        let want = (self.expected as f64 * fraction) as usize;
+        let deadline = Instant::now() + within;
+        while self.done.load(Ordering::Relaxed) < want {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the workload made no progress to {want} results within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Waits for every trajectory to end; returns every acknowledged action.
+    pub async fn finish(mut self, within: Duration) -> anyhow::Result<Vec<Submitted>> {
+        let mut out = Vec::new();
+        let deadline = Instant::now() + within;
+        while let Some(r) = tokio::time::timeout_at(deadline, self.tasks.join_next())
+            .await
+            .map_err(|_| anyhow::anyhow!("the workload did not finish within {within:?}"))?
+        {
+            out.extend(r??);
+        }
+        Ok(out)
+    }
+}
+
+async fn trajectory(
+    c: Client,
+    traj: String,
+    steps: usize,
+    done: Arc<AtomicUsize>,
+) -> anyhow::Result<Vec<Submitted>> {
+    let job = c.job.to_string();
+    let mut log = Vec::new();
+    let mut opens = 0;
+    let mut need_open = true;
+    for step in 0..steps {
+        if need_open {
+            need_open = !open_sandbox(&c, &job, &traj, &mut opens, &mut log, &done).await?;
+        }
+        let id = format!("{traj}-x{step}");
+        let script = format!("echo {id} >> /effects/log && sleep 0.2");
+        let a = exec(&id, &job, &traj, &["sh", "-c", &script], 1, 1);
+        let r = submit_and_wait(&c, a, "exec", &mut log, &done).await?;
+        if r.as_ref().is_some_and(sandbox_gone) {
+            need_open = true;
+        }
+        let id = format!("{traj}-r{step}");
+        let a = reward(&id, &job, &traj, SERVICE, &[&id]);
+        submit_and_wait(&c, a, "reward", &mut log, &done).await?;
+        let id = format!("{traj}-a{step}");
+        let mut a = api(&id, &job, &traj, PROVIDER, "/search");
+        if let ActionSpec::Api(call) = &mut a.spec {
+            call.query.insert("id".into(), id.clone());
+        }
+        submit_and_wait(&c, a, "api", &mut log, &done).await?;
+    }
+    let id = format!("{traj}-close");
+    submit_and_wait(&c, close(&id, &job, &traj), "close", &mut log, &done).await?;
+    Ok(log)
+}
+
+/// Opens the trajectory's sandbox; true when it is open.
+async fn open_sandbox(
+    c: &Client,
+    job: &str,
+    traj: &str,
+    opens: &mut u32,
+    log: &mut Vec<Submitted>,
+    done: &AtomicUsize,
+) -> anyhow::Result<bool> {
+    *opens += 1;
+    let id = format!("{traj}-open{opens}");
+    let r = submit_and_wait(c, open(&id, job, traj), "open", log, done).await?;
+    Ok(match r.map(|r| r.outcome) {
+        Some(Outcome::Completed { exit_code: 0 }) => true,
+        // Still open from before (the loss that prompted this open was of a command).
+        Some(Outcome::Rejected {
+            code: RejectCode::SandboxExists,
+            ..
+        }) => true,
+        _ => false,
+    })
+}
+
+/// Whether a result says the sandbox is gone and must be opened again.
+fn sandbox_gone(r: &ActionResult) -> bool {
+    matches!(
+        &r.outcome,
+        Outcome::Rejected {
+            code: RejectCode::NoSandbox,
+            ..
+        } | Outcome::InfraError {
+            code: InfraCode::SandboxLost | InfraCode::WorkerLost | InfraCode::Shutdown,
+            ..
+        }
+    )
+}
+
+/// Publishes until acknowledged (the same `Nats-Msg-Id` each time, so a retry of a publish
+/// that was stored is a duplicate JetStream drops), then waits for the result.
+async fn submit_and_wait(
+    c: &Client,
+    a: Action,
+    kind: &'static str,
+    log: &mut Vec<Submitted>,
+    done: &AtomicUsize,
+) -> anyhow::Result<Option<ActionResult>> {
+    let deadline = Instant::now() + RESULT_WAIT;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), c.submit(&a)).await {
+            Ok(Ok(())) => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
+            // Never acknowledged: not counted (it may still run; nobody was promised it).
+            _ => return Ok(None),
+        }
+    }
+    let mut result = None;
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match c.result(&a.id, left.min(Duration::from_secs(20))).await {
+            Ok(r) => {
+                result = Some(r);
+                break;
+            }
+            // NATS may be down or the read may time out; read again until the deadline.
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    done.fetch_add(1, Ordering::Relaxed);
+    log.push(Submitted {
+        id: a.id.clone(),
+        kind,
+        result: result.clone(),
+    });
+    Ok(result)
+}
