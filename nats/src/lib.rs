@@ -169,7 +169,20 @@ pub async fn publish_result(
     encoding: Encoding,
     attempts: u32,
 ) -> Result<(), PublishError> {
-    let payload = codec::encode(result, encoding).map_err(PublishError::Encode)?;
+    // A result larger than the server takes would never be stored: cut its texts to fit.
+    // (Before the first connection the server's limit is unknown: NATS's default, 1 MiB.)
+    let max = match js.client().server_info().max_payload {
+        0 => 1 << 20,
+        m => m,
+    };
+    let mut payload = codec::encode(result, encoding).map_err(PublishError::Encode)?;
+    if payload.len() + tangram_shared::fit::HEADROOM > max {
+        let mut fitted = result.clone();
+        tangram_shared::fit::fit(&mut fitted, encoding, max).map_err(PublishError::Encode)?;
+        tracing::warn!(action = %result.id, bytes = payload.len(), max_payload = max,
+            "result cut to fit the server's max_payload");
+        payload = codec::encode(&fitted, encoding).map_err(PublishError::Encode)?;
+    }
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());

@@ -70,6 +70,9 @@ pub enum CodecError {
     /// JSON encoding or decoding failed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// The message does not fit in this many bytes even with its texts cut.
+    #[error("the message does not fit in {0} bytes even with its texts cut")]
+    TooLarge(usize),
 }
 
 /// Encodes a message.

@@ -75,6 +75,13 @@ pub struct ProviderReport {
 impl ProviderReport {
     /// True when `method path` matches one of the allow rules.
     pub fn allows(&self, method: &str, path: &str) -> bool {
+        // Judged on the path as the provider will read it: percent-decoded, with no dot
+        // segments, encoded or doubled slashes, backslashes or NULs that could step outside
+        // an allowed prefix.
+        let Some(path) = plain_path(path) else {
+            return false;
+        };
+        let path = path.as_str();
         self.allow.iter().any(|rule| {
             let Some((m, p)) = rule.split_once(' ') else {
                 return false;
@@ -164,4 +171,88 @@ pub struct ReplicaReport {
     pub resident: bool,
     /// Answering its health check.
     pub healthy: bool,
+}
+/// The path percent-decoded, or `None` when it is not a plain absolute path: a `.` or `..`
+/// segment (raw or encoded), an empty segment (`//`), an encoded slash or backslash, a
+/// backslash, a NUL or control byte, or an encoding that is not valid UTF-8. The query
+/// string is not part of the path.
+pub fn plain_path(path: &str) -> Option<String> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    if !path.starts_with('/') {
+        return None;
+    }
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            let v = u8::from_str_radix(hex, 16).ok()?;
+            // An encoded separator would be one segment to us and two to some servers.
+            if v == b'/' || v == b'\\' {
+                return None;
+            }
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    let decoded = String::from_utf8(out).ok()?;
+    if decoded.contains('\\') || decoded.chars().any(|c| c.is_control()) {
+        return None;
+    }
+    let segments: Vec<&str> = decoded[1..].split('/').collect();
+    let last = segments.len() - 1;
+    for (n, s) in segments.iter().enumerate() {
+        if *s == "." || *s == ".." || (s.is_empty() && n != last) {
+            return None;
+        }
+    }
+    Some(decoded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(allow: &[&str]) -> ProviderReport {
+        ProviderReport {
+            name: "p".into(),
+            rate_per_s: 1.0,
+            burst: 1,
+            concurrency: 1,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            allow_headers: vec![],
+            slow_ms: None,
+        }
+    }
+
+    #[test]
+    fn percent_encoded_dot_segments_cannot_escape_an_allow_prefix() {
+        let r = report(&["GET /page/*", "POST /search"]);
+        assert!(r.allows("GET", "/page/1"));
+        assert!(r.allows("GET", "/page/a%20b"));
+        assert!(r.allows("GET", "/page/x?q=..%2f"));
+        for escape in [
+            "/page/%2e%2e/secret",
+            "/page/%2E%2E/secret",
+            "/page/../secret",
+            "/page/./../secret",
+            "/page/.%2e/secret",
+            "/page/%2fsecret",
+            "/page/%5c..%5csecret",
+            "/page/..\\secret",
+            "/page//../secret",
+            "/page/%00",
+            "/page/%zz",
+            "page/1",
+        ] {
+            assert!(!r.allows("GET", escape), "{escape} was allowed");
+        }
+        assert!(r.allows("POST", "/search"));
+        assert!(!r.allows("POST", "/search/."));
+    }
 }

@@ -11,6 +11,7 @@
 pub mod action;
 pub mod codec;
 pub mod dispatch;
+pub mod fit;
 pub mod heartbeat;
 pub mod ids;
 pub mod pacing;

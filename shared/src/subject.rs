@@ -95,6 +95,13 @@ pub const HEARTBEAT_ALL: &str = "tangram.v1.heartbeat.*";
 pub fn deadletter(code: RejectCode) -> String {
     format!("{PREFIX}.deadletter.{}", code.as_str())
 }
+/// Subject of a worker's record of a dispatch it refused: `tangram.v1.deadletter.<reason>`
+/// (`stale_epoch`, `unknown_epoch`).
+pub fn deadletter_refused(reason: &str) -> String {
+    format!("{PREFIX}.deadletter.{reason}")
+}
+/// Header naming the worker that refused a dispatch.
+pub const HEADER_DLQ_WORKER: &str = "Tangram-Worker";
 /// Wildcard over every dead-letter record.
 pub const DEADLETTER_ALL: &str = "tangram.v1.deadletter.>";
 

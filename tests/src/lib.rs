@@ -273,6 +273,7 @@ pub fn gpu_worker_config(
                     slots: 1,
                     start_timeout_ms: 30_000,
                     model: None,
+                    env: Default::default(),
                 })
                 .collect(),
         ),
@@ -428,6 +429,15 @@ impl Cluster {
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((id.to_string(), token, handle));
         Ok(())
+    }
+
+    /// Starts a worker from a validated config (a test that edits one, e.g. from
+    /// [`gpu_worker_config`]).
+    pub fn start_worker_config(&mut self, config: tangram_worker::Config) {
+        let id = config.id.to_string();
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
+        self.workers.push((id, token, handle));
     }
 
     /// Starts a worker that runs no sandboxes and calls the given external API providers.

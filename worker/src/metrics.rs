@@ -16,8 +16,9 @@ pub const OVERHEAD_SECONDS: &str = "tangram_worker_overhead_seconds";
 pub const SANDBOXES: &str = "tangram_worker_sandboxes";
 /// Leftover containers removed at start.
 pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
-/// Dispatches refused because their scheduler epoch is stale.
-pub const STALE: &str = "tangram_worker_stale_dispatches_total";
+/// Dispatches refused, by reason (`stale_epoch`, `unknown_epoch`); each also leaves a
+/// dead-letter record.
+pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
 /// Replica processes started, by service.
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
 /// Replica processes found dead, by service.
@@ -67,8 +68,8 @@ pub(crate) fn sandboxes(n: usize) {
 pub(crate) fn leftovers(n: usize) {
     counter!(LEFTOVERS).increment(n as u64);
 }
-pub(crate) fn stale() {
-    counter!(STALE).increment(1);
+pub(crate) fn refused(reason: &'static str) {
+    counter!(REFUSED, "reason" => reason).increment(1);
 }
 pub(crate) fn replica_started(service: &str) {
     counter!(REPLICAS_STARTED, "service" => service.to_string()).increment(1);

@@ -18,12 +18,21 @@ const RECENT: usize = 10_000;
 pub(crate) enum Verdict {
     /// Run it.
     Run,
-    /// From a scheduler older than one already heard from: dropped, no result.
+    /// From a scheduler older than the current one: refused, recorded, not run.
     StaleEpoch {
         /// The dispatch's epoch.
         epoch: u64,
-        /// The newest epoch seen.
+        /// The newest epoch known.
         newest: u64,
+    },
+    /// From an epoch no leader has held (above the stored epoch), as a forged dispatch
+    /// would be: refused, recorded, not run. Refusing it raises nothing, so real dispatches
+    /// keep running.
+    UnknownEpoch {
+        /// The dispatch's epoch.
+        epoch: u64,
+        /// The stored epoch.
+        stored: u64,
     },
     /// A redelivery of an action running here now: the running copy acks it.
     AlreadyRunning,
@@ -40,17 +49,26 @@ pub(crate) struct Admissions {
     pub(crate) running: HashSet<ActionId>,
     recent: VecDeque<ActionId>,
     recent_set: HashSet<ActionId>,
-    max_epoch: u64,
+    /// The newest epoch known: read from the leaders' store when `authority`, else the
+    /// newest seen on a dispatch.
+    known_epoch: u64,
+    /// True once the stored epoch has been read: dispatches above it are refused.
+    authority: bool,
 }
 
 impl Admissions {
     /// Decides, and on [`Verdict::Run`] counts the action as running.
     pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool) -> Verdict {
         let id = &d.action.id;
-        if d.epoch < self.max_epoch {
+        if d.epoch < self.known_epoch {
             Verdict::StaleEpoch {
                 epoch: d.epoch,
-                newest: self.max_epoch,
+                newest: self.known_epoch,
+            }
+        } else if self.authority && d.epoch > self.known_epoch {
+            Verdict::UnknownEpoch {
+                epoch: d.epoch,
+                stored: self.known_epoch,
             }
         } else if self.running.contains(id) {
             Verdict::AlreadyRunning
@@ -59,10 +77,21 @@ impl Admissions {
         } else if redelivered {
             Verdict::LostByEarlierInstance
         } else {
-            self.max_epoch = d.epoch;
+            self.known_epoch = self.known_epoch.max(d.epoch);
             self.running.insert(id.clone());
             Verdict::Run
         }
+    }
+
+    /// Whether a dispatch's epoch is above what is known (the store should be read first).
+    pub(crate) fn is_newer(&self, epoch: u64) -> bool {
+        epoch > self.known_epoch
+    }
+
+    /// The leaders' stored epoch, just read: the authority from now on.
+    pub(crate) fn learn_stored_epoch(&mut self, stored: u64) {
+        self.known_epoch = self.known_epoch.max(stored);
+        self.authority = true;
     }
 
     /// The action's result is out: it is remembered as finished, for a while.
@@ -89,6 +118,20 @@ impl Worker {
                 return None;
             }
         };
+        // A dispatch from an epoch above what is known: the new leader's first, or a forgery.
+        // The leaders' store says which.
+        let newer = self
+            .state
+            .lock()
+            .expect("state lock")
+            .admissions
+            .is_newer(dispatch.epoch);
+        if newer {
+            if let Some(stored) = self.results.stored_epoch().await {
+                let mut st = self.state.lock().expect("state lock");
+                st.admissions.learn_stored_epoch(stored);
+            }
+        }
         let verdict = self
             .state
             .lock()
@@ -100,8 +143,18 @@ impl Worker {
             Verdict::Run => return Some(dispatch),
             Verdict::AlreadyRunning => return None,
             Verdict::StaleEpoch { epoch, newest } => {
-                m::stale();
-                debug!(action = %id, epoch, newest, "stale dispatch dropped");
+                let detail = format!(
+                    "dispatch of epoch {epoch} refused: the scheduler of epoch {newest} has taken over"
+                );
+                self.refuse("stale_epoch", &detail, delivery.payload(), &dispatch)
+                    .await;
+            }
+            Verdict::UnknownEpoch { epoch, stored } => {
+                let detail = format!(
+                    "dispatch of epoch {epoch} refused: no scheduler has held it (the stored epoch is {stored}); a forged dispatch?"
+                );
+                self.refuse("unknown_epoch", &detail, delivery.payload(), &dispatch)
+                    .await;
             }
             Verdict::AlreadyFinished => debug!(action = %id, "finished dispatch dropped"),
             Verdict::LostByEarlierInstance => {
@@ -124,5 +177,22 @@ impl Worker {
         }
         let _ = delivery.ack().await;
         None
+    }
+
+    /// A refused dispatch is answered with a dead-letter record, a metric and a log line,
+    /// never with a result: a result under the action's id would claim an action the
+    /// current scheduler owns (and its `Nats-Msg-Id` would shadow the real result).
+    async fn refuse(&self, reason: &'static str, detail: &str, payload: &[u8], d: &Dispatch) {
+        m::refused(reason);
+        warn!(action = %d.action.id, reason, "{detail}");
+        self.results
+            .refuse(super::intake::Refusal {
+                reason,
+                detail,
+                payload,
+                action: d.action.id.as_str(),
+                worker: self.config.id.as_str(),
+            })
+            .await;
     }
 }

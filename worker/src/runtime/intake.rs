@@ -36,7 +36,22 @@ impl Delivery for jetstream::Message {
     }
 }
 
-/// Where results go.
+/// A dispatch the worker will not run, for the record an operator reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refusal<'a> {
+    /// `stale_epoch` or `unknown_epoch`.
+    pub(crate) reason: &'static str,
+    /// Why, for a person.
+    pub(crate) detail: &'a str,
+    /// The dispatch as delivered.
+    pub(crate) payload: &'a [u8],
+    /// Its action.
+    pub(crate) action: &'a str,
+    /// This worker.
+    pub(crate) worker: &'a str,
+}
+
+/// Where results go, and what the worker reads of the scheduler.
 pub(crate) trait ResultSink: Send + Sync {
     /// Stores a result durably (retrying, bounded) or says why it could not.
     fn publish<'a>(
@@ -44,12 +59,65 @@ pub(crate) trait ResultSink: Send + Sync {
         result: &'a ActionResult,
         encoding: Encoding,
     ) -> BoxFuture<'a, Result<(), tangram_nats::PublishError>>;
+
+    /// The scheduler epoch as stored by the leaders (the only authority on which epochs
+    /// exist); `None` when it cannot be read.
+    fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>>;
+
+    /// Records a refused dispatch in the dead-letter stream (best effort).
+    fn refuse<'a>(&'a self, refusal: Refusal<'a>) -> BoxFuture<'a, ()>;
 }
 
 /// Results on their JetStream subjects.
 pub(crate) struct JetStreamResults(pub(crate) jetstream::Context);
 
 impl ResultSink for JetStreamResults {
+    fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            let store = self
+                .0
+                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+                .await
+                .ok()?;
+            let entry = store
+                .entry(tangram_shared::subject::EPOCH_KEY)
+                .await
+                .ok()??;
+            String::from_utf8_lossy(&entry.value).trim().parse().ok()
+        })
+    }
+
+    fn refuse<'a>(&'a self, r: Refusal<'a>) -> BoxFuture<'a, ()> {
+        use tangram_shared::subject;
+        Box::pin(async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(subject::HEADER_DLQ_CODE, r.reason);
+            headers.insert(subject::HEADER_DLQ_REASON, r.detail);
+            headers.insert(subject::HEADER_DLQ_WORKER, r.worker);
+            headers.insert("Tangram-Action-Id", r.action);
+            headers.insert(
+                subject::HEADER_CONTENT_TYPE,
+                Encoding::Msgpack.content_type(),
+            );
+            let sent = self
+                .0
+                .publish_with_headers(
+                    subject::deadletter_refused(r.reason),
+                    headers,
+                    r.payload.to_vec().into(),
+                )
+                .await;
+            match sent {
+                Ok(ack) => {
+                    if let Err(e) = ack.await {
+                        tracing::warn!(error = %e, "refusal record not stored");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "refusal record not sent"),
+            }
+        })
+    }
+
     fn publish<'a>(
         &'a self,
         result: &'a ActionResult,

@@ -67,9 +67,26 @@ impl Delivery for FakeDelivery {
 struct Results {
     all: Mutex<Vec<ActionResult>>,
     added: tokio::sync::Notify,
+    /// The epoch the fake KV holds (`None`: unreadable).
+    epoch: Mutex<Option<u64>>,
+    /// Refusal records: (action, reason).
+    refused: Mutex<Vec<(String, &'static str)>>,
 }
 
 impl ResultSink for Results {
+    fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>> {
+        let e = *self.epoch.lock().unwrap();
+        Box::pin(async move { e })
+    }
+
+    fn refuse<'a>(&'a self, r: super::intake::Refusal<'a>) -> BoxFuture<'a, ()> {
+        self.refused
+            .lock()
+            .unwrap()
+            .push((r.action.to_string(), r.reason));
+        Box::pin(async {})
+    }
+
     fn publish<'a>(
         &'a self,
         result: &'a ActionResult,
@@ -300,7 +317,7 @@ fn admission_verdicts() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_stale_epoch_is_acked_and_dropped_without_a_result() {
+async fn a_stale_epoch_dispatch_is_answered_not_dropped() {
     let h = Harness::start();
     let mut o = open("o1", "t1");
     o.epoch = 5;
@@ -312,8 +329,43 @@ async fn a_stale_epoch_is_acked_and_dropped_without_a_result() {
     let mut next = exec("next", "t1", &["true"], 1);
     next.epoch = 5;
     assert_eq!(completed(&h.run(&next).await), 0);
+    // Not run, acked, and recorded for an operator; no result under the action's id (the
+    // current scheduler owns the action).
     assert!(h.results.of("old").is_empty());
     assert_eq!(h.acks_of("old"), [Ack::Done]);
+    assert_eq!(
+        *h.results.refused.lock().unwrap(),
+        [("old".to_string(), "stale_epoch")]
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forged_high_epoch_dispatch_does_not_block_real_ones() {
+    let h = Harness::start();
+    *h.results.epoch.lock().unwrap() = Some(5);
+    let mut o = open("o1", "t1");
+    o.epoch = 5;
+    assert_eq!(completed(&h.run(&o).await), 0);
+    // Anyone who can publish on the dispatch subject sends epoch 2^63.
+    let mut forged = exec("forged", "t1", &["true"], 1);
+    forged.epoch = 1 << 63;
+    h.deliver("forged", &forged, false).await;
+    // The real scheduler's next dispatch still runs.
+    let mut real = exec("real", "t1", &["true"], 1);
+    real.epoch = 5;
+    assert_eq!(completed(&h.run(&real).await), 0);
+    assert!(h.results.of("forged").is_empty());
+    assert_eq!(h.acks_of("forged"), [Ack::Done]);
+    assert_eq!(
+        *h.results.refused.lock().unwrap(),
+        [("forged".to_string(), "unknown_epoch")]
+    );
+    // A new leader's epoch, once stored, is accepted.
+    *h.results.epoch.lock().unwrap() = Some(6);
+    let mut next = exec("next", "t1", &["true"], 1);
+    next.epoch = 6;
+    assert_eq!(completed(&h.run(&next).await), 0);
     h.stop().await;
 }
 

@@ -108,7 +108,28 @@ pub struct ServiceConfig {
     /// Engine model name passed in scoring requests (vLLM and SGLang need it).
     #[serde(default)]
     pub model: Option<String>,
+    /// Environment of a replica process, on top of [`REPLICA_PASSTHROUGH`] and the GPU
+    /// variables the worker sets. Nothing else of the worker's environment (its credentials
+    /// included) reaches a replica.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
+
+/// Variables of the worker's environment a replica process inherits: what an interpreter
+/// or a CUDA runtime needs to start, nothing that grants access.
+pub const REPLICA_PASSTHROUGH: &[&str] = &[
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CUDA_HOME",
+    "HF_HOME",
+];
 
 fn one() -> u8 {
     1

@@ -198,7 +198,14 @@ impl Services {
             }
             None => {
                 let mut cmd = tokio::process::Command::new(&argv[0]);
-                cmd.args(&argv[1..])
+                cmd.env_clear();
+                for key in super::REPLICA_PASSTHROUGH {
+                    if let Some(v) = std::env::var_os(key) {
+                        cmd.env(key, v);
+                    }
+                }
+                cmd.envs(&c.env)
+                    .args(&argv[1..])
                     .env("CUDA_VISIBLE_DEVICES", &gpu_list)
                     .env("TANGRAM_SERVICE", service)
                     .stdin(std::process::Stdio::null())
