@@ -152,3 +152,35 @@ async fn replica_processes_do_not_inherit_the_worker_environment() -> anyhow::Re
     }
     cluster.shutdown().await
 }
+
+/// Regression: a stopping worker said `draining` only after its grace period, so for the
+/// whole grace the scheduler kept placing actions there that it would never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_reports_draining_at_once() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("drain-a")]).await?;
+    let c = cluster.client("drain").await?;
+    c.wait_for_workers(&["drain-a"], T).await?;
+    let r = c.run(&open("o1", "drain", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    // Something running, so the drain has a grace period to wait out (2 s in the harness).
+    c.submit(&exec("long", "drain", "t1", &["sleep", "30"], 1, 1))
+        .await?;
+    c.wait_for_heartbeat(T, "running", |hb| !hb.running.is_empty())
+        .await?;
+    let started = tokio::time::Instant::now();
+    let watch = c.wait_for_heartbeat(T, "draining", |hb| {
+        hb.worker.as_str() == "drain-a" && hb.draining
+    });
+    let (stopped, draining) = tokio::join!(cluster.stop_worker("drain-a"), async {
+        let hb = watch.await;
+        (hb, started.elapsed())
+    });
+    stopped?;
+    let (hb, after) = draining;
+    hb?;
+    assert!(
+        after < Duration::from_millis(1_500),
+        "draining reported {after:?} after the stop began; the grace is 2 s"
+    );
+    cluster.shutdown().await
+}

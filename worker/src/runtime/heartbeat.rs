@@ -16,13 +16,18 @@ pub(super) async fn heartbeats(
 ) {
     let mut tick = tokio::time::interval(worker.config.heartbeat);
     let mut seq = 0;
+    let mut said_draining = false;
     loop {
+        let draining = worker.draining.clone();
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
+            // The moment draining starts, say so (once, then every period as usual).
+            _ = draining.cancelled(), if !said_draining => said_draining = true,
         }
         seq += 1;
-        send_heartbeat(&worker, &client, &instance, seq, false).await;
+        let draining = worker.draining.is_cancelled();
+        send_heartbeat(&worker, &client, &instance, seq, draining).await;
     }
 }
 

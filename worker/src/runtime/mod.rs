@@ -63,6 +63,9 @@ pub(crate) struct Worker {
     pub(crate) state: Mutex<State>,
     /// Cancelled when the drain deadline passes: running commands are killed.
     pub(crate) hard_stop: CancellationToken,
+    /// Cancelled when the worker starts draining: heartbeats say so at once, so the
+    /// scheduler stops placing here before the grace period, not after it.
+    pub(crate) draining: CancellationToken,
     /// GPUs, when the worker has any.
     pub(crate) inventory: Option<GpuInventory>,
 }
@@ -89,6 +92,7 @@ impl Worker {
             providers,
             results,
             hard_stop: CancellationToken::new(),
+            draining: CancellationToken::new(),
             inventory,
         }
     }
@@ -288,6 +292,7 @@ where
         }
     }
     drop(intake);
+    worker.draining.cancel();
 
     info!(
         grace_ms = worker.config.shutdown_grace.as_millis() as u64,
