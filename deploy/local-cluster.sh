@@ -41,6 +41,8 @@ run_pass() {  # policy, extra up flags...
   echo "=== policy: $policy ==="
   $tangram up --nats-port "$port" --policy "$policy" "$@"
   up=1
+  # Rollouts authenticate as the `rollout` role (tangram up wrote the seed).
+  TANGRAM_NKEY_FILE=.tangram/creds/rollout.nk \
   target/debug/tangram-rollout --nats-url "$url" --label "$policy" \
     --report ".tangram/report-$policy.json" "${args[@]}"
   $tangram status | sed -n '/service/,$p'

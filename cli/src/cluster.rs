@@ -55,6 +55,15 @@ pub struct UpArgs {
     /// Seconds to wait for every component to report.
     #[arg(long, default_value_t = 90)]
     pub wait_s: u64,
+    /// Run NATS without users or permissions (anyone who reaches the port may do anything).
+    /// By default every component, the CLI and rollouts authenticate with nkeys written to
+    /// <state-dir>/creds/<role>.nk.
+    #[arg(long)]
+    pub no_auth: bool,
+    /// Jobs that get rollout credentials of their own (`creds/rollout-<job>.nk`: that job's
+    /// actions and results only), comma-separated; `creds/rollout.nk` serves every job.
+    #[arg(long, default_value = "")]
+    pub rollout_jobs: String,
 }
 
 /// What `up` records for `down` and `status`.
@@ -68,6 +77,9 @@ pub struct Running {
     pub workers: Vec<String>,
     /// The search stand-in's URL.
     pub search_url: Option<String>,
+    /// Where the credentials are, when NATS requires them.
+    #[serde(default)]
+    pub creds: Option<PathBuf>,
 }
 
 fn alive(pid: u32) -> bool {
@@ -171,10 +183,46 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     for d in ["logs", "nats", "bin"] {
         std::fs::create_dir_all(state.join(d))?;
     }
-    std::fs::write(state.join("server.conf"), SERVER_CONF)?;
+    let state_abs = std::fs::canonicalize(&state)?;
+    let worker_ids: Vec<String> = (0..a.workers)
+        .map(|i| format!("cpu-{i}"))
+        .chain((a.gpus > 0).then(|| "gpu-0".to_string()))
+        .collect();
+    let creds = if a.no_auth {
+        std::fs::write(state.join("server.conf"), SERVER_CONF)?;
+        None
+    } else {
+        let jobs: Vec<&str> = a
+            .rollout_jobs
+            .split(',')
+            .map(str::trim)
+            .filter(|j| !j.is_empty())
+            .collect();
+        let dir = state_abs.join("creds");
+        let users = crate::creds::ensure(&dir, &worker_ids, &jobs)?;
+        std::fs::write(
+            state.join("server.conf"),
+            format!(
+                "{SERVER_CONF}
+{}",
+                tangram_nats::auth::server_authorization(&users)
+            ),
+        )?;
+        Some(dir)
+    };
+    let seed = |role: &str| -> Vec<(String, String)> {
+        creds
+            .as_ref()
+            .map(|d| {
+                vec![(
+                    "TANGRAM_NKEY_FILE".to_string(),
+                    d.join(format!("{role}.nk")).display().to_string(),
+                )]
+            })
+            .unwrap_or_default()
+    };
     std::fs::write(state.join("bin/replica.py"), REPLICA_PY)?;
     std::fs::write(state.join("bin/search.py"), SEARCH_PY)?;
-    let state_abs = std::fs::canonicalize(&state)?;
     let url = format!("nats://127.0.0.1:{}", a.nats_port);
     let mut pids: Vec<(String, u32)> = Vec::new();
     let mut workers = Vec::new();
@@ -223,6 +271,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                     &name,
                     Command::new(sibling("tangram-scheduler")?)
                         .env("TANGRAM_NATS_URL", &url)
+                        .envs(seed("scheduler"))
                         .args(["--id", &name])
                         .args([
                             "--policy",
@@ -245,6 +294,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                     &id,
                     Command::new(sibling("tangram-worker")?)
                         .env("TANGRAM_NATS_URL", &url)
+                        .envs(seed(&format!("worker-{id}")))
                         .args([
                             "--id",
                             &id,
@@ -316,6 +366,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                     &state,
                     "gpu-0",
                     Command::new(sibling("tangram-worker")?)
+                        .envs(seed("worker-gpu-0"))
                         .arg("--config")
                         .arg(state_abs.join("gpu-0.toml")),
                 )?,
@@ -329,6 +380,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         pids: pids.clone(),
         workers: workers.clone(),
         search_url,
+        creds: creds.clone(),
     };
     let search_url = match result {
         Ok(s) => s,
@@ -350,7 +402,8 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             let _ = down_at(&state);
             bail!("{name} exited during start; its log ends with:\n{log}");
         }
-        if let Ok(st) = fetch_status(&url, Duration::from_secs(2)) {
+        let operator = credentials(None, &state_abs);
+        if let Ok(st) = fetch_status(&url, &operator, Duration::from_secs(2)) {
             let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
             if workers.iter().all(|w| seen.contains(&w.as_str())) {
                 println!("tangram is up: {url} (state, logs: {})", state.display());
@@ -449,16 +502,37 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
     Ok(stopped)
 }
 
+/// Credentials for the CLI: `--nkey-file` / `TANGRAM_NKEY_FILE`, else the operator seed of
+/// the cluster `up` started in `state` (`<state>/creds/operator.nk`), else none.
+pub fn credentials(explicit: Option<PathBuf>, state: &Path) -> tangram_nats::auth::Credentials {
+    let file = explicit
+        .or_else(|| std::env::var_os("TANGRAM_NKEY_FILE").map(PathBuf::from))
+        .or_else(|| {
+            let f = state.join("creds").join("operator.nk");
+            f.exists().then_some(f)
+        });
+    match file {
+        Some(f) => tangram_nats::auth::Credentials::from_seed_file(f),
+        None => Default::default(),
+    }
+}
+
 /// Asks the scheduler for its status.
-pub fn fetch_status(url: &str, timeout: Duration) -> anyhow::Result<Status> {
+pub fn fetch_status(
+    url: &str,
+    creds: &tangram_nats::auth::Credentials,
+    timeout: Duration,
+) -> anyhow::Result<Status> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let client = tokio::time::timeout(timeout, async_nats::connect(url))
-            .await
-            .context("connecting to NATS timed out")?
-            .with_context(|| format!("connecting to NATS at {url}"))?;
+        let client = tokio::time::timeout(
+            timeout,
+            tangram_nats::auth::connect(url, "tangram-cli", creds),
+        )
+        .await
+        .context("connecting to NATS timed out")??;
         let reply = tokio::time::timeout(
             timeout,
             client.request(tangram_shared::subject::STATUS, "".into()),
@@ -481,8 +555,12 @@ pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
 }
 
 /// `tangram status`.
-pub fn status(url: &str, json: bool) -> anyhow::Result<()> {
-    let st = fetch_status(url, Duration::from_secs(5))?;
+pub fn status(
+    url: &str,
+    creds: &tangram_nats::auth::Credentials,
+    json: bool,
+) -> anyhow::Result<()> {
+    let st = fetch_status(url, creds, Duration::from_secs(5))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cluster;
+mod creds;
 mod gpu_sim;
 mod pipeline;
 mod report;
@@ -53,6 +54,9 @@ pub(crate) enum Command {
         /// The cluster's state directory.
         #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
         state_dir: PathBuf,
+        /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
+        #[arg(long, env = "TANGRAM_NKEY_FILE")]
+        nkey_file: Option<PathBuf>,
     },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
@@ -160,7 +164,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             nats_url,
             state_dir,
-        } => cluster::status(&cluster::nats_url(nats_url, &state_dir), json),
+            nkey_file,
+        } => cluster::status(
+            &cluster::nats_url(nats_url, &state_dir),
+            &cluster::credentials(nkey_file, &state_dir),
+            json,
+        ),
         Command::Submit(args) => {
             let state = std::env::var_os("TANGRAM_STATE_DIR")
                 .map(PathBuf::from)

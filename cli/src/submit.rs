@@ -26,6 +26,10 @@ pub struct SubmitArgs {
     /// Action id (idempotency key) [default: a fresh one].
     #[arg(long, global = true)]
     pub id: Option<String>,
+    /// nkey seed file [default: TANGRAM_NKEY_FILE, else <state-dir>/creds/operator.nk when
+    /// it exists].
+    #[arg(long, global = true)]
+    pub nkey_file: Option<std::path::PathBuf>,
     /// Execution timeout, seconds.
     #[arg(long, global = true, default_value_t = 60.0)]
     pub timeout_s: f64,
@@ -210,12 +214,11 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
 /// Submits and waits; returns the result.
 pub async fn submit_and_wait(
     url: &str,
+    creds: &tangram_nats::auth::Credentials,
     action: &Action,
     wait: Duration,
 ) -> anyhow::Result<ActionResult> {
-    let client = async_nats::connect(url)
-        .await
-        .with_context(|| format!("connecting to NATS at {url}"))?;
+    let client = tangram_nats::auth::connect(url, "tangram-submit", creds).await?;
     let js = async_nats::jetstream::new(client.clone());
     let result_subject = subject::result(&action.job, &action.id);
     // Listen first, so the result cannot slip by; then look for an earlier one (a resubmitted id).
@@ -286,8 +289,10 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let creds = crate::cluster::credentials(a.nkey_file.clone(), state);
     let r = rt.block_on(submit_and_wait(
         &url,
+        &creds,
         &action,
         Duration::from_secs_f64(a.wait_s),
     ))?;

@@ -11,6 +11,7 @@ fn tangram(state: &std::path::Path, args: &[&str]) -> (i32, String, String) {
         .args(args)
         .env("TANGRAM_STATE_DIR", state)
         .env_remove("TANGRAM_NATS_URL")
+        .env_remove("TANGRAM_NKEY_FILE")
         .output()
         .unwrap();
     (
@@ -79,6 +80,27 @@ fn up_submit_status_down_on_a_real_local_cluster() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("already up") || err.contains("taken"), "{err}");
+
+    // Auth is on by default: one private seed per role, and no way in without one.
+    use std::os::unix::fs::PermissionsExt;
+    for role in [
+        "operator",
+        "scheduler",
+        "rollout",
+        "worker-cpu-0",
+        "worker-gpu-0",
+    ] {
+        let f = state.join("creds").join(format!("{role}.nk"));
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", f.display());
+    }
+    let elsewhere = dir.path().join("no-creds");
+    let (code, _, err) = tangram(
+        &elsewhere,
+        &["status", "--nats-url", &format!("nats://127.0.0.1:{port}")],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("requires credentials"), "{err}");
 
     let (code, out, err) = tangram(&state, &["submit", "open", "--trajectory", "t1", "--json"]);
     assert_eq!(code, 0, "{out}{err}");

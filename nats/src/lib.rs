@@ -3,6 +3,8 @@
 //! the `nats` CLI; this crate embeds them and creates them idempotently at start.
 #![forbid(unsafe_code)]
 
+pub mod auth;
+
 use async_nats::jetstream::{self, consumer, stream};
 use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
@@ -30,6 +32,14 @@ pub enum SetupError {
         name: &'static str,
         /// Why.
         source: serde_json::Error,
+    },
+    /// A stream is still missing after waiting for the scheduler to create it.
+    #[error(
+        "stream {name} does not exist; is the scheduler running (only it may create streams)?"
+    )]
+    Missing {
+        /// Which stream.
+        name: String,
     },
     /// The server refused to create or update a stream.
     #[error("creating stream {name}: {source}")]
@@ -78,6 +88,42 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<(), SetupError> {
         js.create_or_update_stream(config)
             .await
             .map_err(|source| SetupError::Stream { name, source })?;
+    }
+    Ok(())
+}
+
+/// For processes that do not administer streams (workers, rollouts): creates a stream only
+/// when it is missing, so that with NATS permissions on, a worker needs no right to change
+/// stream configurations (the scheduler keeps them current).
+pub async fn ensure_streams_exist(js: &jetstream::Context) -> Result<(), SetupError> {
+    for config in stream_configs()? {
+        if js.get_stream(&config.name).await.is_ok() {
+            continue;
+        }
+        let name = config.name.clone();
+        js.create_stream(config)
+            .await
+            .map_err(|source| SetupError::Stream { name, source })?;
+    }
+    Ok(())
+}
+
+/// For processes with credentials that may not create streams: waits (up to `within`) until
+/// the scheduler has created every stream.
+pub async fn wait_for_streams(js: &jetstream::Context, within: Duration) -> Result<(), SetupError> {
+    let deadline = tokio::time::Instant::now() + within;
+    for config in stream_configs()? {
+        let mut logged = false;
+        while js.get_stream(&config.name).await.is_err() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SetupError::Missing { name: config.name });
+            }
+            if !logged {
+                tracing::info!(stream = %config.name, "waiting for the scheduler to create the stream");
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     Ok(())
 }

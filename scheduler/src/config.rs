@@ -12,6 +12,8 @@ use std::time::Duration;
 pub struct RawConfig {
     /// NATS server URL.
     pub nats_url: Option<String>,
+    /// `[nats]`: credentials (nkey seed file) and TLS.
+    pub nats: Option<tangram_nats::auth::RawCredentials>,
     /// Prometheus listen address; absent disables the exporter.
     pub metrics_addr: Option<String>,
     /// Largest action message accepted, in bytes.
@@ -45,6 +47,8 @@ pub struct RawConfig {
 pub struct Config {
     /// NATS server URL.
     pub nats_url: String,
+    /// How to authenticate to NATS (none by default).
+    pub credentials: tangram_nats::auth::Credentials,
     /// Prometheus listen address, if any.
     pub metrics_addr: Option<SocketAddr>,
     /// Largest action message accepted, in bytes.
@@ -160,6 +164,10 @@ impl RawConfig {
     pub fn merge(self, over: RawConfig) -> Self {
         Self {
             nats_url: over.nats_url.or(self.nats_url),
+            nats: match (self.nats, over.nats) {
+                (Some(a), Some(b)) => Some(a.merge(b)),
+                (a, b) => b.or(a),
+            },
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             max_action_bytes: over.max_action_bytes.or(self.max_action_bytes),
             max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
@@ -188,6 +196,11 @@ impl RawConfig {
                 format!("{nats_url:?} must start with nats:// or tls://"),
             ));
         }
+        let credentials = self
+            .nats
+            .unwrap_or_default()
+            .validate()
+            .map_err(|e| invalid("nats", e.to_string()))?;
         let metrics_addr = match self.metrics_addr.as_deref() {
             None | Some("") => None,
             Some(a) => Some(a.parse().map_err(|e| {
@@ -281,6 +294,7 @@ impl RawConfig {
             static_cores,
             job_weights,
             nats_url,
+            credentials,
             metrics_addr,
             max_action_bytes: max_action_bytes as usize,
             max_timeout: Duration::from_millis(max_timeout_ms),

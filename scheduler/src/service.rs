@@ -37,11 +37,9 @@ const TICK: Duration = Duration::from_millis(250);
 /// Runs the scheduler until `shutdown` is cancelled: as a standby until it holds the leader
 /// lease, then as leader until it stops or loses the lease (then a standby again).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let client = async_nats::ConnectOptions::new()
-        .name("tangram-scheduler")
-        .connect(&config.nats_url)
-        .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+    let client =
+        tangram_nats::auth::connect(&config.nats_url, "tangram-scheduler", &config.credentials)
+            .await?;
     let js = jetstream::new(client.clone());
     tangram_nats::ensure_streams(&js).await?;
     let store = scheduler_store(&js).await?;

@@ -73,26 +73,37 @@ pub struct NatsServer {
     child: Option<Child>,
     port: u16,
     store: tempfile::TempDir,
+    conf: PathBuf,
 }
 
 impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// Starts a server whose configuration is the bundled one plus `extra` (for example
+    /// an `authorization` block from [`tangram_nats::auth::server_authorization`]).
+    pub fn start_with(extra: &str) -> Self {
         let store = tempfile::tempdir().expect("temp store dir");
+        let conf = store.path().join("server.conf");
+        let base = std::fs::read_to_string(repo_root().join("nats/server.conf"))
+            .expect("the bundled server.conf");
+        std::fs::write(&conf, format!("{base}\n{extra}\n")).expect("writing server.conf");
         let mut s = Self {
             child: None,
             port: free_port(),
             store,
+            conf,
         };
         s.spawn();
         s
     }
 
     fn spawn(&mut self) {
-        let conf = repo_root().join("nats/server.conf");
         let child = Command::new(nats_server_bin())
             .arg("-c")
-            .arg(&conf)
+            .arg(&self.conf)
             .args([
                 "-a",
                 "127.0.0.1",
@@ -102,9 +113,14 @@ impl NatsServer {
                 &free_port().to_string(),
             ])
             .arg("-sd")
-            .arg(self.store.path())
+            .arg(self.store.path().join("js"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // TANGRAM_TEST_NATS_LOG=1 shows the server's log (permission violations...).
+            .stderr(if std::env::var_os("TANGRAM_TEST_NATS_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .expect("spawning nats-server");
         self.child = Some(child);
@@ -297,6 +313,8 @@ pub fn replica_pids(service: &str) -> Vec<u32> {
 pub struct Cluster {
     /// The server.
     pub nats: NatsServer,
+    /// Where the role seeds are, when the server requires credentials.
+    pub creds: Option<PathBuf>,
     scheduler: Option<(
         CancellationToken,
         tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -327,6 +345,7 @@ impl Cluster {
         let nats = NatsServer::start();
         let mut cluster = Self {
             nats,
+            creds: None,
             scheduler: None,
             workers: Vec::new(),
         };
@@ -337,11 +356,61 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Starts NATS with users and permissions (operator, scheduler, rollout, one
+    /// `rollout-<job>` per job, one `worker-<id>` per worker), then the scheduler and the
+    /// workers with their own seeds, as `tangram up` does. Seeds are in [`Cluster::creds`].
+    pub async fn start_secured(workers: &[WorkerSpec], jobs: &[&str]) -> anyhow::Result<Self> {
+        Self::start_secured_with(workers, &[], jobs).await
+    }
+
+    /// [`Cluster::start_secured`] with credentials for more workers, started later (GPU and
+    /// API workers).
+    pub async fn start_secured_with(
+        workers: &[WorkerSpec],
+        more_workers: &[&str],
+        jobs: &[&str],
+    ) -> anyhow::Result<Self> {
+        use tangram_nats::auth::{server_authorization, Role, User};
+        init_logging();
+        let dir = tempfile::tempdir()?.keep();
+        let mut roles = vec![Role::Operator, Role::Scheduler, Role::Rollout];
+        roles.extend(jobs.iter().map(|j| Role::RolloutOf(j.to_string())));
+        roles.extend(workers.iter().map(|w| Role::Worker(w.id.clone())));
+        roles.extend(more_workers.iter().map(|w| Role::Worker(w.to_string())));
+        let users: Vec<User> = roles.into_iter().map(User::generate).collect();
+        for u in &users {
+            std::fs::write(dir.join(format!("{}.nk", u.role.name())), &u.seed)?;
+        }
+        let mut cluster = Self {
+            nats: NatsServer::start_with(&server_authorization(&users)),
+            creds: Some(dir),
+            scheduler: None,
+            workers: Vec::new(),
+        };
+        cluster.start_scheduler();
+        for w in workers {
+            cluster.start_worker(w.clone())?;
+        }
+        Ok(cluster)
+    }
+
+    /// Credentials of a role (`operator`, `scheduler`, `rollout-<job>`...) of a secured
+    /// cluster; none for an open one.
+    pub fn credentials(&self, role: &str) -> tangram_nats::auth::Credentials {
+        match &self.creds {
+            Some(d) => {
+                tangram_nats::auth::Credentials::from_seed_file(d.join(format!("{role}.nk")))
+            }
+            None => Default::default(),
+        }
+    }
+
     /// Starts NATS and the workers with no scheduler (a test starts scheduler processes).
     pub async fn start_without_scheduler(workers: &[WorkerSpec]) -> anyhow::Result<Self> {
         init_logging();
         let mut cluster = Self {
             nats: NatsServer::start(),
+            creds: None,
             scheduler: None,
             workers: Vec::new(),
         };
@@ -365,7 +434,8 @@ impl Cluster {
 
     /// Starts the scheduler.
     pub fn start_scheduler(&mut self) {
-        let config = tangram_scheduler::Config::with_nats_url(self.nats.url());
+        let mut config = tangram_scheduler::Config::with_nats_url(self.nats.url());
+        config.credentials = self.credentials("scheduler");
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_scheduler::run(config, token.clone()));
         self.scheduler = Some((token, handle));
@@ -393,7 +463,8 @@ impl Cluster {
             shutdown_grace_ms: Some(2000),
             ..Default::default()
         };
-        let config = raw.validate()?;
+        let mut config = raw.validate()?;
+        config.credentials = self.credentials(&format!("worker-{}", w.id));
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((w.id, token, handle));
@@ -422,6 +493,7 @@ impl Cluster {
         dim: u32,
     ) -> anyhow::Result<()> {
         let mut config = gpu_worker_config(id, &self.nats.url(), gpus, services, state_dir)?;
+        config.credentials = self.credentials(&format!("worker-{id}"));
         for s in &mut config.services {
             s.command = reference_replica_command(dim);
         }
@@ -455,7 +527,8 @@ impl Cluster {
             provider: Some(providers),
             ..Default::default()
         };
-        let config = raw.validate()?;
+        let mut config = raw.validate()?;
+        config.credentials = self.credentials(&format!("worker-{id}"));
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_worker::run(config, token.clone()));
         self.workers.push((id.to_string(), token, handle));
@@ -513,7 +586,7 @@ impl Cluster {
 
     /// A client for `job`.
     pub async fn client(&self, job: &str) -> anyhow::Result<Client> {
-        Client::connect(&self.nats.url(), job).await
+        Client::connect_with(&self.nats.url(), job, &self.credentials("operator")).await
     }
 
     /// Stops everything, workers first (they remove their sandboxes).
@@ -553,11 +626,34 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects and waits until the streams exist (the scheduler creates them).
+    /// Connects (no credentials) and makes sure the streams exist.
     pub async fn connect(url: &str, job: &str) -> anyhow::Result<Self> {
-        let nats = async_nats::connect(url).await?;
+        Self::connect_with(url, job, &tangram_nats::auth::Credentials::default()).await
+    }
+
+    /// Connects with credentials; creates the streams only where they are missing (a
+    /// rollout may not administer streams, and need not when the scheduler is up).
+    pub async fn connect_with(
+        url: &str,
+        job: &str,
+        creds: &tangram_nats::auth::Credentials,
+    ) -> anyhow::Result<Self> {
+        let nats = tangram_nats::auth::connect(url, "tangram-test-client", creds).await?;
         let js = jetstream::new(nats.clone());
-        tangram_nats::ensure_streams(&js).await?;
+        if creds.nkey_file.is_none() {
+            tangram_nats::ensure_streams_exist(&js).await?;
+        } else {
+            // Only the scheduler (or an operator) may create streams: wait for them.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while js.get_stream(subject::RESULTS_STREAM).await.is_err()
+                || js.get_stream(subject::ACTIONS_STREAM).await.is_err()
+            {
+                if Instant::now() > deadline {
+                    bail!("the streams do not exist (is the scheduler up?)");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         Ok(Self {
             nats,
             js,
@@ -601,8 +697,30 @@ impl Client {
 
     /// Waits for the result of `id` (read from the persisted result stream).
     pub async fn result(&self, id: &ActionId, timeout: Duration) -> anyhow::Result<ActionResult> {
-        let results = self.results(id, 1, timeout).await?;
-        Ok(results.into_iter().next().expect("one result"))
+        // Listen first, then look for one already stored (a direct get names the subject, so
+        // it works with one job's rollout credentials), then wait.
+        let subject = subject::result(&self.job, id);
+        let mut sub = self.nats.subscribe(subject.clone()).await?;
+        let decode = |headers: Option<&async_nats::HeaderMap>, payload: &[u8]| {
+            let enc = Encoding::from_content_type(
+                headers
+                    .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
+                    .map(|v| v.as_str()),
+            )?;
+            anyhow::Ok(codec::decode::<ActionResult>(payload, enc)?)
+        };
+        let stream =
+            tokio::time::timeout(timeout, self.js.get_stream_no_info(subject::RESULTS_STREAM))
+                .await
+                .with_context(|| format!("no result for {id} within {timeout:?}"))??;
+        if let Ok(m) = stream.direct_get_last_for_subject(subject.clone()).await {
+            return decode(Some(&m.headers), &m.payload);
+        }
+        match tokio::time::timeout(timeout, sub.next()).await {
+            Ok(Some(m)) => decode(m.headers.as_ref(), &m.payload),
+            Ok(None) => bail!("result subscription closed"),
+            Err(_) => bail!("no result for {id} within {timeout:?}"),
+        }
     }
 
     /// Waits until `n` results for `id` arrived, or `timeout`; returns what arrived.

@@ -16,18 +16,31 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
     );
     let dir = tempfile::tempdir()?;
     let server = RateLimitedApi::start(100.0, 20.0, Duration::from_millis(2)).await?;
-    let mut cluster = Cluster::start(&[WorkerSpec::new("py-cpu")]).await?;
+    // With users and permissions, as tangram up runs it: the client holds the `py-sdk` job's
+    // rollout credentials.
+    let mut cluster = Cluster::start_secured_with(
+        &[WorkerSpec::new("py-cpu")],
+        &["py-gpu", "py-api"],
+        &["py-sdk"],
+    )
+    .await?;
     cluster.start_gpu_worker("py-gpu", 1, &["judge"], dir.path())?;
     cluster.start_api_worker("py-api", vec![search_provider(&server.url, 100.0, 20, 8)])?;
     let c = cluster.client("py-sdk").await?;
     c.wait_for_workers(&["py-cpu", "py-gpu", "py-api"], Duration::from_secs(60))
         .await?;
     let url = cluster.nats.url();
+    let seed = cluster
+        .creds
+        .as_ref()
+        .expect("a secured cluster")
+        .join("rollout-py-sdk.nk");
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
             .args(["-m", "unittest", "discover", "-v", "-s"])
             .arg(repo_root().join("clients/python/tests"))
             .env("TANGRAM_NATS_URL", url)
+            .env("TANGRAM_NKEY_FILE", seed)
             .output()
     })
     .await??;
@@ -37,7 +50,7 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "python client tests failed:\n{text}");
-    assert!(text.contains("Ran 6 tests"), "{text}");
+    assert!(text.contains("Ran 7 tests"), "{text}");
     cluster.shutdown().await?;
     Ok(())
 }

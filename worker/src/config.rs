@@ -38,6 +38,8 @@ pub struct RawConfig {
     pub id: Option<String>,
     /// NATS server URL.
     pub nats_url: Option<String>,
+    /// `[nats]`: credentials (nkey seed file) and TLS.
+    pub nats: Option<tangram_nats::auth::RawCredentials>,
     /// Cores this worker grants, as a cpuset list (`"2-15"`).
     pub cores: Option<String>,
     /// Where idle sandboxes are parked, as a cpuset list.
@@ -89,6 +91,8 @@ pub struct Config {
     pub id: WorkerId,
     /// NATS server URL.
     pub nats_url: String,
+    /// How to authenticate to NATS (none by default).
+    pub credentials: tangram_nats::auth::Credentials,
     /// Cores granted to actions.
     pub cores: Vec<u32>,
     /// Parking cpuset list.
@@ -250,6 +254,10 @@ impl RawConfig {
         Self {
             id: over.id.or(self.id),
             nats_url: over.nats_url.or(self.nats_url),
+            nats: match (self.nats, over.nats) {
+                (Some(a), Some(b)) => Some(a.merge(b)),
+                (a, b) => b.or(a),
+            },
             cores: over.cores.or(self.cores),
             parking_cores: over.parking_cores.or(self.parking_cores),
             mem_mb: over.mem_mb.or(self.mem_mb),
@@ -283,6 +291,10 @@ impl RawConfig {
                 format!("{nats_url:?} must start with nats:// or tls://"),
             );
         }
+        let credentials = match self.nats.clone().unwrap_or_default().validate() {
+            Ok(c) => c,
+            Err(e) => return invalid("nats", e.to_string()),
+        };
         let online = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
@@ -366,6 +378,7 @@ impl RawConfig {
             providers,
             id,
             nats_url,
+            credentials,
             cores,
             parking_cores,
             mem_mb,

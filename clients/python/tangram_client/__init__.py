@@ -50,6 +50,21 @@ __all__ = [
 RESULTS_STREAM = "TANGRAM_RESULTS"
 
 
+def inbox_prefix_for(seed_path: str) -> str:
+    """The reply inbox prefix of the role a credentials file names (``rollout.nk``,
+    ``rollout-<job>.nk``, ``operator.nk``...), as the server's permissions expect."""
+    role = os.path.basename(seed_path)
+    if role.endswith(".nk"):
+        role = role[: -len(".nk")]
+    if role == "operator":
+        return "_INBOX"
+    if role == "rollout":
+        return "_R_rollout"
+    if role.startswith("rollout-"):
+        return "_R_rollout." + role[len("rollout-"):]
+    return "_R_" + role
+
+
 class Outcome(str, enum.Enum):
     """How an action ended."""
 
@@ -214,13 +229,22 @@ class Tangram:
         *,
         publish_retries: int = 5,
         publish_timeout_s: float = 5.0,
+        nkeys_seed: Optional[str] = None,
         **nats_options: Any,
     ) -> "Tangram":
         """Connects to the cluster's NATS server. ``job`` names the RL job (letters, digits,
-        ``-`` and ``_``); it is part of every subject this client uses."""
+        ``-`` and ``_``); it is part of every subject this client uses.
+
+        ``nkeys_seed`` is a credentials file ``tangram up`` wrote (``<state-dir>/creds/
+        rollout.nk`` for every job, ``rollout-<job>.nk`` for one); the reply inbox prefix
+        of its role is set to match, as the server's permissions expect. TLS and any other
+        nats-py option pass through (``tls=ssl_context``, ``tls_hostname=...``)."""
         if not job or any(not (c.isalnum() or c in "-_") for c in job):
             raise ValueError(f"job {job!r} must be letters, digits, '-' or '_'")
         nats_options.setdefault("max_reconnect_attempts", -1)
+        if nkeys_seed is not None:
+            nats_options["nkeys_seed"] = nkeys_seed
+            nats_options.setdefault("inbox_prefix", inbox_prefix_for(nkeys_seed))
         nc = await nats.connect(url, **nats_options)
         self = cls(nc, job, publish_retries, publish_timeout_s)
         self._sub = await nc.subscribe(f"tangram.v1.result.{job}.>", cb=self._on_result)
@@ -262,7 +286,11 @@ class Tangram:
 
     async def _persisted(self, action_id: str) -> Optional[Dict[str, Any]]:
         try:
-            m = await self._js.get_last_msg(RESULTS_STREAM, f"tangram.v1.result.{self.job}.{action_id}")
+            # Direct get: the subject is in the request subject, which one job's credentials
+            # allow (a plain message get names it in the body, which they may not send).
+            m = await self._js.get_last_msg(
+                RESULTS_STREAM, f"tangram.v1.result.{self.job}.{action_id}", direct=True
+            )
         except NotFoundError:
             return None
         except Exception:  # noqa: BLE001 - disconnected: the next round retries

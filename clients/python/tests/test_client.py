@@ -11,11 +11,14 @@ import os
 import unittest
 import uuid
 
-from tangram_client import ActionFailed, Outcome, Tangram, TangramTimeout
+from tangram_client import ActionFailed, Outcome, Tangram, TangramError, TangramTimeout
 
 URL = os.environ.get("TANGRAM_NATS_URL", "nats://127.0.0.1:4222")
 SERVICE = os.environ.get("TANGRAM_TEST_SERVICE", "judge")
 PROVIDER = os.environ.get("TANGRAM_TEST_PROVIDER", "search")
+# Credentials of the `py-sdk` job (tangram up --rollout-jobs py-sdk writes them); none for an
+# open server.
+SEED = os.environ.get("TANGRAM_NKEY_FILE")
 
 
 def run(coro):
@@ -25,7 +28,7 @@ def run(coro):
 class ClientTest(unittest.TestCase):
     def test_sandbox_exec_files_stdin_and_exit_codes(self):
         async def go():
-            async with await Tangram.connect(URL, job="py-sdk") as client:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as client:
                 traj = "t-" + uuid.uuid4().hex[:8]
                 async with await client.open_sandbox(trajectory=traj, memory_mb=256) as sandbox:
                     r = await sandbox.exec(["python3", "main.py"], cpus=(1, 2), timeout_s=20,
@@ -44,7 +47,7 @@ class ClientTest(unittest.TestCase):
 
     def test_reward_and_api(self):
         async def go():
-            async with await Tangram.connect(URL, job="py-sdk") as client:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as client:
                 scores = await client.reward(service=SERVICE, inputs=["def f(x): return x", "print(1)"])
                 self.assertEqual(len(scores), 2)
                 self.assertTrue(all(isinstance(s, float) for s in scores))
@@ -63,7 +66,7 @@ class ClientTest(unittest.TestCase):
 
     def test_rejections_are_outcomes_not_hangs(self):
         async def go():
-            async with await Tangram.connect(URL, job="py-sdk") as client:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as client:
                 r = await client.run("t-none-" + uuid.uuid4().hex[:6], {"kind": "sandbox_exec", "argv": ["true"],
                                                                       "cpus": {"min": 1, "max": 1}})
                 self.assertEqual(r.outcome, Outcome.REJECTED)
@@ -74,7 +77,7 @@ class ClientTest(unittest.TestCase):
 
     def test_same_id_twice_runs_once_and_returns_the_same_result(self):
         async def go():
-            async with await Tangram.connect(URL, job="py-sdk") as client:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as client:
                 aid = "dup-" + uuid.uuid4().hex[:8]
                 spec = {"kind": "reward", "service": SERVICE, "inputs": ["x"], "options": {}}
                 first = await client.run("t", spec, action_id=aid)
@@ -84,7 +87,7 @@ class ClientTest(unittest.TestCase):
 
     def test_a_result_that_never_comes_raises_a_clear_timeout(self):
         async def go():
-            async with await Tangram.connect(URL, job="py-sdk") as client:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as client:
                 with self.assertRaises(TangramTimeout) as e:
                     await client.result("never-submitted-" + uuid.uuid4().hex[:6], wait_s=1.0)
                 self.assertIn("no result", str(e.exception))
@@ -92,13 +95,23 @@ class ClientTest(unittest.TestCase):
 
     def test_results_survive_a_reconnect(self):
         async def go():
-            client = await Tangram.connect(URL, job="py-sdk")
+            client = await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED)
             aid = await client.submit("t", {"kind": "reward", "service": SERVICE, "inputs": ["y"], "options": {}})
             await client.close()
             # A new connection (a restarted trainer) still gets it from the result stream.
-            async with await Tangram.connect(URL, job="py-sdk") as again:
+            async with await Tangram.connect(URL, job="py-sdk", nkeys_seed=SEED) as again:
                 r = await again.result(aid, wait_s=60)
                 self.assertEqual(r.outcome, Outcome.COMPLETED)
+        run(go())
+
+    @unittest.skipUnless(SEED, "the server has no users (TANGRAM_NKEY_FILE unset)")
+    def test_one_jobs_credentials_cannot_submit_for_another_job(self):
+        async def go():
+            async with await Tangram.connect(
+                URL, job="someone-else", nkeys_seed=SEED, publish_retries=1, publish_timeout_s=1.0
+            ) as client:
+                with self.assertRaises(TangramError):
+                    await client.submit("t", {"kind": "sandbox_open"})
         run(go())
 
 

@@ -49,6 +49,7 @@ const TASKS: [Task; 5] = [
 #[derive(Debug, Clone)]
 struct Args {
     nats_url: String,
+    nkey_file: Option<String>,
     job: String,
     trajectories: usize,
     turns: usize,
@@ -65,6 +66,7 @@ fn parse_args() -> anyhow::Result<Args> {
     let mut a = Args {
         nats_url: std::env::var("TANGRAM_NATS_URL")
             .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
+        nkey_file: std::env::var("TANGRAM_NKEY_FILE").ok(),
         job: format!("rollout-{}", std::process::id()),
         trajectories: 8,
         turns: 3,
@@ -81,6 +83,7 @@ fn parse_args() -> anyhow::Result<Args> {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--nats-url" => a.nats_url = value()?,
+            "--nkey-file" => a.nkey_file = Some(value()?),
             "--job" => a.job = value()?,
             "--trajectories" => a.trajectories = value()?.parse()?,
             "--turns" => a.turns = value()?.parse()?,
@@ -103,7 +106,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 std::process::exit(0);
             }
             "-h" | "--help" => {
-                println!("usage: tangram-rollout [--nats-url URL] [--job ID] [--trajectories K] [--turns T] [--think-ms MS] [--seed S] [--label NAME] [--report FILE] [--no-reward] [--no-api] [--json]\n       tangram-rollout --compare A.json B.json [--svg FILE]");
+                println!("usage: tangram-rollout [--nats-url URL] [--nkey-file SEED] [--job ID] [--trajectories K] [--turns T] [--think-ms MS] [--seed S] [--label NAME] [--report FILE] [--no-reward] [--no-api] [--json]\n       tangram-rollout --compare A.json B.json [--svg FILE]");
                 std::process::exit(0);
             }
             other => anyhow::bail!("unknown argument {other:?} (see --help)"),
@@ -234,7 +237,11 @@ fn stats(mut xs: Vec<f64>) -> (f64, f64, f64) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let client = Client::connect(&args.nats_url, &args.job)
+    let creds = match &args.nkey_file {
+        Some(f) => tangram_nats::auth::Credentials::from_seed_file(f),
+        None => Default::default(),
+    };
+    let client = Client::connect_with(&args.nats_url, &args.job, &creds)
         .await
         .with_context(|| format!("connecting to {}", args.nats_url))?;
     if !args.json {

@@ -190,13 +190,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     };
 
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("tangram-worker-{}", config.id))
-        .connect(&config.nats_url)
-        .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+    let client = tangram_nats::auth::connect(
+        &config.nats_url,
+        &format!("tangram-worker-{}", config.id),
+        &config.credentials,
+    )
+    .await?;
     let js = async_nats::jetstream::new(client.clone());
-    tangram_nats::ensure_streams(&js).await?;
+    if config.credentials.nkey_file.is_some() {
+        // With NATS permissions, only the scheduler creates streams.
+        tangram_nats::wait_for_streams(&js, Duration::from_secs(120)).await?;
+    } else {
+        tangram_nats::ensure_streams_exist(&js).await?;
+    }
     let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
 
     let providers: Option<Arc<dyn ApiCaller>> = (!config.providers.is_empty())

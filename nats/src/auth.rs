@@ -1,0 +1,463 @@
+//! Who may say what on NATS: the roles, their permissions, their credentials, and the one
+//! place every Tangram process connects.
+//!
+//! Each role is a NATS user authenticated by an nkey (an Ed25519 key pair; the server holds
+//! only the public key, the process holds the seed in a file). Permissions are subject
+//! allow-lists the server enforces:
+//!
+//! - `operator`: everything (the CLI, an operator's `nats` CLI).
+//! - `scheduler`: the actions and results it consumes, dispatches, dead letters, status,
+//!   heartbeats, its KV bucket and the JetStream API.
+//! - `worker-<id>`: only its own dispatch consumer, results, its heartbeats, refusal records
+//!   and a read of the scheduler epoch; no stream administration, no other worker's work.
+//! - `rollout` (every job) or `rollout-<job>` (one job): publish actions and read results of
+//!   its job(s), ask for status; never dispatches, heartbeats, stream administration or
+//!   other jobs' results and inboxes.
+//!
+//! Every role replies on its own inbox prefix, so inboxes can be permissioned: a rollout
+//! cannot subscribe to another role's (or another job's) replies.
+
+use async_nats::ConnectOptions;
+use std::path::{Path, PathBuf};
+use tangram_shared::subject;
+
+/// How a process proves who it is, and how it checks the server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// A file holding the nkey seed (`SU...`), as `tangram up` writes under
+    /// `<state-dir>/creds/<role>.nk`. None: connect without authentication.
+    pub nkey_file: Option<PathBuf>,
+    /// CA certificate(s) to verify the server with (PEM); setting it requires TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) for servers that verify clients.
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    pub tls_key: Option<PathBuf>,
+    /// Inbox prefix for replies (the role's; see [`Role::inbox_prefix`]). None: NATS's
+    /// default `_INBOX`, which only an unauthenticated server or the operator allows.
+    pub inbox_prefix: Option<String>,
+}
+
+/// The `[nats]` table of a config file (and the matching flags): credentials as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredentials {
+    /// nkey seed file (`--nkey-file`, `TANGRAM_NKEY_FILE`).
+    pub nkey_file: Option<PathBuf>,
+    /// CA certificate(s) to verify the server (`--tls-ca`, `TANGRAM_TLS_CA`).
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (`--tls-cert`, `TANGRAM_TLS_CERT`).
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (`--tls-key`, `TANGRAM_TLS_KEY`).
+    pub tls_key: Option<PathBuf>,
+    /// Reply inbox prefix [default: the role's, from the seed file's name].
+    pub inbox_prefix: Option<String>,
+}
+
+impl RawCredentials {
+    /// Fields set in `over` win.
+    pub fn merge(self, over: RawCredentials) -> Self {
+        Self {
+            nkey_file: over.nkey_file.or(self.nkey_file),
+            tls_ca: over.tls_ca.or(self.tls_ca),
+            tls_cert: over.tls_cert.or(self.tls_cert),
+            tls_key: over.tls_key.or(self.tls_key),
+            inbox_prefix: over.inbox_prefix.or(self.inbox_prefix),
+        }
+    }
+
+    /// Checked credentials: a client certificate comes with its key.
+    pub fn validate(self) -> Result<Credentials, ConnectError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConnectError::HalfTls);
+        }
+        let mut c = match self.nkey_file {
+            Some(f) => Credentials::from_seed_file(f),
+            None => Credentials::default(),
+        };
+        c.tls_ca = self.tls_ca;
+        c.tls_cert = self.tls_cert;
+        c.tls_key = self.tls_key;
+        if self.inbox_prefix.is_some() {
+            c.inbox_prefix = self.inbox_prefix;
+        }
+        Ok(c)
+    }
+}
+
+/// Connecting failed before or at the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The seed file could not be read.
+    #[error("reading the nkey seed file {path}: {source}")]
+    SeedFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not hold a user seed.
+    #[error("{path} does not hold an nkey user seed (a line starting with SU)")]
+    BadSeed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// TLS client certificate without its key, or the reverse.
+    #[error("tls_cert and tls_key go together")]
+    HalfTls,
+    /// The server refused or could not be reached.
+    #[error("connecting to NATS at {url}: {source}{hint}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::ConnectError,
+        /// What to try.
+        hint: &'static str,
+    },
+}
+
+impl Credentials {
+    /// Credentials from a seed file, with the inbox prefix of the role it names
+    /// (`<dir>/<role>.nk`).
+    pub fn from_seed_file(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let inbox_prefix = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(Role::parse)
+            .map(|r| r.inbox_prefix());
+        Self {
+            nkey_file: Some(path),
+            inbox_prefix,
+            ..Default::default()
+        }
+    }
+
+    /// The connect options these credentials give, named `name`.
+    pub fn options(&self, name: &str) -> Result<ConnectOptions, ConnectError> {
+        let mut o = ConnectOptions::new().name(name);
+        if let Some(path) = &self.nkey_file {
+            o = o.nkey(read_seed(path)?);
+        }
+        if let Some(prefix) = &self.inbox_prefix {
+            o = o.custom_inbox_prefix(prefix);
+        }
+        if let Some(ca) = &self.tls_ca {
+            o = o.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => {
+                o = o
+                    .add_client_certificate(c.clone(), k.clone())
+                    .require_tls(true)
+            }
+            (None, None) => {}
+            _ => return Err(ConnectError::HalfTls),
+        }
+        Ok(o)
+    }
+}
+
+/// Connects with these credentials; the error says what to check.
+pub async fn connect(
+    url: &str,
+    name: &str,
+    creds: &Credentials,
+) -> Result<async_nats::Client, ConnectError> {
+    let options = creds.options(name)?;
+    options.connect(url).await.map_err(|source| {
+        let text = source.to_string().to_ascii_lowercase();
+        let hint = if text.contains("authorization") || text.contains("authentication") {
+            if creds.nkey_file.is_none() {
+                " (the server requires credentials: pass --nkey-file <state-dir>/creds/<role>.nk)"
+            } else {
+                " (the server does not accept this nkey: is it from this cluster's state dir?)"
+            }
+        } else {
+            ""
+        };
+        ConnectError::Connect {
+            url: url.to_string(),
+            source,
+            hint,
+        }
+    })
+}
+
+/// Reads a seed file: the first line starting with `SU`.
+pub fn read_seed(path: &Path) -> Result<String, ConnectError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConnectError::SeedFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("SU"))
+        .map(str::to_string)
+        .ok_or_else(|| ConnectError::BadSeed {
+            path: path.to_path_buf(),
+        })
+}
+
+/// A role a NATS user plays.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Everything.
+    Operator,
+    /// The scheduler (leader or standby).
+    Scheduler,
+    /// One worker.
+    Worker(String),
+    /// Rollouts of every job.
+    Rollout,
+    /// Rollouts of one job.
+    RolloutOf(String),
+}
+
+/// What a user may publish and subscribe to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permissions {
+    /// Subjects it may publish to.
+    pub publish: Vec<String>,
+    /// Subjects it may subscribe to.
+    pub subscribe: Vec<String>,
+    /// Whether it may answer requests it received (on the requester's inbox, whatever the
+    /// requester's role): the scheduler answers status requests.
+    pub allow_responses: bool,
+}
+
+impl Role {
+    /// The file stem and user name: `operator`, `scheduler`, `worker-<id>`, `rollout`,
+    /// `rollout-<job>`.
+    pub fn name(&self) -> String {
+        match self {
+            Role::Operator => "operator".into(),
+            Role::Scheduler => "scheduler".into(),
+            Role::Worker(id) => format!("worker-{id}"),
+            Role::Rollout => "rollout".into(),
+            Role::RolloutOf(job) => format!("rollout-{job}"),
+        }
+    }
+
+    /// The role a file stem names.
+    pub fn parse(name: &str) -> Option<Role> {
+        Some(match name {
+            "operator" => Role::Operator,
+            "scheduler" => Role::Scheduler,
+            "rollout" => Role::Rollout,
+            n => {
+                if let Some(id) = n.strip_prefix("worker-") {
+                    Role::Worker(id.to_string())
+                } else if let Some(job) = n.strip_prefix("rollout-") {
+                    Role::RolloutOf(job.to_string())
+                } else {
+                    return None;
+                }
+            }
+        })
+    }
+
+    /// Where this role's replies come: `_INBOX` for the operator, else a prefix of its own
+    /// (`_R_<role>`), so that no other role may listen.
+    pub fn inbox_prefix(&self) -> String {
+        match self {
+            Role::Operator => "_INBOX".into(),
+            Role::Rollout => "_R_rollout".into(),
+            Role::RolloutOf(job) => format!("_R_rollout.{job}"),
+            r => format!("_R_{}", r.name()),
+        }
+    }
+
+    /// The permissions of this role.
+    pub fn permissions(&self) -> Option<Permissions> {
+        let inbox = format!("{}.>", self.inbox_prefix());
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        Some(match self {
+            Role::Operator => return None,
+            Role::Scheduler => Permissions {
+                publish: s(&[
+                    "tangram.v1.>",
+                    "$JS.API.>",
+                    "$JS.ACK.>",
+                    "$KV.tangram_scheduler.>",
+                    &inbox,
+                ]),
+                subscribe: s(&["tangram.v1.>", &inbox]),
+                allow_responses: true,
+            },
+            Role::Worker(id) => {
+                let consumer = format!("worker-{id}");
+                let d = subject::DISPATCH_STREAM;
+                let kv = format!("KV_{}", subject::SCHEDULER_BUCKET);
+                Permissions {
+                    publish: vec![
+                        "tangram.v1.result.>".into(),
+                        format!("tangram.v1.heartbeat.{id}"),
+                        "tangram.v1.deadletter.stale_epoch".into(),
+                        "tangram.v1.deadletter.unknown_epoch".into(),
+                        "$JS.API.INFO".into(),
+                        "$JS.API.STREAM.INFO.*".into(),
+                        format!("$JS.API.CONSUMER.CREATE.{d}.{consumer}"),
+                        format!("$JS.API.CONSUMER.CREATE.{d}.{consumer}.>"),
+                        format!("$JS.API.CONSUMER.DURABLE.CREATE.{d}.{consumer}"),
+                        format!("$JS.API.CONSUMER.INFO.{d}.{consumer}"),
+                        format!("$JS.API.CONSUMER.MSG.NEXT.{d}.{consumer}"),
+                        format!("$JS.ACK.{d}.{consumer}.>"),
+                        format!(
+                            "$JS.API.DIRECT.GET.{kv}.$KV.{}.{}",
+                            subject::SCHEDULER_BUCKET,
+                            subject::EPOCH_KEY
+                        ),
+                        format!("$JS.API.DIRECT.GET.{kv}"),
+                        format!("$JS.API.STREAM.MSG.GET.{kv}"),
+                        inbox.clone(),
+                    ],
+                    subscribe: vec![inbox],
+                    allow_responses: false,
+                }
+            }
+            Role::Rollout => Permissions {
+                publish: s(&[
+                    "tangram.v1.action.*.*",
+                    subject::STATUS,
+                    "$JS.API.INFO",
+                    "$JS.API.STREAM.INFO.*",
+                    "$JS.API.STREAM.MSG.GET.TANGRAM_RESULTS",
+                    "$JS.API.DIRECT.GET.TANGRAM_RESULTS.>",
+                    // Ordered consumers over results (replaying what was missed).
+                    "$JS.API.CONSUMER.CREATE.TANGRAM_RESULTS.>",
+                    "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_RESULTS.*",
+                    "$JS.API.CONSUMER.INFO.TANGRAM_RESULTS.*",
+                    "$JS.API.CONSUMER.DELETE.TANGRAM_RESULTS.*",
+                    &inbox,
+                ]),
+                subscribe: s(&["tangram.v1.result.>", &inbox]),
+                allow_responses: false,
+            },
+            Role::RolloutOf(job) => Permissions {
+                publish: vec![
+                    format!("tangram.v1.action.{job}.*"),
+                    subject::STATUS.into(),
+                    "$JS.API.INFO".into(),
+                    // Last-message reads name the subject in the request subject, so the
+                    // server can hold them to this job (a MSG.GET names it in the body).
+                    format!("$JS.API.DIRECT.GET.TANGRAM_RESULTS.tangram.v1.result.{job}.>"),
+                    "$JS.API.STREAM.INFO.*".into(),
+                    // Ordered consumers over this job's results: the filter is in the
+                    // request subject, so the server holds them to the job.
+                    format!("$JS.API.CONSUMER.CREATE.TANGRAM_RESULTS.*.tangram.v1.result.{job}.>"),
+                    "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_RESULTS.*".into(),
+                    "$JS.API.CONSUMER.INFO.TANGRAM_RESULTS.*".into(),
+                    "$JS.API.CONSUMER.DELETE.TANGRAM_RESULTS.*".into(),
+                    inbox.clone(),
+                ],
+                subscribe: vec![format!("tangram.v1.result.{job}.>"), inbox],
+                allow_responses: false,
+            },
+        })
+    }
+}
+
+/// A generated user: its role, public key and seed.
+#[derive(Debug, Clone)]
+pub struct User {
+    /// Its role.
+    pub role: Role,
+    /// The public key the server knows (`U...`).
+    pub public: String,
+    /// The seed the process holds (`SU...`).
+    pub seed: String,
+}
+
+impl User {
+    /// A fresh key pair for `role`.
+    pub fn generate(role: Role) -> Self {
+        let kp = nkeys::KeyPair::new_user();
+        Self {
+            role,
+            public: kp.public_key(),
+            seed: kp.seed().expect("a generated key has a seed"),
+        }
+    }
+
+    /// The user of an existing seed.
+    pub fn from_seed(role: Role, seed: &str) -> Result<Self, String> {
+        let kp = nkeys::KeyPair::from_seed(seed.trim()).map_err(|e| e.to_string())?;
+        Ok(Self {
+            role,
+            public: kp.public_key(),
+            seed: seed.trim().to_string(),
+        })
+    }
+}
+
+/// The `authorization { users = [...] }` block of a nats-server config for these users.
+pub fn server_authorization(users: &[User]) -> String {
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::from("authorization {\n  users = [\n");
+    for u in users {
+        out.push_str(&format!(
+            "    # {}\n    {{ nkey: \"{}\"",
+            u.role.name(),
+            u.public
+        ));
+        if let Some(p) = u.role.permissions() {
+            out.push_str(&format!(
+                ", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{} }}",
+                list(&p.publish),
+                list(&p.subscribe),
+                if p.allow_responses {
+                    ", allow_responses: true"
+                } else {
+                    ""
+                }
+            ));
+        }
+        out.push_str(" }\n");
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_names_round_trip_and_inboxes_are_apart() {
+        for r in [
+            Role::Operator,
+            Role::Scheduler,
+            Role::Worker("cpu-0".into()),
+            Role::Rollout,
+            Role::RolloutOf("job1".into()),
+        ] {
+            assert_eq!(Role::parse(&r.name()), Some(r.clone()));
+        }
+        // No role's inbox lies under another's, but one job's under all jobs'.
+        assert!(!Role::Scheduler.inbox_prefix().starts_with("_R_rollout"));
+        assert!(Role::RolloutOf("a".into())
+            .inbox_prefix()
+            .starts_with(&Role::Rollout.inbox_prefix()));
+    }
+
+    #[test]
+    fn a_generated_user_round_trips_through_its_seed_and_renders() {
+        let u = User::generate(Role::Worker("w1".into()));
+        assert!(u.public.starts_with('U') && u.seed.starts_with("SU"));
+        let back = User::from_seed(u.role.clone(), &u.seed).unwrap();
+        assert_eq!(back.public, u.public);
+        let conf = server_authorization(&[u.clone(), User::generate(Role::Operator)]);
+        assert!(conf.contains(&u.public));
+        assert!(conf.contains("tangram.v1.heartbeat.w1"));
+        assert!(!conf.contains("tangram.v1.dispatch"), "{conf}");
+    }
+}

@@ -1,0 +1,242 @@
+//! NATS security (N1-N6 of our checklist) against a real nats-server holding the users and
+//! permissions `tangram up` writes: who may say what.
+//!
+//! A forbidden publish or subscription is not an error the client sees at once (the server
+//! answers it asynchronously), so each check sends a forbidden message and then an allowed
+//! marker on the same connection: messages of one connection arrive in order, so once the
+//! marker is in, a forbidden message that got through would be too.
+
+use futures::StreamExt;
+use std::time::Duration;
+use tangram_nats::auth::{self, Credentials};
+use tangram_shared::{subject, Outcome};
+use tangram_tests::build::{exec, open};
+use tangram_tests::{Client, Cluster, WorkerSpec};
+
+const T: Duration = Duration::from_secs(60);
+
+async fn nats(c: &Cluster, role: &str) -> anyhow::Result<async_nats::Client> {
+    Ok(auth::connect(&c.nats.url(), role, &c.credentials(role)).await?)
+}
+
+/// Publishes `forbidden` as `who`, then a marker on `allowed`; returns the subjects the
+/// operator saw arrive, up to the marker.
+async fn seen_before_marker(
+    c: &Cluster,
+    who: &async_nats::Client,
+    forbidden: &str,
+    allowed: &str,
+) -> anyhow::Result<Vec<String>> {
+    let op = nats(c, "operator").await?;
+    let mut a = op.subscribe(forbidden.to_string()).await?;
+    let mut b = op.subscribe(allowed.to_string()).await?;
+    op.flush().await?;
+    who.publish(forbidden.to_string(), "forged".into()).await?;
+    who.publish(allowed.to_string(), "marker".into()).await?;
+    who.flush().await?;
+    tokio::time::timeout(T, b.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("marker subscription closed"))?;
+    let mut seen = vec![allowed.to_string()];
+    // Anything the forbidden subscription got is already queued behind the marker.
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(1), a.next()).await {
+        seen.push(m.subject.to_string());
+    }
+    Ok(seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_without_credentials_or_with_an_unknown_seed_is_refused() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[], &[]).await?;
+    let none = auth::connect(&c.nats.url(), "anon", &Credentials::default()).await;
+    let e = none
+        .expect_err("no credentials must be refused")
+        .to_string();
+    assert!(e.contains("requires credentials"), "{e}");
+    let dir = tempfile::tempdir()?;
+    let stranger = auth::User::generate(auth::Role::Operator);
+    let path = dir.path().join("operator.nk");
+    std::fs::write(&path, &stranger.seed)?;
+    let e = auth::connect(
+        &c.nats.url(),
+        "stranger",
+        &Credentials::from_seed_file(&path),
+    )
+    .await
+    .expect_err("an unknown key must be refused")
+    .to_string();
+    assert!(e.contains("does not accept this nkey"), "{e}");
+    std::fs::write(&path, "not a seed\n")?;
+    let e = auth::connect(&c.nats.url(), "bad", &Credentials::from_seed_file(&path))
+        .await
+        .expect_err("a file without a seed")
+        .to_string();
+    assert!(e.contains("does not hold an nkey user seed"), "{e}");
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_cluster_runs_actions_for_a_rollout() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[WorkerSpec::new("sec-a")], &["jobA"]).await?;
+    let r = Client::connect_with(&c.nats.url(), "jobA", &c.credentials("rollout-jobA")).await?;
+    let r1 = r.run(&open("o1", "jobA", "t1"), T).await?;
+    assert_eq!(r1.outcome, Outcome::Completed { exit_code: 0 }, "{r1:?}");
+    let r2 = r
+        .run(&exec("e1", "jobA", "t1", &["echo", "hi"], 1, 1), T)
+        .await?;
+    assert_eq!(r2.stdout, "hi\n", "{r2:?}");
+    // The all-jobs rollout may work for any job.
+    let any = Client::connect_with(&c.nats.url(), "jobZ", &c.credentials("rollout")).await?;
+    let r3 = any.run(&open("o2", "jobZ", "t1"), T).await?;
+    assert_eq!(r3.outcome, Outcome::Completed { exit_code: 0 }, "{r3:?}");
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollouts_and_workers_cannot_forge_dispatches_or_results() -> anyhow::Result<()> {
+    let c =
+        Cluster::start_secured(&[WorkerSpec::new("n1-a"), WorkerSpec::new("n1-b")], &[]).await?;
+    let rollout = nats(&c, "rollout").await?;
+    let worker_b = nats(&c, "worker-n1-b").await?;
+    let dispatch_a = "tangram.v1.dispatch.n1-a.forged";
+    // A rollout can ask for status (the marker) but not dispatch, result or heartbeat.
+    for forbidden in [
+        dispatch_a,
+        "tangram.v1.result.jobA.forged",
+        "tangram.v1.heartbeat.n1-a",
+    ] {
+        let seen = seen_before_marker(&c, &rollout, forbidden, subject::STATUS).await?;
+        assert_eq!(seen, [subject::STATUS], "a rollout reached {forbidden}");
+    }
+    // Worker b heartbeats as itself (the marker) but cannot dispatch to a or speak for it.
+    for forbidden in [dispatch_a, "tangram.v1.heartbeat.n1-a"] {
+        let seen =
+            seen_before_marker(&c, &worker_b, forbidden, "tangram.v1.heartbeat.n1-b").await?;
+        assert_eq!(
+            seen,
+            ["tangram.v1.heartbeat.n1-b"],
+            "worker b reached {forbidden}"
+        );
+    }
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_jobs_rollout_cannot_read_another_jobs_results_or_inboxes() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[], &["jobA", "jobB"]).await?;
+    let op = nats(&c, "operator").await?;
+    let a = nats(&c, "rollout-jobA").await?;
+    // Subscriptions outside the job are refused; a's own arrive.
+    let mut theirs = a.subscribe("tangram.v1.result.jobB.>").await?;
+    let mut inbox = a.subscribe("_INBOX.>").await?;
+    let mut sched = a.subscribe("_R_scheduler.>").await?;
+    let mut b_inbox = a.subscribe("_R_rollout.jobB.>").await?;
+    let mut mine = a.subscribe("tangram.v1.result.jobA.>").await?;
+    a.flush().await?;
+    for s in [
+        "tangram.v1.result.jobB.x",
+        "_INBOX.abc",
+        "_R_scheduler.abc",
+        "_R_rollout.jobB.abc",
+    ] {
+        op.publish(s, "secret".into()).await?;
+    }
+    op.publish("tangram.v1.result.jobA.x", "mine".into())
+        .await?;
+    op.flush().await?;
+    let m = tokio::time::timeout(T, mine.next())
+        .await?
+        .expect("own result");
+    assert_eq!(m.subject.as_str(), "tangram.v1.result.jobA.x");
+    for (name, sub) in [
+        ("other job's results", &mut theirs),
+        ("_INBOX", &mut inbox),
+        ("scheduler inbox", &mut sched),
+        ("other job's inbox", &mut b_inbox),
+    ] {
+        let got = tokio::time::timeout(Duration::from_millis(1), sub.next()).await;
+        assert!(!matches!(got, Ok(Some(_))), "{name} was readable");
+    }
+    // Stored results: a direct get names the subject, so the server holds it to the job.
+    let op_js = async_nats::jetstream::new(op.clone());
+    tangram_nats::ensure_streams(&op_js).await?;
+    for job in ["jobA", "jobB"] {
+        op_js
+            .publish(format!("tangram.v1.result.{job}.stored"), "r".into())
+            .await?
+            .await?;
+    }
+    let a_js = async_nats::jetstream::new(a.clone());
+    let results = a_js.get_stream_no_info(subject::RESULTS_STREAM).await?;
+    let own = results
+        .direct_get_last_for_subject("tangram.v1.result.jobA.stored")
+        .await;
+    assert!(own.is_ok(), "{own:?}");
+    let other = tokio::time::timeout(
+        Duration::from_secs(2),
+        results.direct_get_last_for_subject("tangram.v1.result.jobB.stored"),
+    )
+    .await;
+    assert!(
+        !matches!(other, Ok(Ok(_))),
+        "read another job's stored result"
+    );
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_and_worker_credentials_cannot_administer_streams() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[WorkerSpec::new("n3-a")], &[]).await?;
+    // The scheduler has created the streams by the time the worker reports.
+    let op = Client::connect_with(&c.nats.url(), "x", &c.credentials("operator")).await?;
+    op.wait_for_workers(&["n3-a"], T).await?;
+    for role in ["rollout", "worker-n3-a"] {
+        let js = async_nats::jetstream::new(nats(&c, role).await?);
+        for stream in [
+            subject::ACTIONS_STREAM,
+            subject::DISPATCH_STREAM,
+            subject::RESULTS_STREAM,
+        ] {
+            let deleted =
+                tokio::time::timeout(Duration::from_secs(2), js.delete_stream(stream)).await;
+            assert!(!matches!(deleted, Ok(Ok(_))), "{role} deleted {stream}");
+        }
+        let purged = tokio::time::timeout(Duration::from_secs(2), async {
+            js.get_stream_no_info(subject::ACTIONS_STREAM)
+                .await?
+                .purge()
+                .await
+                .map_err(anyhow::Error::from)
+        })
+        .await;
+        assert!(
+            !matches!(purged, Ok(Ok(_))),
+            "{role} purged the actions stream"
+        );
+    }
+    for stream in [
+        subject::ACTIONS_STREAM,
+        subject::DISPATCH_STREAM,
+        subject::RESULTS_STREAM,
+    ] {
+        op.js.get_stream(stream).await?;
+    }
+    c.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_action_gets_a_clear_error_through_the_client() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[], &[]).await?;
+    let r = Client::connect_with(&c.nats.url(), "big", &c.credentials("rollout")).await?;
+    let e = r
+        .publish_raw(
+            "tangram.v1.action.big.sandbox_exec",
+            Some("big-1"),
+            None,
+            vec![b'x'; 9 << 20],
+        )
+        .await
+        .expect_err("9 MiB is over max_payload");
+    assert!(e.to_string().to_lowercase().contains("payload"), "{e}");
+    c.shutdown().await
+}
