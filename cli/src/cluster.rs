@@ -711,7 +711,7 @@ pub(crate) fn apply_config_file(
             None | Some(clap::parser::ValueSource::DefaultValue)
         )
     };
-    const KEYS: [&str; 12] = [
+    const KEYS: [&str; 14] = [
         "state_dir",
         "nats_port",
         "schedulers",
@@ -724,6 +724,8 @@ pub(crate) fn apply_config_file(
         "search_rate",
         "nats_server",
         "wait_s",
+        "no_auth",
+        "rollout_jobs",
     ];
     for (key, value) in up {
         let id = key.as_str();
@@ -764,6 +766,8 @@ pub(crate) fn apply_config_file(
             }
             "nats_server" => a.nats_server = Some(PathBuf::from(value.as_str().ok_or_else(bad)?)),
             "wait_s" => a.wait_s = u64::try_from(int()?).map_err(|_| bad())?,
+            "no_auth" => a.no_auth = value.as_bool().ok_or_else(bad)?,
+            "rollout_jobs" => a.rollout_jobs = value.as_str().ok_or_else(bad)?.to_string(),
             other => anyhow::bail!("{}: unknown key up.{other}", path.display()),
         }
     }
