@@ -49,11 +49,15 @@ pub struct Fleet {
     next_scheduler: u32,
     workers: BTreeMap<String, WorkerProc>,
     proxy: Proxy,
+    /// Prefix of every worker id: fleets running at once (one per fault) must not share ids,
+    /// since a starting worker removes every container labelled with its id.
+    tag: String,
 }
 
 impl Fleet {
-    /// Starts NATS, the provider and the four workers, no scheduler.
-    pub async fn start() -> anyhow::Result<Self> {
+    /// Starts NATS, the provider and the four workers, no scheduler. Worker ids are
+    /// `<tag>-cpu-a` and so on; methods take the short names ([`CPU_WORKERS`]...).
+    pub async fn start(tag: &str) -> anyhow::Result<Self> {
         crate::init_logging();
         let nats = NatsServer::start();
         let dir = tempfile::tempdir()?;
@@ -71,9 +75,11 @@ impl Fleet {
             next_scheduler: 0,
             workers: BTreeMap::new(),
             proxy,
+            tag: tag.to_string(),
         };
-        for id in CPU_WORKERS {
-            let url = if id == PARTITIONED {
+        for short in CPU_WORKERS {
+            let id = fleet.id(short);
+            let url = if short == PARTITIONED {
                 fleet.proxy.url()
             } else {
                 fleet.nats.url()
@@ -84,33 +90,40 @@ impl Fleet {
                  [sandbox]\nmounts = [\"{}:/effects:rw\"]\n",
                 effects.display()
             );
-            fleet.add_worker(id, &text)?;
+            fleet.add_worker(&id, &text)?;
         }
         let replica = repo_root().join("services/reference-replica/replica.py");
         let gpu = format!(
-            "id = \"{GPU_WORKER}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
+            "id = \"{gpu_id}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
              shutdown_grace_ms = 10000\nsandboxes = false\nstate_dir = \"{state}\"\n\
              [gpu]\ncount = 2\nnvml = \"off\"\n\
              [[service]]\nname = \"{SERVICE}\"\ndriver = \"reference\"\n\
              command = [\"python3\", \"{script}\", \"--service\", \"{{service}}\", \"--port\", \"{{port}}\", \
              \"--vocab\", \"4096\", \"--dim\", \"16\", \"--request-log\", \"{log}\"]\n\
              gpus = 1\nhost_mem_mb = 1\nrestore_ms = 20\nslots = 4\nstart_timeout_ms = 30000\n",
+            gpu_id = fleet.id(GPU_WORKER),
             url = fleet.nats.url(),
             state = fleet.dir.path().join("gpu-state").display(),
             script = replica.display(),
             log = fleet.replica_log().display(),
         );
-        fleet.add_worker(GPU_WORKER, &gpu)?;
+        fleet.add_worker(&fleet.id(GPU_WORKER), &gpu)?;
         let api = format!(
-            "id = \"{API_WORKER}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
+            "id = \"{api_id}\"\nnats_url = \"{url}\"\nheartbeat_ms = 200\n\
              shutdown_grace_ms = 10000\nsandboxes = false\n\
              [[provider]]\nname = \"{PROVIDER}\"\nbase_url = \"{base}\"\nrate_per_s = 2000.0\n\
              burst = 100\nconcurrency = 32\ntimeout_ms = 10000\nallow = [\"GET /search\"]\n",
+            api_id = fleet.id(API_WORKER),
             url = fleet.nats.url(),
             base = fleet.api.url,
         );
-        fleet.add_worker(API_WORKER, &api)?;
+        fleet.add_worker(&fleet.id(API_WORKER), &api)?;
         Ok(fleet)
+    }
+
+    /// The full id of a worker by its short name.
+    pub fn id(&self, short: &str) -> String {
+        format!("{}-{short}", self.tag)
     }
 
     fn add_worker(&mut self, id: &str, text: &str) -> anyhow::Result<()> {
@@ -123,7 +136,7 @@ impl Fleet {
                 child: None,
             },
         );
-        self.start_worker(id)
+        self.start_process(id)
     }
 
     /// Where sandbox execs leave their marks.
@@ -141,8 +154,12 @@ impl Fleet {
         self.workers.keys().cloned().collect()
     }
 
-    /// Starts (or restarts) a worker's process.
-    pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
+    /// Starts (or restarts) a worker's process, by short name.
+    pub fn start_worker(&mut self, short: &str) -> anyhow::Result<()> {
+        self.start_process(&self.id(short))
+    }
+
+    fn start_process(&mut self, id: &str) -> anyhow::Result<()> {
         let w = self.workers.get_mut(id).context("no such worker")?;
         let bin = built_binary("tangram-worker");
         let child = Command::new(&bin)
@@ -157,15 +174,17 @@ impl Fleet {
     }
 
     /// Sends a signal to a worker's process.
-    pub fn signal_worker(&mut self, id: &str, signal: &str) -> anyhow::Result<()> {
-        let w = self.workers.get_mut(id).context("no such worker")?;
+    pub fn signal_worker(&mut self, short: &str, signal: &str) -> anyhow::Result<()> {
+        let id = self.id(short);
+        let w = self.workers.get_mut(&id).context("no such worker")?;
         let child = w.child.as_mut().context("worker not running")?;
         signal_pid(child.id(), signal)
     }
 
     /// Waits (bounded) for a worker's process to exit, and forgets it.
-    pub async fn wait_worker_exit(&mut self, id: &str, within: Duration) -> anyhow::Result<()> {
-        let w = self.workers.get_mut(id).context("no such worker")?;
+    pub async fn wait_worker_exit(&mut self, short: &str, within: Duration) -> anyhow::Result<()> {
+        let id = self.id(short);
+        let w = self.workers.get_mut(&id).context("no such worker")?;
         let mut child = w.child.take().context("worker not running")?;
         let deadline = tokio::time::Instant::now() + within;
         while child.try_wait()?.is_none() {
@@ -179,8 +198,9 @@ impl Fleet {
     }
 
     /// SIGKILLs a worker's process and waits for it.
-    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let w = self.workers.get_mut(id).context("no such worker")?;
+    pub fn kill_worker(&mut self, short: &str) -> anyhow::Result<()> {
+        let id = self.id(short);
+        let w = self.workers.get_mut(&id).context("no such worker")?;
         if let Some(mut c) = w.child.take() {
             let _ = c.kill();
             let _ = c.wait();

@@ -104,7 +104,7 @@ impl Size {
 
 /// Runs the workload against a fresh fleet while `fault` strikes; returns the counts.
 pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
-    let mut fleet = Fleet::start().await?;
+    let mut fleet = Fleet::start(fault.name()).await?;
     let schedulers = match fault {
         Fault::LeaderKill | Fault::TwoSchedulers => 2,
         _ => 1,
