@@ -713,13 +713,22 @@ impl Client {
             tokio::time::timeout(timeout, self.js.get_stream_no_info(subject::RESULTS_STREAM))
                 .await
                 .with_context(|| format!("no result for {id} within {timeout:?}"))??;
-        if let Ok(m) = stream.direct_get_last_for_subject(subject.clone()).await {
-            return decode(Some(&m.headers), &m.payload);
-        }
-        match tokio::time::timeout(timeout, sub.next()).await {
-            Ok(Some(m)) => decode(m.headers.as_ref(), &m.payload),
-            Ok(None) => bail!("result subscription closed"),
-            Err(_) => bail!("no result for {id} within {timeout:?}"),
+        // A direct get can fail under load (a timeout): ask again every half second while
+        // waiting, so a result stored before the subscription took effect is not missed.
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(m) = stream.direct_get_last_for_subject(subject.clone()).await {
+                return decode(Some(&m.headers), &m.payload);
+            }
+            let wait = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(Duration::from_millis(500));
+            match tokio::time::timeout(wait, sub.next()).await {
+                Ok(Some(m)) => return decode(m.headers.as_ref(), &m.payload),
+                Ok(None) => bail!("result subscription closed"),
+                Err(_) if tokio::time::Instant::now() < deadline => continue,
+                Err(_) => bail!("no result for {id} within {timeout:?}"),
+            }
         }
     }
 
