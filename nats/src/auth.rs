@@ -54,6 +54,35 @@ pub struct RawCredentials {
     pub inbox_prefix: Option<String>,
 }
 
+/// The credential flags every Tangram binary takes (`#[command(flatten)]`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CredentialFlags {
+    /// nkey seed file for NATS (`tangram up` writes <state-dir>/creds/<role>.nk).
+    #[arg(long, env = "TANGRAM_NKEY_FILE")]
+    pub nkey_file: Option<PathBuf>,
+    /// CA certificate(s) to verify the NATS server with (requires TLS).
+    #[arg(long, env = "TANGRAM_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate for NATS servers that verify clients.
+    #[arg(long, env = "TANGRAM_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Key of the client certificate.
+    #[arg(long, env = "TANGRAM_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl From<CredentialFlags> for RawCredentials {
+    fn from(f: CredentialFlags) -> Self {
+        Self {
+            nkey_file: f.nkey_file,
+            tls_ca: f.tls_ca,
+            tls_cert: f.tls_cert,
+            tls_key: f.tls_key,
+            inbox_prefix: None,
+        }
+    }
+}
+
 impl RawCredentials {
     /// Fields set in `over` win.
     pub fn merge(self, over: RawCredentials) -> Self {

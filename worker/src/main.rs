@@ -46,18 +46,9 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
-    /// nkey seed file for NATS (`tangram up` writes <state-dir>/creds/worker-<id>.nk).
-    #[arg(long, env = "TANGRAM_NKEY_FILE")]
-    nkey_file: Option<PathBuf>,
-    /// CA certificate(s) to verify the NATS server with (requires TLS).
-    #[arg(long, env = "TANGRAM_TLS_CA")]
-    tls_ca: Option<PathBuf>,
-    /// Client certificate for NATS servers that verify clients.
-    #[arg(long, env = "TANGRAM_TLS_CERT")]
-    tls_cert: Option<PathBuf>,
-    /// Key of the client certificate.
-    #[arg(long, env = "TANGRAM_TLS_KEY")]
-    tls_key: Option<PathBuf>,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    nats: tangram_nats::auth::CredentialFlags,
     /// Print the GPU inventory this worker would advertise (NVML, else the config's
     /// declared GPUs) as JSON, and exit.
     #[arg(long)]
@@ -84,13 +75,7 @@ fn main() -> ExitCode {
         sandbox_runtime: args.sandbox_runtime,
         metrics_addr: args.metrics_addr,
         heartbeat_ms: args.heartbeat_ms,
-        nats: Some(tangram_nats::auth::RawCredentials {
-            nkey_file: args.nkey_file,
-            tls_ca: args.tls_ca,
-            tls_cert: args.tls_cert,
-            tls_key: args.tls_key,
-            inbox_prefix: None,
-        }),
+        nats: Some(args.nats.into()),
         ..Default::default()
     };
     let file = match &args.config {
