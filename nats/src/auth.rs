@@ -327,6 +327,7 @@ impl Role {
                         format!("tangram.v1.heartbeat.{id}"),
                         "tangram.v1.deadletter.stale_epoch".into(),
                         "tangram.v1.deadletter.unknown_epoch".into(),
+                        "tangram.v1.deadletter.fenced_instance".into(),
                         "$JS.API.INFO".into(),
                         "$JS.API.STREAM.INFO.*".into(),
                         format!("$JS.API.CONSUMER.CREATE.{d}.{consumer}"),
@@ -339,6 +340,11 @@ impl Role {
                             "$JS.API.DIRECT.GET.{kv}.$KV.{}.{}",
                             subject::SCHEDULER_BUCKET,
                             subject::EPOCH_KEY
+                        ),
+                        format!(
+                            "$JS.API.DIRECT.GET.{kv}.$KV.{}.{}",
+                            subject::SCHEDULER_BUCKET,
+                            format!("{}{id}", subject::FENCE_PREFIX)
                         ),
                         format!("$JS.API.DIRECT.GET.{kv}"),
                         format!("$JS.API.STREAM.MSG.GET.{kv}"),

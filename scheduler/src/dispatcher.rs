@@ -149,6 +149,7 @@ mod tests {
                 },
                 submitted_at_us: 0,
                 result_encoding: Encoding::Msgpack,
+                instance: None,
                 gpu: None,
             }),
         }

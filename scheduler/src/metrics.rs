@@ -26,6 +26,10 @@ pub const RUNNING: &str = "tangram_scheduler_running";
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
 /// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
+/// Counter: fence records written (a worker instance declared lost must rejoin anew).
+pub const WORKERS_FENCED: &str = "tangram_scheduler_workers_fenced_total";
+/// Counter: heartbeats ignored because their worker instance was fenced.
+pub const FENCED_HEARTBEATS: &str = "tangram_scheduler_fenced_heartbeats_total";
 /// Counter: gaps in this scheduler's reach of NATS after which worker graces were restarted
 /// instead of declaring workers lost.
 pub const NATS_GAPS: &str = "tangram_scheduler_nats_gaps_total";
@@ -109,6 +113,12 @@ pub(crate) fn nats_gap() {
 }
 pub(crate) fn worker_lost() {
     counter!(WORKERS_LOST).increment(1);
+}
+pub(crate) fn worker_fenced() {
+    counter!(WORKERS_FENCED).increment(1);
+}
+pub(crate) fn fenced_heartbeat() {
+    counter!(FENCED_HEARTBEATS).increment(1);
 }
 pub(crate) fn cycle_seconds(seconds: f64) {
     histogram!(CYCLE_SECONDS).record(seconds);

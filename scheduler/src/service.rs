@@ -14,7 +14,7 @@ use crate::lease::{self, Fence, LeaseConfig};
 use crate::shell::{Input, Shell, ShellIo};
 use crate::stored::StoredResults;
 use anyhow::Context as _;
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::{self, kv, AckKind};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,10 @@ const EVENT_CHANNEL: usize = 4096;
 const LOOKUPS: usize = 64;
 /// How often the engine is ticked (liveness, deadlines, in-progress acks).
 const TICK: Duration = Duration::from_millis(250);
+/// Tries of a stored-result or stored-dispatch lookup before the message is handed back.
+const LOOKUP_TRIES: u32 = 3;
+/// When a message whose lookups failed comes back.
+const LOOKUP_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Runs the scheduler until `shutdown` is cancelled: as a standby until it holds the leader
 /// lease, then as leader until it stops or loses the lease (then a standby again).
@@ -148,6 +152,15 @@ async fn lead(
             let tx = to_state.clone();
             let gate = intake_gate.clone();
             async move {
+                let Some(event) = event else {
+                    // Whether it ran already could not be told: it comes back later rather
+                    // than being guessed new and run twice.
+                    crate::metrics::result_lookup("failed");
+                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(LOOKUP_RETRY_AFTER))).await {
+                        warn!(error = %e, "handing back an action whose lookups failed");
+                    }
+                    return true;
+                };
                 // Memory is bounded: past the gate's limits the intake waits, and what it
                 // has not pulled stays in the stream.
                 if gate.wait_for_room().await {
@@ -386,22 +399,32 @@ async fn scan_stored(
 /// Whether a result is stored on `subject`: a direct get from the stream (no JetStream API
 /// round trip). A failed lookup counts as none stored, said in the log: within the stream's
 /// duplicate window JetStream itself drops a resubmission.
-async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> bool {
+/// Whether a result is stored on `subject`; an error when the server could not say, after
+/// a few tries (never guessed: a guess of "none" would run a finished action again).
+async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> Result<bool, String> {
     use async_nats::jetstream::stream::DirectGetErrorKind;
-    match results.direct_get_last_for_subject(subject).await {
-        Ok(_) => true,
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => false,
-        Err(e) => {
-            warn!(%subject, error = %e, "looking up a stored result; taking it as none");
-            false
+    let mut last = String::new();
+    for attempt in 0..LOOKUP_TRIES {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        }
+        match results.direct_get_last_for_subject(subject).await {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(false),
+            Err(e) => {
+                warn!(%subject, attempt, error = %e, "looking up a stored result");
+                last = e.to_string();
+            }
         }
     }
+    Err(last)
 }
 
 /// Turns one action message into the engine's event: validated (or bad), with its stream
 /// position, publish time and whether a result is stored for its id already. The server is
 /// asked unless the filter rules a stored result out for a first delivery (a redelivery may
-/// race the results feed, so it is always asked).
+/// race the results feed, so it is always asked). `None` when a lookup kept failing: the
+/// message is handed back to come again, since guessing could run it twice.
 async fn admit(
     msg: jetstream::Message,
     limits: &Limits,
@@ -409,7 +432,7 @@ async fn admit(
     results: &jetstream::stream::Stream,
     dispatches: &jetstream::stream::Stream,
     stored: &StoredResults,
-) -> (jetstream::Message, Event) {
+) -> (jetstream::Message, Option<Event>) {
     let info = msg.info().ok();
     let delivery = info.as_ref().map_or(0, |i| i.stream_sequence);
     let first_delivery = info.as_ref().is_some_and(|i| i.delivered == 1);
@@ -438,20 +461,23 @@ async fn admit(
                 crate::metrics::result_lookup("skipped");
                 false
             } else {
-                let seen = result_stored(results, &subject).await;
+                let Ok(seen) = result_stored(results, &subject).await else {
+                    return (msg, None);
+                };
                 crate::metrics::result_lookup(if seen { "stored" } else { "absent" });
                 seen
             };
             // A message coming back may have been dispatched by a leader that ended before
             // acking it: the stored dispatch says so, and the action is taken over.
             let dispatched = if !first_delivery && !seen {
-                crate::adopt::dispatch_of(dispatches, &action.id)
-                    .await
-                    .map(Box::new)
+                match crate::adopt::dispatch_of(dispatches, &action.id).await {
+                    Ok(d) => d.map(Box::new),
+                    Err(()) => return (msg, None),
+                }
             } else {
                 None
             };
-            Event::Arrived(Box::new(Arrival {
+            Some(Event::Arrived(Box::new(Arrival {
                 action,
                 encoding,
                 submitted_at_us,
@@ -459,9 +485,9 @@ async fn admit(
                 seen,
                 model: None,
                 dispatched,
-            }))
+            })))
         }
-        Err(bad) => Event::Bad(bad),
+        Err(bad) => Some(Event::Bad(bad)),
     };
     (msg, event)
 }

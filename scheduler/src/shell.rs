@@ -259,6 +259,14 @@ impl Shell {
                         .instrument(tracing::info_span!("adopt")),
                     );
                 }
+                Effect::Fence { worker, instance } => {
+                    let js = self.js.clone();
+                    let fence = self.fence.clone();
+                    self.tasks.spawn(
+                        write_fence(js, fence, worker, instance)
+                            .instrument(tracing::info_span!("fence")),
+                    );
+                }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
                 Effect::Observe(o) => observe(o),
             }
@@ -286,6 +294,48 @@ fn unix_us() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
+}
+
+/// Records that `instance` of `worker` was declared lost, where the worker looks
+/// (`fence.<worker>` in the scheduler's bucket). Retried for about 30 s while this
+/// scheduler leads: a worker that never reads it keeps being ignored by this leader, and a
+/// dispatch addressed to the instance is refused by it once it does.
+async fn write_fence(
+    js: jetstream::Context,
+    fence: Arc<Fence>,
+    worker: tangram_shared::WorkerId,
+    instance: String,
+) {
+    let key = tangram_shared::subject::fence_key(&worker);
+    for attempt in 0..10u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(250 << attempt.min(4))).await;
+        }
+        if !fence.holds() {
+            warn!(%worker, "not the leader any more; fence record left to the next one");
+            return;
+        }
+        let put = async {
+            let store = js
+                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+                .await
+                .map_err(|e| e.to_string())?;
+            store
+                .put(&key, instance.clone().into())
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(Duration::from_secs(5), put).await {
+            Ok(Ok(_)) => {
+                info!(%worker, %instance, "worker instance fenced");
+                m::worker_fenced();
+                return;
+            }
+            Ok(Err(e)) => warn!(%worker, attempt, error = %e, "writing the fence record"),
+            Err(_) => warn!(%worker, attempt, "writing the fence record timed out"),
+        }
+    }
+    warn!(%worker, %instance, "fence record not written; the instance is ignored by this leader only");
 }
 
 /// Sends acks in the order the engine decided them; each is one publish, no round trip.
@@ -325,6 +375,7 @@ fn observe(o: Observation) {
             );
             m::nats_gap()
         }
+        Observation::FencedHeartbeat => m::fenced_heartbeat(),
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");
             m::worker_lost()

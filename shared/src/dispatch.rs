@@ -36,6 +36,11 @@ pub struct Dispatch {
     /// `reward`: the replica to use, and what to evict first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuRoute>,
+    /// The worker instance the scheduler placed it on (the heartbeat's `instance`). A worker
+    /// refuses a dispatch addressed to an instance that was fenced (declared lost): its
+    /// action has been settled already. Absent from older schedulers: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 /// The scheduler's Evict-on-Execution decision for one reward action.

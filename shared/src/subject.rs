@@ -45,6 +45,15 @@ pub const LEADER_KEY: &str = "leader";
 /// Prefix of the keys standbys announce themselves under (`standby.<id>`, JSON
 /// [`crate::status::StandbyRecord`]).
 pub const STANDBY_PREFIX: &str = "standby.";
+/// Prefix of the keys under which a leader fences a worker instance it declared lost
+/// (`fence.<worker>`, the instance id as a string): that instance must drop what it holds
+/// and rejoin as a new one before it runs anything again.
+pub const FENCE_PREFIX: &str = "fence.";
+
+/// The fence key of a worker (`fence.<worker>`).
+pub fn fence_key(worker: &WorkerId) -> String {
+    format!("{FENCE_PREFIX}{worker}")
+}
 
 /// Subject for submitting an action: `tangram.v1.action.<job>.<kind>`.
 pub fn action(job: &JobId, kind: ActionKind) -> String {

@@ -152,6 +152,7 @@ fn dispatch_and_heartbeat() {
             },
             submitted_at_us: 1_790_000_000_000_000,
             result_encoding: Encoding::Json,
+            instance: None,
             gpu: None,
         },
     );
@@ -164,6 +165,7 @@ fn dispatch_and_heartbeat() {
             grant: Grant::default(),
             submitted_at_us: 1_790_000_000_000_000,
             result_encoding: Encoding::Msgpack,
+            instance: None,
             gpu: Some(GpuRoute {
                 service: "judge".into(),
                 chunk: ChunkRef {

@@ -71,6 +71,7 @@ async fn a_forged_high_epoch_dispatch_does_not_block_real_ones() -> anyhow::Resu
         },
         submitted_at_us: 0,
         result_encoding: Encoding::Msgpack,
+        instance: None,
         gpu: None,
     };
     let worker = WorkerId::new("forge-a")?;
@@ -182,5 +183,78 @@ async fn a_stopping_worker_reports_draining_at_once() -> anyhow::Result<()> {
         after < Duration::from_millis(1_500),
         "draining reported {after:?} after the stop began; the grace is 2 s"
     );
+    cluster.shutdown().await
+}
+
+/// Regression: a worker declared lost (cut off from NATS past its grace) was not fenced.
+/// When the partition healed it carried on as if nothing had happened: its sandboxes stayed
+/// (leaked, or adopted again while the trajectory had reopened elsewhere), its commands ran
+/// on and their results came late for actions the scheduler had settled. Now the leader
+/// records the lost instance, and the worker, on reading it, removes its sandboxes, drops
+/// those results and rejoins as a new instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_declared_lost_fences_itself_when_it_comes_back() -> anyhow::Result<()> {
+    use tangram_shared::{ActionId, InfraCode};
+    use tangram_tests::containers_of;
+    use tangram_tests::faults::proxy::Proxy;
+    let mut cluster = Cluster::start(&[]).await?;
+    let proxy = Proxy::start(format!("127.0.0.1:{}", cluster.nats.port())).await?;
+    let raw = tangram_worker::config::RawConfig {
+        id: Some("fence-a".into()),
+        nats_url: Some(proxy.url()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(4096),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        ..Default::default()
+    };
+    cluster.start_worker_config(raw.validate()?);
+    let c = cluster.client("fence").await?;
+    c.wait_for_workers(&["fence-a"], T).await?;
+    let r = c.run(&open("o1", "fence", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let long = exec("long", "fence", "t1", &["sleep", "60"], 1, 1);
+    c.submit(&long).await?;
+    let before = c.wait_until_running("fence-a", &long.id, T).await?.instance;
+    assert_eq!(containers_of("fence-a"), 1);
+
+    proxy.cut();
+    let r = c.result(&long.id, T).await?;
+    assert!(
+        matches!(
+            r.outcome,
+            Outcome::InfraError {
+                code: InfraCode::WorkerLost,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    proxy.heal();
+
+    // It fences itself: a new instance, running nothing, its sandbox removed.
+    let hb = c
+        .wait_for_heartbeat(T, "fence-a as a new instance", |hb| {
+            hb.worker.as_str() == "fence-a" && hb.instance != before
+        })
+        .await?;
+    assert!(hb.running.is_empty() && hb.sandboxes.is_empty(), "{hb:?}");
+    assert!(
+        eventually(T, || containers_of("fence-a") == 0).await,
+        "the fenced instance's sandbox is still there"
+    );
+    // The trajectory opens a new sandbox, on the new instance, and runs there.
+    let r = c.run(&open("o2", "fence", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let r = c
+        .run(&exec("after", "fence", "t1", &["true"], 1, 1), T)
+        .await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    // One result for the long command: the scheduler's.
+    let all = c
+        .results(&ActionId::new("long")?, 2, Duration::from_secs(2))
+        .await?;
+    assert_eq!(all.len(), 1, "{all:?}");
+    drop(proxy);
     cluster.shutdown().await
 }

@@ -656,6 +656,7 @@ async fn a_restarted_scheduler_bumps_its_epoch_and_adopts_open_sandboxes() -> an
         },
         submitted_at_us: 0,
         result_encoding: tangram_shared::Encoding::Msgpack,
+        instance: None,
         gpu: None,
     };
     let bytes = tangram_shared::codec::encode(&stale, tangram_shared::Encoding::Msgpack)?;

@@ -19,6 +19,11 @@ pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
 /// Dispatches refused, by reason (`stale_epoch`, `unknown_epoch`); each also leaves a
 /// dead-letter record.
 pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
+/// Times this worker found itself fenced (declared lost by the scheduler) and rejoined as a
+/// new instance.
+pub const FENCED: &str = "tangram_worker_fenced_total";
+/// Results of a fenced instance's actions not published (the scheduler settled them).
+pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
 /// Replica processes started, by service.
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
 /// Replica processes found dead, by service.
@@ -67,6 +72,12 @@ pub(crate) fn sandboxes(n: usize) {
 }
 pub(crate) fn leftovers(n: usize) {
     counter!(LEFTOVERS).increment(n as u64);
+}
+pub(crate) fn fenced() {
+    counter!(FENCED).increment(1);
+}
+pub(crate) fn fenced_result() {
+    counter!(FENCED_RESULTS).increment(1);
 }
 pub(crate) fn refused(reason: &'static str) {
     counter!(REFUSED, "reason" => reason).increment(1);

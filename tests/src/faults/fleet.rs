@@ -160,13 +160,15 @@ impl Fleet {
     }
 
     fn start_process(&mut self, id: &str) -> anyhow::Result<()> {
-        let w = self.workers.get_mut(id).context("no such worker")?;
+        anyhow::ensure!(self.workers.contains_key(id), "no such worker {id}");
         let bin = built_binary("tangram-worker");
+        let (out, err) = process_output(&self.tag, id)?;
+        let w = self.workers.get_mut(id).context("no such worker")?;
         let child = Command::new(&bin)
             .arg("--config")
             .arg(&w.config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         w.child = Some(ChildGuard(child));
@@ -213,10 +215,11 @@ impl Fleet {
         self.next_scheduler += 1;
         let id = format!("sched-{}", self.next_scheduler);
         let bin = built_binary("tangram-scheduler");
+        let (out, err) = process_output(&self.tag, &id)?;
         let child = Command::new(&bin)
             .args(["--id", &id, "--nats-url", &self.nats.url()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         self.schedulers.push((id.clone(), ChildGuard(child)));
@@ -250,6 +253,29 @@ impl Fleet {
     pub fn signal_nats(&self, signal: &str) -> anyhow::Result<()> {
         signal_pid(self.nats.pid().context("nats-server not running")?, signal)
     }
+}
+
+/// Where a fleet process writes its output: nowhere, unless `TANGRAM_FAULT_LOGS` names a
+/// folder, where each process appends to `<fleet>-<process>.log` (restarts included), so a
+/// failed run can be read afterwards.
+fn process_output(tag: &str, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
+    let Some(dir) = std::env::var_os("TANGRAM_FAULT_LOGS") else {
+        return Ok((Stdio::null(), Stdio::null()));
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir)?;
+    let name = if name.starts_with(tag) {
+        name.to_string()
+    } else {
+        format!("{tag}-{name}")
+    };
+    let path = dir.join(format!("{name}.log"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok((file.try_clone()?.into(), file.into()))
 }
 
 fn signal_pid(pid: u32, signal: &str) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@
 
 mod check;
 mod fleet;
-mod proxy;
+pub mod proxy;
 mod workload;
 
 pub use check::{Report, Tally};

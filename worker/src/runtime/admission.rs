@@ -12,6 +12,8 @@ use tracing::{debug, warn};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
 const RECENT: usize = 10_000;
+/// How many fenced instances of this worker are remembered.
+const MAX_FENCED: usize = 64;
 
 /// What admission decided about one dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,12 @@ pub(crate) enum Verdict {
         /// The stored epoch.
         stored: u64,
     },
+    /// Addressed to an instance of this worker that was fenced (declared lost): its action
+    /// was settled by the scheduler. Refused, recorded, not run.
+    FencedInstance {
+        /// The instance it was addressed to.
+        instance: String,
+    },
     /// A redelivery of an action running here now: the running copy acks it.
     AlreadyRunning,
     /// A redelivery of an action this instance finished: its result is already out.
@@ -46,7 +54,12 @@ pub(crate) enum Verdict {
 /// What admission remembers: actions running now, recently finished ones, the newest epoch.
 #[derive(Debug, Default)]
 pub(crate) struct Admissions {
+    /// Running in the current instance (what heartbeats list).
     pub(crate) running: HashSet<ActionId>,
+    /// Still running from a fenced instance: recognised, never listed, results dropped.
+    orphaned: HashSet<ActionId>,
+    /// Instances of this worker known to be fenced.
+    fenced: HashSet<String>,
     recent: VecDeque<ActionId>,
     recent_set: HashSet<ActionId>,
     /// The newest epoch known: read from the leaders' store when `authority`, else the
@@ -60,7 +73,11 @@ impl Admissions {
     /// Decides, and on [`Verdict::Run`] counts the action as running.
     pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool) -> Verdict {
         let id = &d.action.id;
-        if d.epoch < self.known_epoch {
+        if let Some(instance) = d.instance.as_ref().filter(|i| self.fenced.contains(*i)) {
+            Verdict::FencedInstance {
+                instance: instance.clone(),
+            }
+        } else if d.epoch < self.known_epoch {
             Verdict::StaleEpoch {
                 epoch: d.epoch,
                 newest: self.known_epoch,
@@ -70,7 +87,7 @@ impl Admissions {
                 epoch: d.epoch,
                 stored: self.known_epoch,
             }
-        } else if self.running.contains(id) {
+        } else if self.running.contains(id) || self.orphaned.contains(id) {
             Verdict::AlreadyRunning
         } else if self.recent_set.contains(id) {
             Verdict::AlreadyFinished
@@ -94,9 +111,23 @@ impl Admissions {
         self.authority = true;
     }
 
+    /// An instance of this worker is fenced: dispatches addressed to it are refused from
+    /// now on. When it is the current one, what runs becomes orphaned (its results are
+    /// dropped, heartbeats no longer list it).
+    pub(crate) fn fence(&mut self, instance: &str, current: bool) {
+        if self.fenced.len() >= MAX_FENCED && !self.fenced.contains(instance) {
+            self.fenced.clear(); // old instances' dispatches are long acked or refused
+        }
+        self.fenced.insert(instance.to_string());
+        if current {
+            self.orphaned.extend(self.running.drain());
+        }
+    }
+
     /// The action's result is out: it is remembered as finished, for a while.
     pub(crate) fn settle(&mut self, id: &ActionId) {
         self.running.remove(id);
+        self.orphaned.remove(id);
         self.recent.push_back(id.clone());
         self.recent_set.insert(id.clone());
         while self.recent.len() > RECENT {
@@ -109,7 +140,9 @@ impl Admissions {
 
 impl Worker {
     /// Decodes a dispatch and decides whether to run it; acks what will not run.
-    pub(crate) async fn admit(&self, delivery: &dyn Delivery) -> Option<Dispatch> {
+    /// On [`Verdict::Run`], also the instance generation it was admitted in (see
+    /// [`Worker::era`]).
+    pub(crate) async fn admit(&self, delivery: &dyn Delivery) -> Option<(Dispatch, u64)> {
         let dispatch = match codec::decode::<Dispatch>(delivery.payload(), Encoding::Msgpack) {
             Ok(d) => d,
             Err(e) => {
@@ -132,15 +165,22 @@ impl Worker {
                 st.admissions.learn_stored_epoch(stored);
             }
         }
-        let verdict = self
-            .state
-            .lock()
-            .expect("state lock")
-            .admissions
-            .admit(&dispatch, delivery.redelivered());
+        let (verdict, era) = {
+            let mut st = self.state.lock().expect("state lock");
+            // Read under the lock a fence takes, so an action is of exactly one instance.
+            let era = self.era.load(std::sync::atomic::Ordering::SeqCst);
+            (st.admissions.admit(&dispatch, delivery.redelivered()), era)
+        };
         let id = &dispatch.action.id;
         match verdict {
-            Verdict::Run => return Some(dispatch),
+            Verdict::Run => return Some((dispatch, era)),
+            Verdict::FencedInstance { instance } => {
+                let detail = format!(
+                    "dispatch addressed to instance {instance} refused: the scheduler declared that instance lost and settled its actions"
+                );
+                self.refuse("fenced_instance", &detail, delivery.payload(), &dispatch)
+                    .await;
+            }
             Verdict::AlreadyRunning => return None,
             Verdict::StaleEpoch { epoch, newest } => {
                 let detail = format!(

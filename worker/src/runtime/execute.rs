@@ -241,7 +241,11 @@ impl Worker {
                 ..
             }
         ) {
-            self.state.lock().expect("state lock").sandboxes.remove(key);
+            // Only this sandbox: a fence may have replaced the map's entry meanwhile.
+            let mut st = self.state.lock().expect("state lock");
+            if st.sandboxes.get(key).is_some_and(|x| Arc::ptr_eq(x, &s)) {
+                st.sandboxes.remove(key);
+            }
         }
         let overhead = us_since(t0).saturating_sub(exec_us);
         result.timing = Timing::new(queued_us, overhead, exec_us);

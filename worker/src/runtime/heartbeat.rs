@@ -11,7 +11,6 @@ use tracing::warn;
 pub(super) async fn heartbeats(
     worker: Arc<Worker>,
     client: async_nats::Client,
-    instance: String,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(worker.config.heartbeat);
@@ -27,14 +26,13 @@ pub(super) async fn heartbeats(
         }
         seq += 1;
         let draining = worker.draining.is_cancelled();
-        send_heartbeat(&worker, &client, &instance, seq, draining).await;
+        send_heartbeat(&worker, &client, seq, draining).await;
     }
 }
 
 pub(super) async fn send_heartbeat(
     worker: &Worker,
     client: &async_nats::Client,
-    instance: &str,
     seq: u64,
     draining: bool,
 ) {
@@ -57,7 +55,7 @@ pub(super) async fn send_heartbeat(
         m::sandboxes(sandboxes.len());
         Heartbeat {
             worker: worker.config.id.clone(),
-            instance: instance.to_string(),
+            instance: worker.instance.lock().expect("instance lock").clone(),
             seq,
             interval_ms: worker.config.heartbeat.as_millis() as u64,
             cores: if worker.sandboxes.is_some() {

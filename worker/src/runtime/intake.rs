@@ -4,7 +4,7 @@
 use async_nats::jetstream;
 use futures::future::BoxFuture;
 use tangram_shared::codec::Encoding;
-use tangram_shared::ActionResult;
+use tangram_shared::{ActionResult, WorkerId};
 
 /// A failure to ack; logged, never fatal (the dispatch comes back and is recognised).
 pub(crate) type AckError = Box<dyn std::error::Error + Send + Sync>;
@@ -64,6 +64,10 @@ pub(crate) trait ResultSink: Send + Sync {
     /// exist); `None` when it cannot be read.
     fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>>;
 
+    /// The instance of `worker` that the leaders fenced (declared lost), if any; `None` too
+    /// when it cannot be read (it is read again soon).
+    fn fence_record<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Option<String>>;
+
     /// Records a refused dispatch in the dead-letter stream (best effort).
     fn refuse<'a>(&'a self, refusal: Refusal<'a>) -> BoxFuture<'a, ()>;
 }
@@ -72,6 +76,28 @@ pub(crate) trait ResultSink: Send + Sync {
 pub(crate) struct JetStreamResults(pub(crate) jetstream::Context);
 
 impl ResultSink for JetStreamResults {
+    fn fence_record<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let read = async {
+                let store = self
+                    .0
+                    .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+                    .await
+                    .ok()?;
+                let entry = store
+                    .entry(tangram_shared::subject::fence_key(worker))
+                    .await
+                    .ok()??;
+                let v = String::from_utf8_lossy(&entry.value).trim().to_string();
+                (!v.is_empty()).then_some(v)
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(5), read)
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
     fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>> {
         Box::pin(async move {
             let store = self

@@ -8,6 +8,7 @@
 mod admission;
 mod calls;
 mod execute;
+mod fence;
 mod heartbeat;
 pub(crate) mod intake;
 #[cfg(test)]
@@ -68,6 +69,12 @@ pub(crate) struct Worker {
     pub(crate) draining: CancellationToken,
     /// GPUs, when the worker has any.
     pub(crate) inventory: Option<GpuInventory>,
+    /// This instance's id, as heartbeats carry it; a new one after a fence. Locked after
+    /// `state` when both are held.
+    pub(crate) instance: Mutex<String>,
+    /// Generation of the instance: bumped by a fence, so that actions admitted before it
+    /// drop their results (the scheduler settled them when it declared the worker lost).
+    pub(crate) era: std::sync::atomic::AtomicU64,
 }
 
 impl Worker {
@@ -94,7 +101,14 @@ impl Worker {
             hard_stop: CancellationToken::new(),
             draining: CancellationToken::new(),
             inventory,
+            instance: Mutex::new(fence::new_instance_id()),
+            era: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// This instance's id.
+    pub(crate) fn instance(&self) -> String {
+        self.instance.lock().expect("instance lock").clone()
     }
 
     pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
@@ -215,20 +229,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Arc::new(JetStreamResults(js)),
         inventory,
     ));
-    let instance = format!("{:x}-{:x}", std::process::id(), unix_us());
+    let instance = worker.instance();
     info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
 
     // Heartbeats and health checks outlive intake: they stop after the drain.
     let background = TaskTracker::new();
     let background_stop = CancellationToken::new();
     background.spawn(
-        heartbeat::heartbeats(
-            worker.clone(),
-            client.clone(),
-            instance.clone(),
-            background_stop.clone(),
-        )
-        .instrument(tracing::info_span!("heartbeats")),
+        heartbeat::heartbeats(worker.clone(), client.clone(), background_stop.clone())
+            .instrument(tracing::info_span!("heartbeats")),
+    );
+    background.spawn(
+        fence::watch(worker.clone(), background_stop.clone())
+            .instrument(tracing::info_span!("fence")),
     );
     if let Some(svc) = worker.services.clone() {
         let stop = background_stop.clone();
@@ -263,7 +276,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Every last step is bounded, so SIGTERM always ends the process even without NATS.
     let last_words = async {
         background.wait().await;
-        heartbeat::send_heartbeat(&worker, &client, &instance, u64::MAX, true).await;
+        heartbeat::send_heartbeat(&worker, &client, u64::MAX, true).await;
         client.flush().await.ok();
     };
     if tokio::time::timeout(GOODBYE_WAIT, last_words)
@@ -292,9 +305,14 @@ where
                 None => break,
             },
         };
-        if let Some(dispatch) = worker.admit(delivery.as_ref()).await {
+        if let Some((dispatch, era)) = worker.admit(delivery.as_ref()).await {
             let span = tracing::info_span!("action", id = %dispatch.action.id, kind = dispatch.action.kind().as_str());
-            actions.spawn(worker.clone().handle(dispatch, delivery).instrument(span));
+            actions.spawn(
+                worker
+                    .clone()
+                    .handle(dispatch, era, delivery)
+                    .instrument(span),
+            );
         }
     }
     drop(intake);
@@ -338,7 +356,7 @@ where
 
 impl Worker {
     /// Runs one admitted action and settles it: result durable first, then the dispatch acked.
-    async fn handle(self: Arc<Self>, dispatch: Dispatch, delivery: Box<dyn Delivery>) {
+    async fn handle(self: Arc<Self>, dispatch: Dispatch, era: u64, delivery: Box<dyn Delivery>) {
         // Keep the dispatch from being redelivered while it runs (ack_wait is short so that a
         // crashed instance's work comes back quickly).
         let result = {
@@ -369,8 +387,17 @@ impl Worker {
             result.timing.exec_us as f64 / 1e6,
         );
         // A crash between the two means a redelivery, which the result's Nats-Msg-Id
-        // deduplicates.
-        self.publish_result(&result, dispatch.result_encoding).await;
+        // deduplicates. An action of a fenced instance was settled by the scheduler: its
+        // result would be a second one, so it is dropped.
+        if self.era.load(std::sync::atomic::Ordering::SeqCst) == era {
+            self.publish_result(&result, dispatch.result_encoding).await;
+        } else {
+            m::fenced_result();
+            info!(
+                outcome = result.outcome.label(),
+                "result of a fenced instance dropped; the scheduler settled this action"
+            );
+        }
         if let Err(e) = delivery.ack().await {
             warn!(error = %e, "acking a dispatch");
         }

@@ -71,9 +71,19 @@ struct Results {
     epoch: Mutex<Option<u64>>,
     /// Refusal records: (action, reason).
     refused: Mutex<Vec<(String, &'static str)>>,
+    /// The instance the fake fence record names.
+    fence: Mutex<Option<String>>,
 }
 
 impl ResultSink for Results {
+    fn fence_record<'a>(
+        &'a self,
+        _worker: &'a tangram_shared::WorkerId,
+    ) -> BoxFuture<'a, Option<String>> {
+        let f = self.fence.lock().unwrap().clone();
+        Box::pin(async move { f })
+    }
+
     fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>> {
         let e = *self.epoch.lock().unwrap();
         Box::pin(async move { e })
@@ -248,6 +258,7 @@ fn dispatch(epoch: u64, cores: u32, action: Action) -> Dispatch {
         grant: Grant { cores, mem_mb: 256 },
         submitted_at_us: super::unix_us(),
         result_encoding: Encoding::Msgpack,
+        instance: None,
         gpu: None,
     }
 }
@@ -590,5 +601,73 @@ async fn an_action_starts_without_waiting_for_the_timer_wheel() {
     let r = h.run(&exec("e1", "t1", &["true"], 1)).await;
     assert_eq!(completed(&r), 0);
     assert_eq!(Instant::now(), t0, "an action waited on a timer");
+    h.stop().await;
+}
+
+impl Harness {
+    /// Waits until the delivery tagged `tag` is acked, on tokio's clock.
+    async fn until_acked(&self, tag: &str) {
+        let deadline = Instant::now() + NEVER;
+        while self.acks_of(tag).is_empty() {
+            assert!(Instant::now() < deadline, "{tag} never acked");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_instance_drops_its_sandboxes_and_results_and_refuses_dispatches_addressed_to_it()
+{
+    let h = Harness::start();
+    h.run(&open("o1", "t1")).await;
+    let old = h.worker.instance();
+    let long = exec("long", "t1", &["sleep", "10"], 1);
+    h.deliver("long", &long, false).await;
+    h.until_running(1).await;
+    // A record naming another (earlier) instance fences nothing that runs.
+    assert!(!h.worker.fence("an-earlier-instance").await);
+    assert_eq!(h.running(), 1);
+    assert!(h.worker.fence(&old).await);
+    assert_ne!(h.worker.instance(), old);
+    assert_eq!(
+        h.sandboxes.open_count(),
+        0,
+        "the fenced sandboxes are removed"
+    );
+    assert_eq!(
+        h.running(),
+        0,
+        "heartbeats no longer list what the fenced instance ran"
+    );
+    // A redelivery of the orphaned action while it still runs is not run again.
+    h.deliver("long#2", &long, true).await;
+    h.until_acked("long").await;
+    assert!(
+        h.results.of("long").is_empty(),
+        "the scheduler settled it: no second result"
+    );
+    // Addressed to the fenced instance: refused and recorded, not run.
+    let mut stale = exec("stale", "t1", &["true"], 1);
+    stale.instance = Some(old.clone());
+    h.deliver("stale", &stale, false).await;
+    h.until_acked("stale").await;
+    assert!(h.results.of("stale").is_empty());
+    assert!(h
+        .results
+        .refused
+        .lock()
+        .unwrap()
+        .contains(&("stale".to_string(), "fenced_instance")));
+    // So is one addressed to the earlier instance named before.
+    let mut earlier = exec("earlier", "t1", &["true"], 1);
+    earlier.instance = Some("an-earlier-instance".into());
+    h.deliver("earlier", &earlier, false).await;
+    h.until_acked("earlier").await;
+    assert!(h.results.of("earlier").is_empty());
+    // The new instance runs what is addressed to it.
+    let mut fresh = open("o2", "t1");
+    fresh.instance = Some(h.worker.instance());
+    assert_eq!(completed(&h.run(&fresh).await), 0);
+    assert_eq!(h.sandboxes.open_count(), 1);
     h.stop().await;
 }

@@ -327,6 +327,12 @@ impl Engine {
         provider: Option<String>,
         now: Now,
     ) {
+        // Addressed to the instance the worker last reported, so that one fenced meanwhile
+        // (declared lost) refuses it instead of running an action already settled.
+        let instance = self
+            .workers
+            .get(&launch.worker)
+            .map(|w| w.hb.instance.clone());
         let Some(e) = self.actions.get_mut(&launch.id) else {
             return;
         };
@@ -344,6 +350,7 @@ impl Engine {
             submitted_at_us: e.submitted_at_us,
             result_encoding: e.encoding,
             gpu: gpu.clone(),
+            instance,
         };
         e.state = ActionState::Dispatching {
             worker: launch.worker.clone(),

@@ -131,6 +131,14 @@ pub enum Effect {
     WakeAt(u64),
     /// Something worth counting (metrics).
     Observe(Observation),
+    /// Record durably that this worker instance was declared lost (the fence record it
+    /// reads): it drops its sandboxes and running actions, and rejoins as a new instance.
+    Fence {
+        /// The worker.
+        worker: WorkerId,
+        /// The instance declared lost.
+        instance: String,
+    },
     /// Fetch the stored dispatch of an action a worker reports running and this engine does
     /// not know; answer with [`Event::Adopt`] or [`Event::AdoptFailed`].
     FetchDispatch {
@@ -173,6 +181,8 @@ pub enum Observation {
     Adopted(ActionKind),
     /// A worker was declared lost.
     WorkerLost,
+    /// A heartbeat from a fenced worker instance was ignored.
+    FencedHeartbeat,
     /// NATS answered again after a gap this long, ms: worker graces and result deadlines
     /// were restarted rather than judged on silence nobody could hear.
     Unreachable {

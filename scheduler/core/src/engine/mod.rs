@@ -158,6 +158,10 @@ pub struct Engine {
     pub(crate) adopting: std::collections::HashSet<ActionId>,
     /// `per-task`: opens placed so far per job, for round robin inside its pool.
     pub(crate) task_opens: HashMap<String, usize>,
+    /// Worker instances declared lost, by worker: their heartbeats are ignored until the
+    /// worker reports as a new instance (it fences itself on reading the fence record);
+    /// with when the fence was last asked for.
+    pub(crate) fenced: BTreeMap<WorkerId, (String, u64)>,
 }
 
 impl Engine {
@@ -198,6 +202,7 @@ impl Engine {
             dirty: false,
             queues_observed_ms: None,
             settled_in: false,
+            fenced: BTreeMap::new(),
             stopping: false,
             wake_at: None,
             out: Vec::new(),

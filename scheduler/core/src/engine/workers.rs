@@ -7,6 +7,12 @@ use super::{Effect, Engine, Now, Observation, Provider, WorkerState};
 use std::collections::HashSet;
 use tangram_shared::{ActionId, Heartbeat, InfraCode, WorkerId};
 
+/// Fenced worker instances remembered at most (one per worker; when full, the first by
+/// id is forgotten).
+const MAX_FENCED: usize = 10_000;
+/// A fenced instance still heartbeating this long after its fence was asked for gets it
+/// asked for again.
+const FENCE_AGAIN_MS: u64 = 10_000;
 /// Heartbeats in a row that must leave out a running action before it is settled as lost.
 const UNREPORTED_LIMIT: u8 = 2;
 
@@ -14,6 +20,25 @@ impl Engine {
     pub(crate) fn on_heartbeat(&mut self, hb: Heartbeat, now: Now) {
         if hb.worker.check().is_err() {
             return;
+        }
+        match self.fenced.get_mut(&hb.worker) {
+            // Declared lost: nothing it reports counts until it rejoins as a new instance.
+            Some((fenced, asked_ms)) if *fenced == hb.instance => {
+                self.out.push(Effect::Observe(Observation::FencedHeartbeat));
+                // Still at it: its fence record may not have been written; ask again.
+                if now.ms >= *asked_ms + FENCE_AGAIN_MS {
+                    *asked_ms = now.ms;
+                    self.out.push(Effect::Fence {
+                        worker: hb.worker.clone(),
+                        instance: hb.instance.clone(),
+                    });
+                }
+                return;
+            }
+            Some(_) => {
+                self.fenced.remove(&hb.worker);
+            }
+            None => {}
         }
         let known = self.workers.get(&hb.worker);
         let restarted = known.is_some_and(|w| w.hb.instance != hb.instance);
@@ -261,7 +286,21 @@ impl Engine {
     /// leave the pool, and everything launched there is settled with an infrastructure error.
     pub(crate) fn worker_lost(&mut self, worker: &WorkerId, now: Now) {
         self.out.push(Effect::Observe(Observation::WorkerLost));
-        self.workers.remove(worker);
+        if let Some(w) = self.workers.remove(worker) {
+            // Fenced: should it come back, it must drop what it holds and rejoin as a new
+            // instance, since everything it held is settled or lost here.
+            if self.fenced.len() >= MAX_FENCED {
+                if let Some(oldest) = self.fenced.keys().next().cloned() {
+                    self.fenced.remove(&oldest);
+                }
+            }
+            self.fenced
+                .insert(worker.clone(), (w.hb.instance.clone(), now.ms));
+            self.out.push(Effect::Fence {
+                worker: worker.clone(),
+                instance: w.hb.instance,
+            });
+        }
         for s in self.sandboxes.values_mut() {
             if &s.worker == worker {
                 s.state = SandboxState::Lost;

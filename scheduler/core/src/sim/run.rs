@@ -485,7 +485,12 @@ impl Driver<'_> {
                     Effect::FetchDispatch { id, .. } => {
                         follow.push(Event::AdoptFailed { id });
                     }
-                    Effect::Ack(_) | Effect::Nak(_) | Effect::Progress(_) | Effect::Observe(_) => {}
+                    // Simulated workers never fail, so none is ever fenced.
+                    Effect::Fence { .. }
+                    | Effect::Ack(_)
+                    | Effect::Nak(_)
+                    | Effect::Progress(_)
+                    | Effect::Observe(_) => {}
                 }
             }
             if follow.is_empty() {

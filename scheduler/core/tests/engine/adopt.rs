@@ -11,6 +11,7 @@ fn dispatch_of(action: Action, cores: u32) -> Dispatch {
         grant: tangram_shared::Grant { cores, mem_mb: 0 },
         submitted_at_us: 5,
         result_encoding: Encoding::Json,
+        instance: None,
         gpu: None,
     }
 }

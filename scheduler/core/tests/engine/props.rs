@@ -78,6 +78,14 @@ impl World {
                         *self.ends.entry(id).or_default() += 1;
                     }
                 }
+                // The worker reads its fence: what it ran is dropped (results included) and
+                // it rejoins as a new instance.
+                Effect::Fence { worker, .. } => {
+                    let name = worker.to_string();
+                    self.running.retain(|(x, _)| x != &name);
+                    let inst = format!("f{}", self.h.now);
+                    self.h.instance.insert(name, inst);
+                }
                 _ => {}
             }
         }
@@ -106,7 +114,10 @@ impl World {
                 if ok {
                     let fx = self.h.stored(&d);
                     let wi = WORKERS.iter().position(|x| x.0 == w).unwrap();
-                    if self.alive[wi] {
+                    // A worker refuses a dispatch addressed to an instance it no longer is.
+                    let addressed =
+                        d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(&w);
+                    if self.alive[wi] && addressed {
                         self.running.push((w, d));
                     }
                     fx

@@ -552,3 +552,64 @@ fn a_worker_silent_while_nats_answers_is_still_declared_lost() {
         }
     ));
 }
+
+/// A worker declared lost may come back (a healed partition) still holding what it had.
+/// Its instance is fenced: the engine says so once, ignores that instance's heartbeats
+/// (nothing it lists is adopted or booked again), and takes the worker back only as a new
+/// instance, to which dispatches are then addressed.
+#[test]
+fn a_worker_declared_lost_is_fenced_until_it_rejoins_as_a_new_instance() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (_, disp) = dispatched(&fx).remove(0);
+    assert_eq!(
+        disp.instance.as_deref(),
+        Some("i1"),
+        "addressed to the instance"
+    );
+    h.stored(&disp);
+    // Silent past its grace: lost, fenced.
+    let mut fx = Vec::new();
+    for _ in 0..10 {
+        fx.extend(h.advance(1_000));
+    }
+    let fences: Vec<_> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Fence { worker, instance } => Some((worker.to_string(), instance.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fences, [("w1".to_string(), "i1".to_string())]);
+    assert_eq!(published(&fx).len(), 1, "x1 settled as lost");
+    // The healed instance reports its sandbox and the action it still runs: ignored.
+    let fx = h.heartbeat("w1", 4, 4096, &["x1"], &[("j", "t1")]);
+    assert!(fx.iter().any(|e| matches!(
+        e,
+        Effect::Observe(tangram_core::engine::Observation::FencedHeartbeat)
+    )));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::FetchDispatch { .. })));
+    // Still heartbeating long after: the fence is asked for again (its record may be lost).
+    h.now += 11_000;
+    let fx = h.heartbeat("w1", 4, 4096, &["x1"], &[("j", "t1")]);
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Fence { .. })),
+        "{fx:?}"
+    );
+    let (_, fx) = h.arrive(exec("x2", "j", "t1", 1, 1));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "nothing placed on a fenced instance"
+    );
+    let reason = &rejected(&fx)[0].2;
+    assert!(reason.contains("lost"), "{reason}");
+    // It fences itself and rejoins as a new instance: placements resume, addressed to it.
+    h.instance.insert("w1".into(), "i2".into());
+    h.heartbeat("w1", 4, 4096, &[], &[]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x3", "j", "t1", 1, 1));
+    let (w, disp) = dispatched(&fx).remove(0);
+    assert_eq!((w.as_str(), disp.instance.as_deref()), ("w1", Some("i2")));
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+}
