@@ -48,6 +48,7 @@ pub(crate) async fn run(
             out = rx.recv(), if pending.len() < IN_FLIGHT => {
                 let Some(out) = out else { break };
                 let (id, attempt) = (out.dispatch.action.id.clone(), out.dispatch.attempt);
+                tracing::debug!(action = %id, attempt, worker = %out.worker, epoch = out.dispatch.epoch, "dispatching");
                 // A leader whose lease may have passed to another publishes nothing more.
                 let published = if fence.holds() {
                     publish(&js, &out).await

@@ -55,6 +55,12 @@ pub struct Report {
     pub recovered_at_s: f64,
     /// Seconds the whole workload took.
     pub total_s: f64,
+    /// Ids of the lost and duplicated actions.
+    #[serde(skip)]
+    pub flagged: Vec<String>,
+    /// When something was lost or duplicated: the fleet's log lines that name those actions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
 }
 
 impl Report {
@@ -83,6 +89,7 @@ pub(super) async fn classify(
     let mut by_kind: BTreeMap<&'static str, Tally> = BTreeMap::new();
     let mut outcomes = BTreeMap::new();
     let mut examples = Vec::new();
+    let mut flagged = Vec::new();
     for s in &submitted {
         let id = s.id.as_str();
         let results = stored.get(id).map(Vec::as_slice).unwrap_or_default();
@@ -111,6 +118,7 @@ pub(super) async fn classify(
         });
         if results.len() > 1 || effects.is_some_and(|e| e > 1) {
             t.duplicated += 1;
+            flagged.push(id.to_string());
             if examples.len() < 20 {
                 examples.push(format!(
                     "duplicated {id}: {} results, {effects:?} effects",
@@ -119,6 +127,7 @@ pub(super) async fn classify(
             }
         } else if results.is_empty() || (completed && effects == Some(0)) {
             t.lost += 1;
+            flagged.push(id.to_string());
             if examples.len() < 20 {
                 examples.push(format!(
                     "lost {id}: {} results ({:?}), {effects:?} effects",
@@ -146,6 +155,8 @@ pub(super) async fn classify(
         struck_at_s: 0.0,
         recovered_at_s: 0.0,
         total_s: 0.0,
+        flagged,
+        evidence: Vec::new(),
     })
 }
 

@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// What the fleet's processes log: every action's dispatch, admission and result too, so
+/// that a lost or duplicated action can be followed.
+const PROCESS_LOG_FILTER: &str = "info,tangram_scheduler=debug,tangram_worker=debug";
+
 /// The CPU workers.
 pub const CPU_WORKERS: [&str; 2] = ["cpu-a", "cpu-b"];
 /// The worker behind the proxy.
@@ -52,6 +56,8 @@ pub struct Fleet {
     /// Prefix of every worker id: fleets running at once (one per fault) must not share ids,
     /// since a starting worker removes every container labelled with its id.
     tag: String,
+    /// Where every process of the fleet writes its log.
+    logs: PathBuf,
 }
 
 impl Fleet {
@@ -67,6 +73,10 @@ impl Fleet {
         set_mode(&effects, 0o777)?;
         let api = RateLimitedApi::start(10_000.0, 10_000.0, Duration::from_millis(2)).await?;
         let proxy = Proxy::start(format!("127.0.0.1:{}", nats.port())).await?;
+        let logs = std::env::var_os("TANGRAM_FAULT_LOGS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.path().join("logs"));
+        std::fs::create_dir_all(&logs)?;
         let mut fleet = Self {
             nats,
             api,
@@ -76,6 +86,7 @@ impl Fleet {
             workers: BTreeMap::new(),
             proxy,
             tag: tag.to_string(),
+            logs,
         };
         for short in CPU_WORKERS {
             let id = fleet.id(short);
@@ -162,9 +173,10 @@ impl Fleet {
     fn start_process(&mut self, id: &str) -> anyhow::Result<()> {
         anyhow::ensure!(self.workers.contains_key(id), "no such worker {id}");
         let bin = built_binary("tangram-worker");
-        let (out, err) = process_output(&self.tag, id)?;
+        let (out, err) = self.process_output(id)?;
         let w = self.workers.get_mut(id).context("no such worker")?;
         let child = Command::new(&bin)
+            .env("RUST_LOG", PROCESS_LOG_FILTER)
             .arg("--config")
             .arg(&w.config)
             .stdout(out)
@@ -215,8 +227,9 @@ impl Fleet {
         self.next_scheduler += 1;
         let id = format!("sched-{}", self.next_scheduler);
         let bin = built_binary("tangram-scheduler");
-        let (out, err) = process_output(&self.tag, &id)?;
+        let (out, err) = self.process_output(&id)?;
         let child = Command::new(&bin)
+            .env("RUST_LOG", PROCESS_LOG_FILTER)
             .args(["--id", &id, "--nats-url", &self.nats.url()])
             .stdout(out)
             .stderr(err)
@@ -249,33 +262,62 @@ impl Fleet {
         &self.proxy
     }
 
+    /// Where a fleet process writes its output: `<fleet>-<process>.log` in the fleet's log
+    /// folder (`TANGRAM_FAULT_LOGS` when set, so that it outlives the run), appended to
+    /// across restarts.
+    fn process_output(&self, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
+        let name = if name.starts_with(&self.tag) {
+            name.to_string()
+        } else {
+            format!("{}-{name}", self.tag)
+        };
+        let path = self.logs.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok((file.try_clone()?.into(), file.into()))
+    }
+
+    /// Up to `max` lines of this fleet's process logs that name one of `ids` (as a whole
+    /// token), each prefixed with its file's name.
+    pub fn log_lines_naming(&self, ids: &[String], max: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir(&self.logs) else {
+            return out;
+        };
+        let mut files: Vec<PathBuf> = dir
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&self.tag))
+            })
+            .collect();
+        files.sort();
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let file = path.file_name().unwrap_or_default().to_string_lossy();
+            for line in text.lines() {
+                if names_any(line, ids) && out.len() < max {
+                    out.push(format!("{file}: {line}"));
+                }
+            }
+        }
+        out
+    }
+
     /// Sends a signal to nats-server.
     pub fn signal_nats(&self, signal: &str) -> anyhow::Result<()> {
         signal_pid(self.nats.pid().context("nats-server not running")?, signal)
     }
 }
 
-/// Where a fleet process writes its output: nowhere, unless `TANGRAM_FAULT_LOGS` names a
-/// folder, where each process appends to `<fleet>-<process>.log` (restarts included), so a
-/// failed run can be read afterwards.
-fn process_output(tag: &str, name: &str) -> anyhow::Result<(Stdio, Stdio)> {
-    let Some(dir) = std::env::var_os("TANGRAM_FAULT_LOGS") else {
-        return Ok((Stdio::null(), Stdio::null()));
-    };
-    let dir = PathBuf::from(dir);
-    std::fs::create_dir_all(&dir)?;
-    let name = if name.starts_with(tag) {
-        name.to_string()
-    } else {
-        format!("{tag}-{name}")
-    };
-    let path = dir.join(format!("{name}.log"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    Ok((file.try_clone()?.into(), file.into()))
+/// Whether `line` names one of `ids` as a whole token (`t1-r1` is not named by `t1-r10`).
+fn names_any(line: &str, ids: &[String]) -> bool {
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .any(|tok| ids.iter().any(|id| id == tok))
 }
 
 fn signal_pid(pid: u32, signal: &str) -> anyhow::Result<()> {
@@ -289,4 +331,18 @@ fn signal_pid(pid: u32, signal: &str) -> anyhow::Result<()> {
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_any;
+
+    #[test]
+    fn a_log_line_names_an_action_only_by_its_whole_id() {
+        let ids = vec!["t1-r1".to_string()];
+        let line = "\u{1b}[2m2026\u{1b}[0m DEBUG action{id=t1-r1 kind=\"reward\"}: result published";
+        assert!(names_any(line, &ids));
+        assert!(!names_any("admitted action=t1-r10 epoch=1", &ids));
+        assert!(!names_any("admitted action=xt1-r1 epoch=1", &ids));
+    }
 }

@@ -103,6 +103,9 @@ impl Size {
 }
 
 /// Runs the workload against a fresh fleet while `fault` strikes; returns the counts.
+/// Log lines kept as evidence for a run that lost or duplicated something.
+const EVIDENCE_LINES: usize = 200;
+
 pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     let mut fleet = Fleet::start(fault.name()).await?;
     let schedulers = match fault {
@@ -128,7 +131,10 @@ pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     strike(&mut fleet, &client, fault, size).await?;
     let recovered_at = started.elapsed();
     let submitted = workload.finish(Duration::from_secs(600)).await?;
-    let report = check::classify(&fleet, &client, fault, submitted).await?;
+    let mut report = check::classify(&fleet, &client, fault, submitted).await?;
+    if !report.clean() {
+        report.evidence = fleet.log_lines_naming(&report.flagged, EVIDENCE_LINES);
+    }
     Ok(Report {
         struck_at_s: struck_at.as_secs_f64(),
         recovered_at_s: recovered_at.as_secs_f64(),

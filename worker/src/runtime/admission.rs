@@ -173,7 +173,11 @@ impl Worker {
         };
         let id = &dispatch.action.id;
         match verdict {
-            Verdict::Run => return Some((dispatch, era)),
+            Verdict::Run => {
+                debug!(action = %id, epoch = dispatch.epoch, attempt = dispatch.attempt,
+                    redelivered = delivery.redelivered(), "admitted");
+                return Some((dispatch, era));
+            }
             Verdict::FencedInstance { instance } => {
                 let detail = format!(
                     "dispatch addressed to instance {instance} refused: the scheduler declared that instance lost and settled its actions"

@@ -391,6 +391,7 @@ impl Worker {
         // result would be a second one, so it is dropped.
         if self.era.load(std::sync::atomic::Ordering::SeqCst) == era {
             self.publish_result(&result, dispatch.result_encoding).await;
+            tracing::debug!(outcome = result.outcome.label(), "result published");
         } else {
             m::fenced_result();
             info!(
