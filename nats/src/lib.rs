@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod streams;
 
 use async_nats::jetstream::{self, consumer, stream};
 use std::time::Duration;
@@ -57,6 +58,14 @@ pub enum SetupError {
         /// Why.
         source: async_nats::jetstream::stream::ConsumerError,
     },
+    /// A stream's stored configuration could not be read.
+    #[error("reading the configuration of stream {name}: {why}")]
+    Info {
+        /// Which stream.
+        name: String,
+        /// Why.
+        why: String,
+    },
     /// A stream could not be looked up.
     #[error("looking up stream {name}: {source}")]
     Lookup {
@@ -81,15 +90,14 @@ fn consumer_config(name: &'static str, json: &str) -> Result<consumer::pull::Con
     serde_json::from_str(json).map_err(|source| SetupError::Definition { name, source })
 }
 
-/// Creates or updates every stream. Safe to call from every process at every start.
-pub async fn ensure_streams(js: &jetstream::Context) -> Result<(), SetupError> {
-    for config in stream_configs()? {
-        let name = config.name.clone();
-        js.create_or_update_stream(config)
-            .await
-            .map_err(|source| SetupError::Stream { name, source })?;
-    }
-    Ok(())
+/// Creates every missing stream from the bundled definitions and `settings`; a stream that
+/// exists is left as stored, and each way it differs from the configuration is returned and
+/// logged (see [`streams`]). Safe to call from every process at every start.
+pub async fn ensure_streams(
+    js: &jetstream::Context,
+    settings: &streams::StreamSettings,
+) -> Result<Vec<streams::Drift>, SetupError> {
+    streams::ensure(js, settings).await
 }
 
 /// For processes that do not administer streams (workers, rollouts): creates a stream only
@@ -175,7 +183,26 @@ pub async fn worker_consumer(
     let mut config = consumer_config("consumers/worker.json", WORKER_CONSUMER)?;
     config.durable_name = Some(subject::worker_consumer(worker));
     config.filter_subject = subject::dispatch_filter(worker);
-    ensure_consumer(js, subject::DISPATCH_STREAM, config).await
+    match ensure_consumer(js, subject::DISPATCH_STREAM, config).await {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            // A consumer created by an earlier version with settings that cannot be changed
+            // in place (its delivery policy): use it as it is.
+            let name = subject::worker_consumer(worker);
+            let existing = match js.get_stream(subject::DISPATCH_STREAM).await {
+                Ok(stream) => stream.get_consumer(&name).await.ok(),
+                Err(_) => None,
+            };
+            match existing {
+                Some(c) => {
+                    tracing::warn!(consumer = %name, error = %e,
+                        "the worker's consumer predates its current definition; using it as it is (delete it while the worker is stopped to apply the new one)");
+                    Ok(c)
+                }
+                None => Err(e),
+            }
+        }
+    }
 }
 
 /// Whether a publish was refused because its stream is full: the streams that hold
@@ -324,6 +351,10 @@ mod tests {
     #[test]
     fn worker_dispatches_come_back_quickly_after_a_crash() {
         let c = consumer_config("worker", WORKER_CONSUMER).unwrap();
+        // Consumers of workers gone for good are removed by the server, and one created
+        // again starts at new dispatches (never replaying old ones).
+        assert_eq!(c.deliver_policy, consumer::DeliverPolicy::New);
+        assert!(c.inactive_threshold >= Duration::from_secs(600));
         assert!(c.ack_wait.as_secs() <= 30, "ack_wait {:?}", c.ack_wait);
     }
 }

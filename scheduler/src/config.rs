@@ -40,6 +40,10 @@ pub struct RawConfig {
     /// How long the leader lease holds without a renewal, ms: a standby takes over this
     /// long after the leader's last renewal.
     pub lease_ttl_ms: Option<u64>,
+    /// `[streams]`: replicas of the streams and the KV bucket (1 on one server, 3 on a
+    /// cluster), and `[streams.<name>]` limits. Used when a stream is created; an existing
+    /// stream is left as stored (differences are logged).
+    pub streams: Option<tangram_nats::streams::StreamSettings>,
 }
 
 /// The validated configuration.
@@ -73,6 +77,8 @@ pub struct Config {
     pub id: String,
     /// Leader lease lifetime without renewal.
     pub lease_ttl: Duration,
+    /// Replicas and limits of streams it creates.
+    pub streams: tangram_nats::streams::StreamSettings,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -182,6 +188,14 @@ impl RawConfig {
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
             lease_ttl_ms: over.lease_ttl_ms.or(self.lease_ttl_ms),
+            streams: match (self.streams, over.streams) {
+                (Some(mut a), Some(b)) => {
+                    a.replicas = b.replicas.or(a.replicas);
+                    a.limits.extend(b.limits);
+                    Some(a)
+                }
+                (a, b) => b.or(a),
+            },
         }
     }
 
@@ -288,7 +302,10 @@ impl RawConfig {
                 format!("{id:?} must be 1 to 128 characters of letters, digits, - and _"),
             ));
         }
+        let streams = self.streams.unwrap_or_default();
+        streams.validate().map_err(|why| invalid("streams", why))?;
         Ok(Config {
+            streams,
             id,
             lease_ttl: Duration::from_millis(lease_ttl_ms),
             static_cores,

@@ -35,6 +35,10 @@ struct Args {
     /// renewal [default: 2000].
     #[arg(long, env = "TANGRAM_SCHEDULER_LEASE_TTL_MS")]
     lease_ttl_ms: Option<u64>,
+    /// Replicas of the streams and the KV bucket it creates: 1 on one server, 3 on a
+    /// cluster [default: 1]. Existing streams are left as stored.
+    #[arg(long, env = "TANGRAM_STREAM_REPLICAS")]
+    stream_replicas: Option<usize>,
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
@@ -53,6 +57,12 @@ fn main() -> ExitCode {
         static_cores: args.static_cores,
         id: args.id,
         lease_ttl_ms: args.lease_ttl_ms,
+        streams: args
+            .stream_replicas
+            .map(|r| tangram_nats::streams::StreamSettings {
+                replicas: Some(r),
+                ..Default::default()
+            }),
         nats: Some(args.nats.into()),
         ..Default::default()
     };

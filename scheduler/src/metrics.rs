@@ -26,6 +26,9 @@ pub const RUNNING: &str = "tangram_scheduler_running";
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
 /// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
+/// Gauge: fields in which the stored streams differ from the configuration at start (left
+/// as stored; the log names them).
+pub const STREAM_DRIFT: &str = "tangram_scheduler_stream_config_drift";
 /// Counter: fence records written (a worker instance declared lost must rejoin anew).
 pub const WORKERS_FENCED: &str = "tangram_scheduler_workers_fenced_total";
 /// Counter: heartbeats ignored because their worker instance was fenced.
@@ -113,6 +116,9 @@ pub(crate) fn nats_gap() {
 }
 pub(crate) fn worker_lost() {
     counter!(WORKERS_LOST).increment(1);
+}
+pub(crate) fn stream_drift(fields: usize) {
+    gauge!(STREAM_DRIFT).set(fields as f64);
 }
 pub(crate) fn worker_fenced() {
     counter!(WORKERS_FENCED).increment(1);

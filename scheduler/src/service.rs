@@ -45,8 +45,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tangram_nats::auth::connect(&config.nats_url, "tangram-scheduler", &config.credentials)
             .await?;
     let js = jetstream::new(client.clone());
-    tangram_nats::ensure_streams(&js).await?;
-    let store = scheduler_store(&js).await?;
+    let drifts = tangram_nats::ensure_streams(&js, &config.streams).await?;
+    crate::metrics::stream_drift(drifts.len());
+    let store = scheduler_store(&js, config.streams.replicas.unwrap_or(1)).await?;
     let lease_config = LeaseConfig {
         id: config.id.clone(),
         ttl: config.lease_ttl,
@@ -585,7 +586,7 @@ async fn fill_lease(status: &mut tangram_shared::status::Status, store: &kv::Sto
 }
 
 /// The scheduler's KV bucket (epoch, leader lease, standbys), created when missing.
-async fn scheduler_store(js: &jetstream::Context) -> anyhow::Result<kv::Store> {
+async fn scheduler_store(js: &jetstream::Context, replicas: usize) -> anyhow::Result<kv::Store> {
     match js.get_key_value(subject::SCHEDULER_BUCKET).await {
         Ok(s) => Ok(s),
         Err(_) => js
@@ -594,6 +595,7 @@ async fn scheduler_store(js: &jetstream::Context) -> anyhow::Result<kv::Store> {
                 description: "scheduler epoch, leader lease and standbys".into(),
                 history: 1,
                 storage: jetstream::stream::StorageType::File,
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await

@@ -159,7 +159,7 @@ async fn one_jobs_rollout_cannot_read_another_jobs_results_or_inboxes() -> anyho
     }
     // Stored results: a direct get names the subject, so the server holds it to the job.
     let op_js = async_nats::jetstream::new(op.clone());
-    tangram_nats::ensure_streams(&op_js).await?;
+    tangram_nats::ensure_streams(&op_js, &Default::default()).await?;
     for job in ["jobA", "jobB"] {
         op_js
             .publish(format!("tangram.v1.result.{job}.stored"), "r".into())

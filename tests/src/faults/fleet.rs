@@ -340,7 +340,8 @@ mod tests {
     #[test]
     fn a_log_line_names_an_action_only_by_its_whole_id() {
         let ids = vec!["t1-r1".to_string()];
-        let line = "\u{1b}[2m2026\u{1b}[0m DEBUG action{id=t1-r1 kind=\"reward\"}: result published";
+        let line =
+            "\u{1b}[2m2026\u{1b}[0m DEBUG action{id=t1-r1 kind=\"reward\"}: result published";
         assert!(names_any(line, &ids));
         assert!(!names_any("admitted action=t1-r10 epoch=1", &ids));
         assert!(!names_any("admitted action=xt1-r1 epoch=1", &ids));
