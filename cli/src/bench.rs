@@ -17,6 +17,7 @@ fn cluster(cores: u32) -> Snapshot {
                 total_mem_mb: 1 << 30,
                 free_mem_mb: 1 << 30,
                 accepting: true,
+                cordoned: false,
             })
             .collect(),
     )

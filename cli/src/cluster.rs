@@ -554,6 +554,26 @@ pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into())
 }
 
+/// What `tangram status` says after a worker's row: stopping, draining, cordoned.
+fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
+    if w.draining {
+        "  stopping".into()
+    } else if let Some(by) = w.drain_by_unix_ms {
+        let left_s = by.saturating_sub(crate::cordon::unix_ms()) / 1000;
+        format!(
+            "  draining ({} running, {} sandboxes, closed in {left_s} s)",
+            w.running, w.sandboxes
+        )
+    } else if w.cordoned {
+        format!(
+            "  cordoned ({} running, {} sandboxes)",
+            w.running, w.sandboxes
+        )
+    } else {
+        String::new()
+    }
+}
+
 /// `tangram status`.
 pub fn status(
     url: &str,
@@ -600,7 +620,7 @@ pub fn status(
                 "-".into()
             },
             w.last_seen_s,
-            if w.draining { "  draining" } else { "" }
+            worker_state(w)
         );
     }
     let fmt = |m: &BTreeMap<String, usize>| {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cluster;
+mod cordon;
 mod creds;
 mod gpu_sim;
 mod pipeline;
@@ -58,6 +59,14 @@ pub(crate) enum Command {
         #[arg(long, env = "TANGRAM_NKEY_FILE")]
         nkey_file: Option<PathBuf>,
     },
+    /// Place nothing new on a worker (no new sandboxes, api or reward calls); its open
+    /// sandboxes keep running their trajectories' commands.
+    Cordon(cordon::Target),
+    /// Lift a cordon or a drain.
+    Uncordon(cordon::Target),
+    /// Cordon a worker and close its sandboxes at a deadline; waits until nothing runs
+    /// there, so the worker can be stopped.
+    Drain(cordon::DrainArgs),
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
     /// Benchmarks.
@@ -180,6 +189,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1)
             }
         }
+        Command::Cordon(t) => cordon::set(t, cordon::Op::Cordon),
+        Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
+        Command::Drain(a) => cordon::drain(a),
         Command::Simulate(args) => simulate(args),
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },

@@ -346,6 +346,11 @@ impl Role {
                             subject::SCHEDULER_BUCKET,
                             format!("{}{id}", subject::FENCE_PREFIX)
                         ),
+                        format!(
+                            "$JS.API.DIRECT.GET.{kv}.$KV.{}.{}",
+                            subject::SCHEDULER_BUCKET,
+                            format!("{}{id}", subject::CORDON_PREFIX)
+                        ),
                         format!("$JS.API.DIRECT.GET.{kv}"),
                         format!("$JS.API.STREAM.MSG.GET.{kv}"),
                         inbox.clone(),

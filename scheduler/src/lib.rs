@@ -11,6 +11,7 @@
 
 mod adopt;
 pub mod config;
+mod cordons;
 mod dispatcher;
 mod gate;
 mod lease;

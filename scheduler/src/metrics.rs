@@ -26,6 +26,8 @@ pub const RUNNING: &str = "tangram_scheduler_running";
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
 /// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
+/// Gauge: workers cordoned or being drained by an operator.
+pub const CORDONED: &str = "tangram_scheduler_cordoned_workers";
 /// Gauge: fields in which the stored streams differ from the configuration at start (left
 /// as stored; the log names them).
 pub const STREAM_DRIFT: &str = "tangram_scheduler_stream_config_drift";
@@ -116,6 +118,9 @@ pub(crate) fn nats_gap() {
 }
 pub(crate) fn worker_lost() {
     counter!(WORKERS_LOST).increment(1);
+}
+pub(crate) fn cordons(workers: usize) {
+    gauge!(CORDONED).set(workers as f64);
 }
 pub(crate) fn stream_drift(fields: usize) {
     gauge!(STREAM_DRIFT).set(fields as f64);

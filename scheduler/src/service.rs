@@ -235,6 +235,11 @@ async fn lead(
         })
         .instrument(tracing::info_span!("heartbeats")),
     );
+    // Operators' cordons and drains.
+    tasks.spawn(
+        crate::cordons::watch(store.clone(), tx.clone(), shutdown.clone())
+            .instrument(tracing::info_span!("cordons")),
+    );
     // Status requests (core NATS request/reply): the state task builds the answer.
     let to_state = tx.clone();
     let replier = client.clone();

@@ -376,6 +376,7 @@ fn observe(o: Observation) {
             m::nats_gap()
         }
         Observation::FencedHeartbeat => m::fenced_heartbeat(),
+        Observation::Cordons(n) => m::cordons(n),
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");
             m::worker_lost()

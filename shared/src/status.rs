@@ -79,6 +79,19 @@ pub struct WorkerStatus {
     pub last_seen_s: f64,
     /// Taking no new work.
     pub draining: bool,
+    /// Cordoned by an operator: no new sandboxes or unpinned work; its open sandboxes keep
+    /// running their trajectories' commands.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// Being drained: when its remaining sandboxes are closed, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_by_unix_ms: Option<u64>,
+    /// Actions placed there and not yet settled.
+    #[serde(default)]
+    pub running: u32,
+    /// Sandboxes open (or opening, or closing) there.
+    #[serde(default)]
+    pub sandboxes: u32,
 }
 
 /// One GPU service.
@@ -130,6 +143,22 @@ pub struct ActStats {
     pub overhead_s: f64,
     /// Mean execution.
     pub exec_s: f64,
+}
+
+/// An operator's cordon of a worker, as stored under `cordon.<worker>` in the scheduler's
+/// bucket (JSON). Deleting the key uncordons.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CordonRecord {
+    /// Drained, not only cordoned: at this time (Unix milliseconds) the worker's remaining
+    /// sandboxes are closed, and commands sent to them are rejected (`no_sandbox`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_by_unix_ms: Option<u64>,
+    /// Who asked, for people.
+    #[serde(default)]
+    pub by: String,
+    /// When, Unix milliseconds.
+    #[serde(default)]
+    pub at_unix_ms: u64,
 }
 
 /// The leader lease, as stored under [`crate::subject::LEADER_KEY`].

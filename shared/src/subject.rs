@@ -50,6 +50,15 @@ pub const STANDBY_PREFIX: &str = "standby.";
 /// and rejoin as a new one before it runs anything again.
 pub const FENCE_PREFIX: &str = "fence.";
 
+/// Prefix of the keys of cordoned workers (`cordon.<worker>`, a JSON
+/// [`crate::status::CordonRecord`]), written by operators (`tangram cordon`, `drain`).
+pub const CORDON_PREFIX: &str = "cordon.";
+
+/// The cordon key of a worker (`cordon.<worker>`).
+pub fn cordon_key(worker: &WorkerId) -> String {
+    format!("{CORDON_PREFIX}{worker}")
+}
+
 /// The fence key of a worker (`fence.<worker>`).
 pub fn fence_key(worker: &WorkerId) -> String {
     format!("{FENCE_PREFIX}{worker}")

@@ -18,6 +18,7 @@ fn cluster(nodes: u32) -> Snapshot {
                 total_mem_mb: 1 << 30,
                 free_mem_mb: 1 << 30,
                 accepting: true,
+                cordoned: false,
             })
             .collect(),
     )

@@ -21,6 +21,16 @@ pub struct WorkerView {
     pub free_mem_mb: u64,
     /// False when draining or not known to be alive: no new work goes there.
     pub accepting: bool,
+    /// Cordoned by an operator: only work pinned to it (commands in its open sandboxes)
+    /// goes there.
+    pub cordoned: bool,
+}
+
+impl WorkerView {
+    /// Whether it takes an action with this constraint now.
+    pub fn takes(&self, c: &Constraint) -> bool {
+        self.accepting && (!self.cordoned || matches!(c, Constraint::OnWorker(_)))
+    }
 }
 
 /// The cluster at the start of a cycle: cores and memory per worker. GPUs and API quota are

@@ -213,9 +213,9 @@ fn select<'a>(
             out.unplaced.push((i, Unplaced::NeverFits(why)));
             continue;
         }
-        let mut room = allowed
-            .clone()
-            .filter(|&w| workers[w].accepting && free[w].0 >= need_cores && free[w].1 >= need_mem);
+        let mut room = allowed.clone().filter(|&w| {
+            workers[w].takes(&p.constraint) && free[w].0 >= need_cores && free[w].1 >= need_mem
+        });
         let fit = match pick {
             Pick::FirstById => room.next(),
             Pick::MostFree => room.max_by(|&a, &b| {
@@ -244,7 +244,7 @@ fn select<'a>(
             }
             None => {
                 // Only workers taking new work count as having room later.
-                let open = || allowed.clone().filter(|&w| workers[w].accepting);
+                let open = || allowed.clone().filter(|&w| workers[w].takes(&p.constraint));
                 let why = match open().map(|w| free[w].0).max() {
                     None => match &p.constraint {
                         Constraint::OnWorker(id) => WaitReason::NotAccepting(id.clone()),

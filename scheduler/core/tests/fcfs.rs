@@ -18,6 +18,7 @@ fn worker(id: &str, cores: u32, free: u32, mem: u64) -> WorkerView {
         total_mem_mb: mem,
         free_mem_mb: mem,
         accepting: true,
+        cordoned: false,
     }
 }
 

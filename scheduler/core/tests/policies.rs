@@ -49,6 +49,7 @@ fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
                 total_mem_mb: mem,
                 free_mem_mb: mem / 2,
                 accepting,
+                cordoned: false,
             })
             .collect::<Vec<_>>()
     });
@@ -220,6 +221,7 @@ fn w(id: &str, cores: u32) -> WorkerView {
         total_mem_mb: 1 << 20,
         free_mem_mb: 1 << 20,
         accepting: true,
+        cordoned: false,
     }
 }
 

@@ -36,6 +36,8 @@ pub(crate) fn new_instance_id() -> String {
 pub(super) async fn watch(worker: Arc<Worker>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The drain deadline whose sandboxes were closed already.
+    let mut drained: Option<u64> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -44,6 +46,19 @@ pub(super) async fn watch(worker: Arc<Worker>, stop: CancellationToken) {
         if let Some(fenced) = worker.results.fence_record(&worker.config.id).await {
             worker.fence(&fenced).await;
         }
+        let drain_by = worker
+            .results
+            .cordon_record(&worker.config.id)
+            .await
+            .and_then(|c| c.drain_by_unix_ms);
+        match drain_by {
+            Some(by) if unix_us() / 1000 >= by && drained != Some(by) => {
+                drained = Some(by);
+                worker.close_all_sandboxes("drained").await;
+            }
+            Some(_) => {}
+            None => drained = None,
+        }
     }
 }
 
@@ -51,7 +66,7 @@ impl Worker {
     /// Acts on a fence record naming `fenced`; true when it was this instance, which is then
     /// fenced: sandboxes removed, running actions orphaned, a new instance id taken.
     pub(crate) async fn fence(&self, fenced: &str) -> bool {
-        let (sandboxes, new) = {
+        let (new, sandboxes) = {
             let mut st = self.state.lock().expect("state lock");
             let mut instance = self.instance.lock().expect("instance lock");
             let current = *instance == fenced;
@@ -61,24 +76,50 @@ impl Worker {
             }
             self.era.fetch_add(1, Ordering::SeqCst);
             *instance = new_instance_id();
+            // Taken under the same lock: the new instance starts with none.
             let sandboxes: Vec<_> = st.sandboxes.drain().map(|(_, s)| s).collect();
-            (sandboxes, instance.clone())
+            (instance.clone(), sandboxes)
         };
         m::fenced();
         warn!(
             fenced,
             new = %new,
-            sandboxes = sandboxes.len(),
             "the scheduler declared this instance lost: removing its sandboxes, dropping the results of what it ran, rejoining as a new instance"
         );
+        self.remove_sandboxes(sandboxes, "fenced").await;
+        info!(instance = %new, "rejoined as a new instance");
+        true
+    }
+
+    /// Removes every sandbox this worker holds (the commands running in them end as
+    /// `sandbox_lost`); `why` is for the log.
+    pub(crate) async fn close_all_sandboxes(&self, why: &'static str) {
+        let sandboxes: Vec<_> = self
+            .state
+            .lock()
+            .expect("state lock")
+            .sandboxes
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        self.remove_sandboxes(sandboxes, why).await;
+    }
+
+    async fn remove_sandboxes(
+        &self,
+        sandboxes: Vec<Arc<super::execute::Sandbox>>,
+        why: &'static str,
+    ) {
+        if sandboxes.is_empty() {
+            return;
+        }
+        info!(count = sandboxes.len(), why, "removing sandboxes");
         if let Some(runtime) = &self.sandboxes {
             for s in sandboxes {
                 if let Err(e) = runtime.remove(&s.handle).await {
-                    warn!(error = %e, "removing a fenced sandbox");
+                    warn!(error = %e, why, "removing a sandbox");
                 }
             }
         }
-        info!(instance = %new, "rejoined as a new instance");
-        true
     }
 }

@@ -68,6 +68,12 @@ pub(crate) trait ResultSink: Send + Sync {
     /// when it cannot be read (it is read again soon).
     fn fence_record<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Option<String>>;
 
+    /// An operator's cordon of `worker`, if any; `None` too when it cannot be read.
+    fn cordon_record<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Option<tangram_shared::status::CordonRecord>>;
+
     /// Records a refused dispatch in the dead-letter stream (best effort).
     fn refuse<'a>(&'a self, refusal: Refusal<'a>) -> BoxFuture<'a, ()>;
 }
@@ -75,26 +81,46 @@ pub(crate) trait ResultSink: Send + Sync {
 /// Results on their JetStream subjects.
 pub(crate) struct JetStreamResults(pub(crate) jetstream::Context);
 
+impl JetStreamResults {
+    /// A key of the scheduler's bucket, read within 5 s; `None` when absent or unreadable.
+    async fn bucket_value(&self, key: String) -> Option<Vec<u8>> {
+        let read = async {
+            let store = self
+                .0
+                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+                .await
+                .ok()?;
+            let entry = store.entry(key).await.ok()??;
+            Some(entry.value.to_vec())
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
 impl ResultSink for JetStreamResults {
+    fn cordon_record<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+    ) -> BoxFuture<'a, Option<tangram_shared::status::CordonRecord>> {
+        Box::pin(async move {
+            let v = self
+                .bucket_value(tangram_shared::subject::cordon_key(worker))
+                .await?;
+            // One that does not decode still cordons (no drain), as the scheduler reads it.
+            Some(serde_json::from_slice(&v).unwrap_or_default())
+        })
+    }
+
     fn fence_record<'a>(&'a self, worker: &'a WorkerId) -> BoxFuture<'a, Option<String>> {
         Box::pin(async move {
-            let read = async {
-                let store = self
-                    .0
-                    .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
-                    .await
-                    .ok()?;
-                let entry = store
-                    .entry(tangram_shared::subject::fence_key(worker))
-                    .await
-                    .ok()??;
-                let v = String::from_utf8_lossy(&entry.value).trim().to_string();
-                (!v.is_empty()).then_some(v)
-            };
-            tokio::time::timeout(std::time::Duration::from_secs(5), read)
-                .await
-                .ok()
-                .flatten()
+            let v = self
+                .bucket_value(tangram_shared::subject::fence_key(worker))
+                .await?;
+            let v = String::from_utf8_lossy(&v).trim().to_string();
+            (!v.is_empty()).then_some(v)
         })
     }
 

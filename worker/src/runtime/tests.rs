@@ -76,6 +76,13 @@ struct Results {
 }
 
 impl ResultSink for Results {
+    fn cordon_record<'a>(
+        &'a self,
+        _worker: &'a tangram_shared::WorkerId,
+    ) -> BoxFuture<'a, Option<tangram_shared::status::CordonRecord>> {
+        Box::pin(async { None })
+    }
+
     fn fence_record<'a>(
         &'a self,
         _worker: &'a tangram_shared::WorkerId,

@@ -81,7 +81,10 @@ impl Engine {
             let accepting: Vec<WorkerId> = p
                 .workers
                 .iter()
-                .filter(|w| self.workers.get(*w).is_some_and(|s| !s.hb.draining))
+                .filter(|w| {
+                    self.workers.get(*w).is_some_and(|s| !s.hb.draining)
+                        && !self.cordons.contains_key(*w)
+                })
                 .cloned()
                 .collect();
             if accepting.is_empty() {

@@ -58,6 +58,7 @@ impl Engine {
                         total_mem_mb: w.hb.mem_mb,
                         free_mem_mb: w.hb.mem_mb.saturating_sub(mem),
                         accepting: !w.hb.draining,
+                        cordoned: self.cordons.contains_key(id),
                     }
                 })
                 .collect(),
@@ -261,8 +262,8 @@ impl Engine {
                             Rejection::new(
                                 RejectCode::NoSandbox,
                                 format!(
-                                    "the sandbox of trajectory {} of job {} was lost with worker {}; open a new one",
-                                    a.trajectory, a.job, s.worker
+                                    "the sandbox of trajectory {} of job {} {} ({}); open a new one",
+                                    a.trajectory, a.job, self.sandbox_loss(&s.worker), s.worker
                                 ),
                             ),
                         ));

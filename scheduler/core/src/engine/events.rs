@@ -99,6 +99,13 @@ pub enum Event {
         /// The action.
         id: ActionId,
     },
+    /// An operator cordoned or drained a worker (`Some`), or uncordoned it (`None`).
+    Cordon {
+        /// The worker.
+        worker: WorkerId,
+        /// The record as stored.
+        cordon: Option<tangram_shared::status::CordonRecord>,
+    },
 }
 
 /// What the engine wants done.
@@ -183,6 +190,8 @@ pub enum Observation {
     WorkerLost,
     /// A heartbeat from a fenced worker instance was ignored.
     FencedHeartbeat,
+    /// Workers cordoned or being drained now.
+    Cordons(usize),
     /// NATS answered again after a gap this long, ms: worker graces and result deadlines
     /// were restarted rather than judged on silence nobody could hear.
     Unreachable {

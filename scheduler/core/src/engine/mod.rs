@@ -15,6 +15,7 @@
 
 mod adopt;
 mod api;
+mod cordon;
 mod cycle;
 mod events;
 pub mod intake;
@@ -162,6 +163,8 @@ pub struct Engine {
     /// worker reports as a new instance (it fences itself on reading the fence record);
     /// with when the fence was last asked for.
     pub(crate) fenced: BTreeMap<WorkerId, (String, u64)>,
+    /// Workers an operator cordoned or is draining.
+    pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
 }
 
 impl Engine {
@@ -203,6 +206,7 @@ impl Engine {
             queues_observed_ms: None,
             settled_in: false,
             fenced: BTreeMap::new(),
+            cordons: BTreeMap::new(),
             stopping: false,
             wake_at: None,
             out: Vec::new(),
@@ -257,6 +261,9 @@ impl Engine {
             Event::Shutdown => self.on_shutdown(),
             Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, now),
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),
+            Event::Cordon { worker, cordon } => {
+                self.on_cordon(worker, cordon.map(|c| c.drain_by_unix_ms), now)
+            }
         }
     }
 
@@ -272,6 +279,9 @@ impl Engine {
         }
         for w in self.workers.values() {
             earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);
+        }
+        if let Some(t) = self.next_drain_ms() {
+            earliest(t);
         }
         for e in self.actions.values() {
             if let Some(t) = e.due_ms(self.config.progress_every_ms) {

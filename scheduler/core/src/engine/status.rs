@@ -35,6 +35,18 @@ impl Engine {
                 gpu_source: w.hb.gpus.as_ref().map(|g| g.source.clone()),
                 last_seen_s: now.ms.saturating_sub(w.last_seen_ms) as f64 / 1e3,
                 draining: w.hb.draining,
+                cordoned: self.cordons.contains_key(id),
+                drain_by_unix_ms: self.cordons.get(id).and_then(|c| c.drain_by_unix_ms),
+                running: self
+                    .actions
+                    .values()
+                    .filter(|e| e.placed().is_some_and(|(pw, _)| pw == id))
+                    .count() as u32,
+                sandboxes: self
+                    .sandboxes
+                    .values()
+                    .filter(|s| &s.worker == id && s.state != super::lifecycle::SandboxState::Lost)
+                    .count() as u32,
             });
         }
         for e in self.actions.values() {

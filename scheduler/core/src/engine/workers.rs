@@ -154,7 +154,8 @@ impl Engine {
             self.eoe.remove_node(&hb.worker);
             self.forget_gpu_bookings(&hb.worker);
         }
-        self.eoe.set_node(&hb.worker, &sizes, !hb.draining);
+        let accepting = !hb.draining && !self.cordons.contains_key(&hb.worker);
+        self.eoe.set_node(&hb.worker, &sizes, accepting);
         if fresh {
             for s in &hb.services {
                 for r in &s.replicas {
@@ -166,6 +167,19 @@ impl Engine {
         let (total, resident) = self.eoe.gpus();
         self.out
             .push(Effect::Observe(Observation::Gpus { total, resident }));
+    }
+
+    /// Whether a worker's GPUs take new routes, after a cordon changed.
+    pub(crate) fn refresh_gpu_node(&mut self, worker: &WorkerId) {
+        let Some(w) = self.workers.get(worker) else {
+            return;
+        };
+        let Some(inv) = &w.hb.gpus else {
+            return;
+        };
+        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
+        let accepting = !w.hb.draining && !self.cordons.contains_key(worker);
+        self.eoe.set_node(worker, &sizes, accepting);
     }
 
     /// A new instance's replicas replace the old ones: slots booked by actions of the old
@@ -237,6 +251,7 @@ impl Engine {
     }
 
     pub(crate) fn on_tick(&mut self, now: Now) {
+        self.on_drain_deadlines(now);
         // Judged at the last confirmation that NATS answered, when there is one: a worker is
         // lost only if it had been silent past its grace while NATS was known to work.
         let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);

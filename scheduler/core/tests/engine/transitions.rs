@@ -613,3 +613,71 @@ fn a_worker_declared_lost_is_fenced_until_it_rejoins_as_a_new_instance() {
     assert_eq!((w.as_str(), disp.instance.as_deref()), ("w1", Some("i2")));
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
 }
+
+fn cordon(h: &mut Harness, w: &str, drain_by_unix_ms: Option<u64>) -> Vec<Effect> {
+    h.step(Event::Cordon {
+        worker: WorkerId::new(w).unwrap(),
+        cordon: Some(tangram_shared::status::CordonRecord {
+            drain_by_unix_ms,
+            ..Default::default()
+        }),
+    })
+}
+
+/// A cordoned worker takes no new sandboxes while its open ones keep running commands; a
+/// drain closes what is left at its deadline, and the next command there is told why;
+/// uncordoning lifts it.
+#[test]
+fn a_cordoned_worker_takes_no_new_sandboxes_and_a_drain_closes_the_rest_at_its_deadline() {
+    let mut h = Harness::new(&[("w1", 4, 4096), ("w2", 4, 4096)]);
+    // Two sandboxes, one on each worker (opens spread by free memory).
+    let a = h.open_sandbox("j", "t1");
+    let b = h.open_sandbox("j", "t2");
+    assert_ne!(a, b);
+    cordon(&mut h, &a, None);
+    // New opens go to the other worker only.
+    for t in ["t3", "t4", "t5"] {
+        assert_eq!(
+            h.open_sandbox("j", t),
+            b,
+            "{t} opened on the cordoned worker"
+        );
+    }
+    // Commands in the cordoned worker's sandbox still run there.
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (w, d) = dispatched(&fx).remove(0);
+    assert_eq!(w, a);
+    h.stored(&d);
+    h.complete(&d, &w);
+    let st = h.engine.status(h.at());
+    let ws = st.workers.iter().find(|x| x.id == a).unwrap();
+    assert!(ws.cordoned && ws.drain_by_unix_ms.is_none(), "{ws:?}");
+    assert_eq!(ws.sandboxes, 1);
+    // A drain with a deadline 5 s out: until then commands run; then the sandbox is closed.
+    let by = h.now + 5_000; // the harness's wall clock is its virtual one
+    cordon(&mut h, &a, Some(by));
+    let (_, fx) = h.arrive(exec("x2", "j", "t1", 1, 1));
+    let (w, d) = dispatched(&fx).remove(0);
+    assert_eq!(w, a);
+    h.stored(&d);
+    h.complete(&d, &w);
+    for _ in 0..5 {
+        h.advance(1_000);
+        for w in ["w1", "w2"] {
+            h.heartbeat(w, 4, 4096, &[], &[]);
+        }
+    }
+    let (_, fx) = h.arrive(exec("x3", "j", "t1", 1, 1));
+    let r = rejected(&fx);
+    assert_eq!(r.len(), 1, "{fx:?}");
+    assert_eq!(r[0].1, RejectCode::NoSandbox);
+    assert!(r[0].2.contains("drained"), "{}", r[0].2);
+    let st = h.engine.status(h.at());
+    assert_eq!(st.workers.iter().find(|x| x.id == a).unwrap().sandboxes, 0);
+    // Uncordoned: it takes opens again (it is the emptier one now).
+    h.step(Event::Cordon {
+        worker: WorkerId::new(a.as_str()).unwrap(),
+        cordon: None,
+    });
+    assert_eq!(h.open_sandbox("j", "t1"), a);
+}
