@@ -16,6 +16,8 @@ pub struct RawConfig {
     pub nats: Option<tangram_nats::auth::RawCredentials>,
     /// Prometheus listen address; absent disables the exporter.
     pub metrics_addr: Option<String>,
+    /// Health endpoints' listen address (`/healthz`, `/readyz`); absent disables them.
+    pub health_addr: Option<String>,
     /// Largest action message accepted, in bytes.
     pub max_action_bytes: Option<u64>,
     /// Longest action timeout accepted, in milliseconds.
@@ -55,6 +57,8 @@ pub struct Config {
     pub credentials: tangram_nats::auth::Credentials,
     /// Prometheus listen address, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// Health endpoints' listen address, if any.
+    pub health_addr: Option<SocketAddr>,
     /// Largest action message accepted, in bytes.
     pub max_action_bytes: usize,
     /// Longest action timeout accepted.
@@ -175,6 +179,7 @@ impl RawConfig {
                 (a, b) => b.or(a),
             },
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            health_addr: over.health_addr.or(self.health_addr),
             max_action_bytes: over.max_action_bytes.or(self.max_action_bytes),
             max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
             max_queued_actions: over.max_queued_actions.or(self.max_queued_actions),
@@ -222,6 +227,12 @@ impl RawConfig {
                     "metrics_addr",
                     format!("{a:?} is not a socket address: {e}"),
                 )
+            })?),
+        };
+        let health_addr = match self.health_addr.as_deref() {
+            None | Some("") => None,
+            Some(a) => Some(a.parse().map_err(|e| {
+                invalid("health_addr", format!("{a:?} is not a socket address: {e}"))
             })?),
         };
         let max_action_bytes = self.max_action_bytes.unwrap_or(DEFAULT_MAX_ACTION_BYTES);
@@ -313,6 +324,7 @@ impl RawConfig {
             nats_url,
             credentials,
             metrics_addr,
+            health_addr,
             max_action_bytes: max_action_bytes as usize,
             max_timeout: Duration::from_millis(max_timeout_ms),
             max_queued_actions: max_queued_actions as usize,

@@ -19,6 +19,9 @@ struct Args {
     /// Prometheus listen address, e.g. 127.0.0.1:9464 [default: disabled].
     #[arg(long, env = "TANGRAM_SCHEDULER_METRICS_ADDR")]
     metrics_addr: Option<String>,
+    /// Health endpoints (`/healthz`, `/readyz`) on this address, e.g. 127.0.0.1:9465.
+    #[arg(long, env = "TANGRAM_SCHEDULER_HEALTH_ADDR")]
+    health_addr: Option<String>,
     /// Largest action message accepted, in bytes [default: 1048576].
     #[arg(long, env = "TANGRAM_MAX_ACTION_BYTES")]
     max_action_bytes: Option<u64>,
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     let flags = RawConfig {
         nats_url: args.nats_url,
         metrics_addr: args.metrics_addr,
+        health_addr: args.health_addr,
         max_action_bytes: args.max_action_bytes,
         policy: args.policy,
         static_cores: args.static_cores,

@@ -53,10 +53,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ttl: config.lease_ttl,
     };
     info!(id = %config.id, "scheduler starting");
+    // (role, epoch) for the health endpoints: a standby is as ready as a leader.
+    let role = Arc::new(std::sync::Mutex::new(("standby", 0u64)));
+    if let Some(addr) = config.health_addr {
+        let (client, role) = (client.clone(), role.clone());
+        let check: tangram_health::Check = Arc::new(move || {
+            let connected = client.connection_state() == async_nats::connection::State::Connected;
+            let (r, epoch) = *role.lock().unwrap_or_else(|e| e.into_inner());
+            tangram_health::Readiness {
+                ready: connected,
+                detail: serde_json::json!({
+                    "component": "scheduler",
+                    "role": r,
+                    "epoch": epoch,
+                    "nats": if connected { "connected" } else { "disconnected" },
+                }),
+            }
+        });
+        tangram_health::serve(addr, check, shutdown.clone())
+            .await
+            .with_context(|| format!("binding the health endpoints on {addr}"))?;
+    }
     while let Some(mut held) = lease::campaign(&store, &lease_config, &shutdown).await {
         let epoch = next_epoch(&store).await?;
         held.record.epoch = epoch;
         info!(epoch, "leading");
+        *role.lock().unwrap_or_else(|e| e.into_inner()) = ("leader", epoch);
         crate::metrics::leader(true);
         // The term ends on shutdown or when the lease is lost; the fence stops dispatches
         // the moment renewals stop succeeding, before a standby can take over.
@@ -73,6 +95,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         term.cancel();
         let _ = holder.await;
         crate::metrics::leader(false);
+        *role.lock().unwrap_or_else(|e| e.into_inner()) = ("standby", epoch);
         led?;
         if shutdown.is_cancelled() {
             break;

@@ -60,7 +60,8 @@ pub fn built_binary(name: &str) -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
+/// A port free now on loopback.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

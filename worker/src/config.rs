@@ -54,6 +54,8 @@ pub struct RawConfig {
     pub shutdown_grace_ms: Option<u64>,
     /// Prometheus listen address; absent disables the exporter.
     pub metrics_addr: Option<String>,
+    /// Health endpoints' listen address (`/healthz`, `/readyz`); absent disables them.
+    pub health_addr: Option<String>,
     /// Container settings.
     pub sandbox: Option<RawSandbox>,
     /// False on GPU hosts: no sandboxes (model-generated code never runs there), no Docker.
@@ -107,6 +109,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Prometheus listen address.
     pub metrics_addr: Option<SocketAddr>,
+    /// Health endpoints' listen address.
+    pub health_addr: Option<SocketAddr>,
     /// Container settings.
     pub sandbox: SandboxConfig,
     /// Runs sandboxes (CPU host) or not (GPU host).
@@ -265,6 +269,7 @@ impl RawConfig {
             heartbeat_ms: over.heartbeat_ms.or(self.heartbeat_ms),
             shutdown_grace_ms: over.shutdown_grace_ms.or(self.shutdown_grace_ms),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            health_addr: over.health_addr.or(self.health_addr),
             sandbox: over.sandbox.or(self.sandbox),
             sandboxes: over.sandboxes.or(self.sandboxes),
             sandbox_runtime: over.sandbox_runtime.or(self.sandbox_runtime),
@@ -319,6 +324,13 @@ impl RawConfig {
             None | Some("") => None,
             Some(a) => Some(a.parse().map_err(|e| ConfigError::Invalid {
                 field: "metrics_addr",
+                why: format!("{a:?} is not a socket address: {e}"),
+            })?),
+        };
+        let health_addr = match self.health_addr.as_deref() {
+            None | Some("") => None,
+            Some(a) => Some(a.parse().map_err(|e| ConfigError::Invalid {
+                field: "health_addr",
                 why: format!("{a:?} is not a socket address: {e}"),
             })?),
         };
@@ -386,6 +398,7 @@ impl RawConfig {
             heartbeat,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms.unwrap_or(10_000)),
             metrics_addr,
+            health_addr,
             sandbox,
         })
     }

@@ -43,6 +43,9 @@ struct Args {
     /// Prometheus listen address [default: disabled].
     #[arg(long, env = "TANGRAM_WORKER_METRICS_ADDR")]
     metrics_addr: Option<String>,
+    /// Health endpoints (`/healthz`, `/readyz`) on this address [default: disabled].
+    #[arg(long, env = "TANGRAM_WORKER_HEALTH_ADDR")]
+    health_addr: Option<String>,
     /// Log as JSON lines.
     #[arg(long, env = "TANGRAM_LOG_JSON")]
     log_json: bool,
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         grant_mode: args.grant_mode,
         sandbox_runtime: args.sandbox_runtime,
         metrics_addr: args.metrics_addr,
+        health_addr: args.health_addr,
         heartbeat_ms: args.heartbeat_ms,
         nats: Some(args.nats.into()),
         ..Default::default()

@@ -259,6 +259,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         );
     }
 
+    if let Some(addr) = worker.config.health_addr {
+        let (client, w) = (client.clone(), worker.clone());
+        let check: tangram_health::Check = Arc::new(move || {
+            let connected = client.connection_state() == async_nats::connection::State::Connected;
+            let draining = w.draining.is_cancelled();
+            let (running, sandboxes) = {
+                let st = w.state.lock().expect("state lock");
+                (st.admissions.running.len(), st.sandboxes.len())
+            };
+            tangram_health::Readiness {
+                ready: connected && !draining,
+                detail: serde_json::json!({
+                    "component": "worker",
+                    "worker": w.config.id.as_str(),
+                    "instance": w.instance(),
+                    "nats": if connected { "connected" } else { "disconnected" },
+                    "draining": draining,
+                    "running": running,
+                    "sandboxes": sandboxes,
+                }),
+            }
+        });
+        tangram_health::serve(addr, check, background_stop.clone())
+            .await
+            .with_context(|| format!("binding the health endpoints on {addr}"))?;
+    }
     let messages = consumer.messages().await?;
     let intake = messages.filter_map(|m| async move {
         match m {
