@@ -7,6 +7,7 @@ mod cordon;
 mod creds;
 mod gpu_sim;
 mod pipeline;
+mod probe;
 mod report;
 mod submit;
 mod svg;
@@ -67,6 +68,14 @@ pub(crate) enum Command {
     /// Cordon a worker and close its sandboxes at a deadline; waits until nothing runs
     /// there, so the worker can be stopped.
     Drain(cordon::DrainArgs),
+    /// GET a health endpoint (for container health checks): exit 0 on 200, 1 otherwise.
+    Probe {
+        /// host:port of the endpoint, e.g. 127.0.0.1:9465.
+        addr: String,
+        /// The path.
+        #[arg(default_value = "/readyz")]
+        path: String,
+    },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
     /// Benchmarks.
@@ -192,6 +201,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(t) => cordon::set(t, cordon::Op::Cordon),
         Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
         Command::Drain(a) => cordon::drain(a),
+        Command::Probe { addr, path } => {
+            match probe::probe(&addr, &path, std::time::Duration::from_secs(3)) {
+                Ok(true) => Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(e) => {
+                    eprintln!("tangram probe: {addr}{path}: {e}");
+                    std::process::exit(1)
+                }
+            }
+        }
         Command::Simulate(args) => simulate(args),
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },
