@@ -44,6 +44,41 @@ pub fn ensure(dir: &Path, workers: &[String], jobs: &[&str]) -> anyhow::Result<V
     Ok(users)
 }
 
+/// `tangram creds`: the seeds of a fleet's roles in `dir` (kept when present) and, beside
+/// them, `authorization.conf`, the block every nats-server of the fleet includes.
+pub fn fleet(dir: &Path, workers: &str, jobs: &str) -> anyhow::Result<()> {
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let workers = list(workers);
+    for w in &workers {
+        tangram_shared::WorkerId::new(w.clone())
+            .map_err(|e| anyhow::anyhow!("worker {w:?}: {e}"))?;
+    }
+    let jobs = list(jobs);
+    let job_refs: Vec<&str> = jobs.iter().map(String::as_str).collect();
+    let users = ensure(dir, &workers, &job_refs)?;
+    let conf = dir.join("authorization.conf");
+    std::fs::write(&conf, tangram_nats::auth::server_authorization(&users))
+        .with_context(|| format!("writing {}", conf.display()))?;
+    // Public keys and permissions only: readable by the server's user.
+    set_mode(&conf, 0o644)?;
+    println!(
+        "{} seeds in {} (one file per role, 0600); give each process only its own",
+        users.len(),
+        dir.display()
+    );
+    println!(
+        "{}: include it in every nats-server's configuration (deploy/systemd/nats.conf does)",
+        conf.display()
+    );
+    Ok(())
+}
+
 fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))

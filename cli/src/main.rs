@@ -68,6 +68,20 @@ pub(crate) enum Command {
     /// Cordon a worker and close its sandboxes at a deadline; waits until nothing runs
     /// there, so the worker can be stopped.
     Drain(cordon::DrainArgs),
+    /// Write a fleet's credentials: one nkey seed per role (operator, scheduler, rollout,
+    /// each worker, each named job's rollout) and the servers' authorization.conf. Seeds
+    /// already in the directory are kept.
+    Creds {
+        /// Where: one `<role>.nk` per role, and `authorization.conf`.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Worker ids, comma-separated.
+        #[arg(long, default_value = "")]
+        workers: String,
+        /// Jobs whose rollouts get credentials of their own, comma-separated.
+        #[arg(long, default_value = "")]
+        jobs: String,
+    },
     /// GET a health endpoint (for container health checks): exit 0 on 200, 1 otherwise.
     Probe {
         /// host:port of the endpoint, e.g. 127.0.0.1:9465.
@@ -201,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(t) => cordon::set(t, cordon::Op::Cordon),
         Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
         Command::Drain(a) => cordon::drain(a),
+        Command::Creds { dir, workers, jobs } => creds::fleet(&dir, &workers, &jobs),
         Command::Probe { addr, path } => {
             match probe::probe(&addr, &path, std::time::Duration::from_secs(3)) {
                 Ok(true) => Ok(()),

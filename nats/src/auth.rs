@@ -190,14 +190,21 @@ impl Credentials {
     }
 }
 
-/// Connects with these credentials; the error says what to check.
+/// Connects with these credentials; the error says what to check. `url` may list several
+/// servers of a cluster, comma-separated (`nats://nats-1:4222,nats://nats-2:4222`): the
+/// client starts with any that answers and learns the rest from the cluster.
 pub async fn connect(
     url: &str,
     name: &str,
     creds: &Credentials,
 ) -> Result<async_nats::Client, ConnectError> {
     let options = creds.options(name)?;
-    options.connect(url).await.map_err(|source| {
+    let urls: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    options.connect(urls).await.map_err(|source| {
         let text = source.to_string().to_ascii_lowercase();
         let hint = if text.contains("authorization") || text.contains("authentication") {
             if creds.nkey_file.is_none() {

@@ -62,3 +62,18 @@ async fn replicas_a_single_server_cannot_hold_are_a_clear_error() -> anyhow::Res
     assert!(err.to_string().contains("TANGRAM_ACTIONS"), "{err}");
     Ok(())
 }
+
+/// A fleet's URL lists its servers: the client starts with whichever answers.
+#[tokio::test]
+async fn a_list_of_servers_connects_to_the_one_that_answers() -> anyhow::Result<()> {
+    let nats = NatsServer::start();
+    let dead = tangram_tests::free_port();
+    let url = format!("nats://127.0.0.1:{dead}, {}", nats.url());
+    let client = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        tangram_nats::auth::connect(&url, "list", &Default::default()),
+    )
+    .await??;
+    client.flush().await?;
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! The systemd path: `deploy/install-systemd.sh` lays down binaries, units and configuration
+//! templates, the units pass `systemd-analyze verify`, and the NATS configuration template,
+//! filled in with `tangram creds`' authorization block, is one nats-server accepts.
+
+use std::path::Path;
+use std::process::Command;
+use tangram_tests::{built_binary, nats_server_bin, repo_root};
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("running a command");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?}: {text}");
+    text
+}
+
+#[test]
+fn the_systemd_units_install_and_verify_and_the_nats_template_is_valid() {
+    let root = repo_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (prefix, etc, units) = (
+        dir.path().join("usr"),
+        dir.path().join("etc/tangram"),
+        dir.path().join("units"),
+    );
+    let bin_dir = built_binary("tangram").parent().unwrap().to_path_buf();
+    run(Command::new("bash")
+        .arg(root.join("deploy/install-systemd.sh"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--etc")
+        .arg(&etc)
+        .arg("--units")
+        .arg(&units)
+        .args(["--no-user", "--no-reload"]));
+    for b in [
+        "tangram",
+        "tangram-scheduler",
+        "tangram-worker",
+        "nats-server",
+    ] {
+        assert!(prefix.join("bin").join(b).exists(), "{b} not installed");
+    }
+    for f in ["nats.conf", "scheduler.toml", "worker.toml.example"] {
+        assert!(etc.join(f).exists(), "{f} not laid down");
+    }
+    // A second run keeps an edited configuration.
+    std::fs::write(etc.join("scheduler.toml"), "# edited\n").unwrap();
+    run(Command::new("bash")
+        .arg(root.join("deploy/install-systemd.sh"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--etc")
+        .arg(&etc)
+        .arg("--units")
+        .arg(&units)
+        .args(["--no-user", "--no-reload"]));
+    assert_eq!(
+        std::fs::read_to_string(etc.join("scheduler.toml")).unwrap(),
+        "# edited\n"
+    );
+
+    // The units, the worker template through an instance of it.
+    let instance = units.join("tangram-worker@cpu-1.service");
+    std::os::unix::fs::symlink(units.join("tangram-worker@.service"), &instance).unwrap();
+    let text = run(Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(units.join("tangram-nats.service"))
+        .arg(units.join("tangram-scheduler.service"))
+        .arg(&instance));
+    // Warnings would be printed; units on this machine's systemd must raise none of ours.
+    let ours: Vec<&str> = text.lines().filter(|l| l.contains("tangram")).collect();
+    assert!(ours.is_empty(), "{text}");
+
+    // The NATS template, filled in for one host of three, with the fleet's authorization.
+    let creds = dir.path().join("creds");
+    run(Command::new(built_binary("tangram"))
+        .args([
+            "creds",
+            "--workers",
+            "cpu-1,gpu-1",
+            "--jobs",
+            "job1",
+            "--dir",
+        ])
+        .arg(&creds));
+    let conf = std::fs::read_to_string(etc.join("nats.conf"))
+        .unwrap()
+        .replace("@SERVER_NAME@", "nats-1")
+        .replace("@ROUTES@", "nats://nats-2:6222, nats://nats-3:6222")
+        .replace(
+            "store_dir: /var/lib/tangram/nats",
+            &format!("store_dir: {}", dir.path().join("store").display()),
+        );
+    let conf_path = etc.join("nats-1.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    std::fs::copy(
+        creds.join("authorization.conf"),
+        etc.join("authorization.conf"),
+    )
+    .unwrap();
+    check_nats_config(&conf_path);
+}
+
+fn check_nats_config(conf: &Path) {
+    let out = Command::new(nats_server_bin())
+        .arg("-t")
+        .arg("-c")
+        .arg(conf)
+        .output()
+        .expect("nats-server -t");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "nats-server rejects the template: {text}"
+    );
+}
