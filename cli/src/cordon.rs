@@ -9,20 +9,37 @@ use std::time::Duration;
 use tangram_shared::status::CordonRecord;
 use tangram_shared::{subject, WorkerId};
 
-/// Where the cluster is and who is asking.
+/// Where the cluster is and who is asking (shared by `status`, `cordon`, `drain`...).
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    /// NATS URL [default: the cluster `up` started, else nats://127.0.0.1:4222].
+    #[arg(long, env = "TANGRAM_NATS_URL")]
+    pub(crate) nats_url: Option<String>,
+    /// The cluster's state directory.
+    #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
+    pub(crate) state_dir: PathBuf,
+    /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
+    #[arg(long, env = "TANGRAM_NKEY_FILE")]
+    pub(crate) nkey_file: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The NATS URL and the credentials these name.
+    pub(crate) fn resolve(&self) -> (String, tangram_nats::auth::Credentials) {
+        (
+            cluster::nats_url(self.nats_url.clone(), &self.state_dir),
+            cluster::credentials(self.nkey_file.clone(), &self.state_dir),
+        )
+    }
+}
+
+/// A worker of a cluster.
 #[derive(Debug, Args)]
 pub(crate) struct Target {
     /// The worker's id.
     worker: String,
-    /// NATS URL [default: the cluster `up` started, else nats://127.0.0.1:4222].
-    #[arg(long, env = "TANGRAM_NATS_URL")]
-    nats_url: Option<String>,
-    /// The cluster's state directory.
-    #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
-    state_dir: PathBuf,
-    /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
-    #[arg(long, env = "TANGRAM_NKEY_FILE")]
-    nkey_file: Option<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 /// `tangram drain`'s options.
@@ -56,8 +73,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 async fn store(t: &Target) -> anyhow::Result<async_nats::jetstream::kv::Store> {
-    let url = cluster::nats_url(t.nats_url.clone(), &t.state_dir);
-    let creds = cluster::credentials(t.nkey_file.clone(), &t.state_dir);
+    let (url, creds) = t.cluster.resolve();
     let client = tokio::time::timeout(
         Duration::from_secs(5),
         tangram_nats::auth::connect(&url, "tangram-cli", &creds),
@@ -134,8 +150,7 @@ pub(crate) fn drain(a: DrainArgs) -> anyhow::Result<()> {
     if a.no_wait {
         return Ok(());
     }
-    let url = cluster::nats_url(a.target.nats_url.clone(), &a.target.state_dir);
-    let creds = cluster::credentials(a.target.nkey_file.clone(), &a.target.state_dir);
+    let (url, creds) = a.target.cluster.resolve();
     let mut last = None;
     // Bounded: the deadline, plus a minute for the last commands and the close to land.
     let give_up = tokio::time::Instant::now() + Duration::from_secs(a.deadline_s + 60);

@@ -50,15 +50,8 @@ pub(crate) enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
-        /// NATS URL [default: the cluster `up` started, else nats://127.0.0.1:4222].
-        #[arg(long, env = "TANGRAM_NATS_URL")]
-        nats_url: Option<String>,
-        /// The cluster's state directory.
-        #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
-        state_dir: PathBuf,
-        /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
-        #[arg(long, env = "TANGRAM_NKEY_FILE")]
-        nkey_file: Option<PathBuf>,
+        #[command(flatten)]
+        cluster: cordon::ClusterArgs,
     },
     /// Place nothing new on a worker (no new sandboxes, api or reward calls); its open
     /// sandboxes keep running their trajectories' commands.
@@ -192,16 +185,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => cluster::up(args),
         Command::Down { state_dir } => cluster::down(&state_dir),
-        Command::Status {
-            json,
-            nats_url,
-            state_dir,
-            nkey_file,
-        } => cluster::status(
-            &cluster::nats_url(nats_url, &state_dir),
-            &cluster::credentials(nkey_file, &state_dir),
-            json,
-        ),
+        Command::Status { json, cluster } => {
+            let (url, creds) = cluster.resolve();
+            cluster::status(&url, &creds, json)
+        }
         Command::Submit(args) => {
             let state = std::env::var_os("TANGRAM_STATE_DIR")
                 .map(PathBuf::from)

@@ -60,6 +60,15 @@ pub fn built_binary(name: &str) -> PathBuf {
     p
 }
 
+/// A finished command's stdout and stderr, as one text for assertions and failure messages.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A port free now on loopback.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

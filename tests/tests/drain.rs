@@ -21,12 +21,7 @@ fn tangram(url: &str, state: &std::path::Path, args: &[&str]) -> (bool, String) 
         .arg(state)
         .output()
         .expect("running tangram");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    (out.status.success(), tangram_tests::output_text(&out))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,14 +5,7 @@ use tangram_tests::repo_root;
 
 fn docker(args: &[&str]) -> (bool, String) {
     let out = Command::new("docker").args(args).output().expect("docker");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    (out.status.success(), tangram_tests::output_text(&out))
 }
 
 #[test]
@@ -25,11 +18,7 @@ fn the_images_build_from_the_workspace_binaries_and_start() {
         .env("TANGRAM_IMAGE_TAG", "test")
         .output()
         .expect("running build-images.sh");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let log = tangram_tests::output_text(&out);
     assert!(out.status.success(), "{log}");
     let nats = log
         .lines()

@@ -8,18 +8,13 @@ use tangram_tests::{built_binary, nats_server_bin, repo_root};
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("running a command");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = tangram_tests::output_text(&out);
     assert!(out.status.success(), "{cmd:?}: {text}");
     text
 }
 
 #[test]
 fn the_systemd_units_install_and_verify_and_the_nats_template_is_valid() {
-    let root = repo_root();
     let dir = tempfile::tempdir().unwrap();
     let (prefix, etc, units) = (
         dir.path().join("usr"),
@@ -27,17 +22,7 @@ fn the_systemd_units_install_and_verify_and_the_nats_template_is_valid() {
         dir.path().join("units"),
     );
     let bin_dir = built_binary("tangram").parent().unwrap().to_path_buf();
-    run(Command::new("bash")
-        .arg(root.join("deploy/install-systemd.sh"))
-        .arg("--bin-dir")
-        .arg(&bin_dir)
-        .arg("--prefix")
-        .arg(&prefix)
-        .arg("--etc")
-        .arg(&etc)
-        .arg("--units")
-        .arg(&units)
-        .args(["--no-user", "--no-reload"]));
+    install(&bin_dir, &prefix, &etc, &units);
     for b in [
         "tangram",
         "tangram-scheduler",
@@ -51,17 +36,7 @@ fn the_systemd_units_install_and_verify_and_the_nats_template_is_valid() {
     }
     // A second run keeps an edited configuration.
     std::fs::write(etc.join("scheduler.toml"), "# edited\n").unwrap();
-    run(Command::new("bash")
-        .arg(root.join("deploy/install-systemd.sh"))
-        .arg("--bin-dir")
-        .arg(&bin_dir)
-        .arg("--prefix")
-        .arg(&prefix)
-        .arg("--etc")
-        .arg(&etc)
-        .arg("--units")
-        .arg(&units)
-        .args(["--no-user", "--no-reload"]));
+    install(&bin_dir, &prefix, &etc, &units);
     assert_eq!(
         std::fs::read_to_string(etc.join("scheduler.toml")).unwrap(),
         "# edited\n"
@@ -109,6 +84,21 @@ fn the_systemd_units_install_and_verify_and_the_nats_template_is_valid() {
     check_nats_config(&conf_path);
 }
 
+/// `deploy/install-systemd.sh` into these folders, without a user or a daemon reload.
+fn install(bin_dir: &Path, prefix: &Path, etc: &Path, units: &Path) {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("deploy/install-systemd.sh"));
+    for (flag, dir) in [
+        ("--bin-dir", bin_dir),
+        ("--prefix", prefix),
+        ("--etc", etc),
+        ("--units", units),
+    ] {
+        cmd.arg(flag).arg(dir);
+    }
+    run(cmd.args(["--no-user", "--no-reload"]));
+}
+
 fn check_nats_config(conf: &Path) {
     let out = Command::new(nats_server_bin())
         .arg("-t")
@@ -116,11 +106,7 @@ fn check_nats_config(conf: &Path) {
         .arg(conf)
         .output()
         .expect("nats-server -t");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = tangram_tests::output_text(&out);
     assert!(
         out.status.success(),
         "nats-server rejects the template: {text}"

@@ -320,20 +320,8 @@ impl RawConfig {
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&heartbeat) {
             return invalid("heartbeat_ms", "must be between 50 and 60000");
         }
-        let metrics_addr = match self.metrics_addr.as_deref() {
-            None | Some("") => None,
-            Some(a) => Some(a.parse().map_err(|e| ConfigError::Invalid {
-                field: "metrics_addr",
-                why: format!("{a:?} is not a socket address: {e}"),
-            })?),
-        };
-        let health_addr = match self.health_addr.as_deref() {
-            None | Some("") => None,
-            Some(a) => Some(a.parse().map_err(|e| ConfigError::Invalid {
-                field: "health_addr",
-                why: format!("{a:?} is not a socket address: {e}"),
-            })?),
-        };
+        let metrics_addr = socket_addr("metrics_addr", self.metrics_addr.as_deref())?;
+        let health_addr = socket_addr("health_addr", self.health_addr.as_deref())?;
         let sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
         let gpu = self.gpu.unwrap_or_default();
         let gpu_groups = match (gpu.groups, gpu.count) {
@@ -401,6 +389,20 @@ impl RawConfig {
             health_addr,
             sandbox,
         })
+    }
+}
+
+/// An optional listen address (absent or empty: off).
+fn socket_addr(
+    field: &'static str,
+    value: Option<&str>,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    match value {
+        None | Some("") => Ok(None),
+        Some(a) => a.parse().map(Some).map_err(|e| ConfigError::Invalid {
+            field,
+            why: format!("{a:?} is not a socket address: {e}"),
+        }),
     }
 }
 

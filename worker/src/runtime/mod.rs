@@ -362,19 +362,7 @@ where
             warn!("actions still running after the kill; leaving them");
         }
     }
-    let sandboxes: Vec<Arc<Sandbox>> = worker
-        .state
-        .lock()
-        .expect("state lock")
-        .sandboxes
-        .drain()
-        .map(|(_, s)| s)
-        .collect();
-    if let Some(runtime) = &worker.sandboxes {
-        for s in sandboxes {
-            let _ = runtime.remove(&s.handle).await;
-        }
-    }
+    worker.close_all_sandboxes("stopping").await;
     if let Some(svc) = &worker.services {
         svc.stop_all(KILL_WAIT).await;
     }
