@@ -109,11 +109,23 @@ pub async fn ensure_streams_exist(js: &jetstream::Context) -> Result<(), SetupEr
             continue;
         }
         let name = config.name.clone();
-        js.create_stream(config)
-            .await
-            .map_err(|source| SetupError::Stream { name, source })?;
+        match js.create_stream(config).await {
+            Ok(_) => {}
+            // Another process created it in between: it exists, which is all this asks.
+            Err(e) if created_meanwhile(&e) => {}
+            Err(source) => return Err(SetupError::Stream { name, source }),
+        }
     }
     Ok(())
+}
+
+/// Whether a stream creation failed because the stream exists now (a race with another
+/// process creating it, perhaps with other settings).
+pub(crate) fn created_meanwhile(e: &jetstream::context::CreateStreamError) -> bool {
+    use std::error::Error as _;
+    e.source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|j| j.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST)
 }
 
 /// For processes with credentials that may not create streams: waits (up to `within`) until

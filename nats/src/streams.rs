@@ -180,28 +180,38 @@ pub async fn ensure(
     let mut drifts = Vec::new();
     for config in desired(settings)? {
         let name = config.name.clone();
-        match js.get_stream(&name).await {
-            Ok(mut s) => {
-                let info = s.info().await.map_err(|e| SetupError::Info {
-                    name: name.clone(),
-                    why: e.to_string(),
-                })?;
-                for d in drift(&info.config, &config) {
-                    tracing::warn!(stream = %d.stream, field = d.field, stored = %d.stored,
-                        configured = %d.configured,
-                        "stream differs from the configuration; left as stored (the operator's edit wins)");
-                    drifts.push(d);
-                }
-            }
+        let stored = match js.get_stream(&name).await {
+            Ok(s) => s,
             Err(e)
                 if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
                     if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
             {
-                js.create_stream(config)
-                    .await
-                    .map_err(|source| SetupError::Stream { name, source })?;
+                match js.create_stream(config.clone()).await {
+                    Ok(_) => continue,
+                    // Another process created it in between: judge it as found.
+                    Err(e) if crate::created_meanwhile(&e) => {
+                        js.get_stream(&name)
+                            .await
+                            .map_err(|source| SetupError::Lookup {
+                                name: name.clone(),
+                                source,
+                            })?
+                    }
+                    Err(source) => return Err(SetupError::Stream { name, source }),
+                }
             }
             Err(source) => return Err(SetupError::Lookup { name, source }),
+        };
+        let mut stored = stored;
+        let info = stored.info().await.map_err(|e| SetupError::Info {
+            name: name.clone(),
+            why: e.to_string(),
+        })?;
+        for d in drift(&info.config, &config) {
+            tracing::warn!(stream = %d.stream, field = d.field, stored = %d.stored,
+                configured = %d.configured,
+                "stream differs from the configuration; left as stored (the operator's edit wins)");
+            drifts.push(d);
         }
     }
     Ok(drifts)

@@ -33,6 +33,8 @@ const EVENT_CHANNEL: usize = 4096;
 const LOOKUPS: usize = 64;
 /// How often the engine is ticked (liveness, deadlines, in-progress acks).
 const TICK: Duration = Duration::from_millis(250);
+/// How long the streams may take to become available at start (a cluster forming).
+const STREAMS_WITHIN: Duration = Duration::from_secs(60);
 /// Tries of a stored-result or stored-dispatch lookup before the message is handed back.
 const LOOKUP_TRIES: u32 = 3;
 /// When a message whose lookups failed comes back.
@@ -45,7 +47,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tangram_nats::auth::connect(&config.nats_url, "tangram-scheduler", &config.credentials)
             .await?;
     let js = jetstream::new(client.clone());
-    let drifts = tangram_nats::ensure_streams(&js, &config.streams).await?;
+    // A NATS cluster that is still forming has no JetStream leader yet: keep trying a while.
+    let deadline = tokio::time::Instant::now() + STREAMS_WITHIN;
+    let drifts = loop {
+        match tangram_nats::ensure_streams(&js, &config.streams).await {
+            Ok(d) => break d,
+            Err(e) if tokio::time::Instant::now() < deadline && !shutdown.is_cancelled() => {
+                warn!(error = %e, "setting up the streams; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     crate::metrics::stream_drift(drifts.len());
     let store = scheduler_store(&js, config.streams.replicas.unwrap_or(1)).await?;
     let lease_config = LeaseConfig {

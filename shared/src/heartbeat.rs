@@ -33,6 +33,11 @@ pub struct Heartbeat {
     /// Actions running now.
     #[serde(default)]
     pub running: Vec<ActionId>,
+    /// Actions this instance finished lately (their results are published or being
+    /// published): the scheduler does not take their absence from `running` as a loss
+    /// while its results feed catches up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finished: Vec<ActionId>,
     /// Sandboxes held now.
     #[serde(default)]
     pub sandboxes: Vec<SandboxRef>,

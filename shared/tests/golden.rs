@@ -195,6 +195,7 @@ fn dispatch_and_heartbeat() {
             cores: 0,
             mem_mb: 0,
             running: vec![],
+            finished: vec![],
             sandboxes: vec![],
             draining: false,
             gpus: Some(GpuInventory {
@@ -238,6 +239,7 @@ fn dispatch_and_heartbeat() {
             cores: 2,
             mem_mb: 8192,
             running: vec![ActionId::new("a-1").unwrap()],
+            finished: vec![],
             sandboxes: vec![SandboxRef {
                 job: JobId::new("job1").unwrap(),
                 trajectory: TrajectoryId::new("t17").unwrap(),

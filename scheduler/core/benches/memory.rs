@@ -60,6 +60,7 @@ impl Bench {
             cores,
             mem_mb: 1 << 30,
             running: vec![],
+            finished: vec![],
             sandboxes: vec![],
             draining: false,
             gpus: None,

@@ -12,6 +12,9 @@ use tracing::{debug, warn};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
 const RECENT: usize = 10_000;
+/// Finished actions that heartbeats keep listing, at most, and for how long.
+const FINISHED_LISTED: usize = 1_000;
+const FINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 /// How many fenced instances of this worker are remembered.
 const MAX_FENCED: usize = 64;
 
@@ -60,6 +63,8 @@ pub(crate) struct Admissions {
     orphaned: HashSet<ActionId>,
     /// Instances of this worker known to be fenced.
     fenced: HashSet<String>,
+    /// The latest finished actions, with when (heartbeats list them for a while).
+    finished: VecDeque<(ActionId, tokio::time::Instant)>,
     recent: VecDeque<ActionId>,
     recent_set: HashSet<ActionId>,
     /// The newest epoch known: read from the leaders' store when `authority`, else the
@@ -100,6 +105,16 @@ impl Admissions {
         }
     }
 
+    /// Actions finished within the last [`FINISHED_FOR`], for heartbeats.
+    pub(crate) fn lately_finished(&self) -> Vec<ActionId> {
+        let now = tokio::time::Instant::now();
+        self.finished
+            .iter()
+            .filter(|(_, at)| now.duration_since(*at) < FINISHED_FOR)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Whether a dispatch's epoch is above what is known (the store should be read first).
     pub(crate) fn is_newer(&self, epoch: u64) -> bool {
         epoch > self.known_epoch
@@ -124,9 +139,17 @@ impl Admissions {
         }
     }
 
-    /// The action's result is out: it is remembered as finished, for a while.
-    pub(crate) fn settle(&mut self, id: &ActionId) {
-        self.running.remove(id);
+    /// The action is done here: it is remembered as finished, for a while; heartbeats list
+    /// it as finished lately only when its result was `stored` (one that was not is for the
+    /// scheduler to settle as lost).
+    pub(crate) fn settle(&mut self, id: &ActionId, stored: bool) {
+        if self.running.remove(id) && stored {
+            self.finished
+                .push_back((id.clone(), tokio::time::Instant::now()));
+            while self.finished.len() > FINISHED_LISTED {
+                self.finished.pop_front();
+            }
+        }
         self.orphaned.remove(id);
         self.recent.push_back(id.clone());
         self.recent_set.insert(id.clone());

@@ -52,6 +52,7 @@ pub(super) async fn send_heartbeat(
         sandboxes.sort();
         let mut running: Vec<ActionId> = st.admissions.running.iter().cloned().collect();
         running.sort();
+        let finished = st.admissions.lately_finished();
         m::sandboxes(sandboxes.len());
         Heartbeat {
             worker: worker.config.id.clone(),
@@ -69,6 +70,7 @@ pub(super) async fn send_heartbeat(
                 0
             },
             running,
+            finished,
             sandboxes,
             draining,
             gpus: worker.inventory.clone(),

@@ -175,7 +175,8 @@ impl ResultSink for JetStreamResults {
         result: &'a ActionResult,
         encoding: Encoding,
     ) -> BoxFuture<'a, Result<(), tangram_nats::PublishError>> {
-        // About 3 s of retries in all: results must not be lost to a brief outage.
-        Box::pin(tangram_nats::publish_result(&self.0, result, encoding, 5))
+        // About 25 s of retries in all (each attempt also waits for its acknowledgement):
+        // results must not be lost to an outage or a cluster electing a stream leader.
+        Box::pin(tangram_nats::publish_result(&self.0, result, encoding, 9))
     }
 }

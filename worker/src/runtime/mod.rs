@@ -111,9 +111,14 @@ impl Worker {
         self.instance.lock().expect("instance lock").clone()
     }
 
-    pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) {
-        if let Err(e) = self.results.publish(result, encoding).await {
-            warn!(action = %result.id, error = %e, "result lost");
+    /// Stores a result (retrying, bounded); false when it could not be.
+    pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) -> bool {
+        match self.results.publish(result, encoding).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(action = %result.id, error = %e, "result lost; the scheduler settles the action when this worker stops listing it");
+                false
+            }
         }
     }
 }
@@ -373,8 +378,32 @@ impl Worker {
     async fn handle(self: Arc<Self>, dispatch: Dispatch, era: u64, delivery: Box<dyn Delivery>) {
         // Keep the dispatch from being redelivered while it runs (ack_wait is short so that a
         // crashed instance's work comes back quickly).
-        let result = {
-            let work = self.execute(&dispatch);
+        // The result is published inside the same in-progress window: storing it may take a
+        // while (a NATS cluster electing a stream leader), and the dispatch must not come
+        // back meanwhile. An action of a fenced instance was settled by the scheduler: its
+        // result would be a second one, so it is dropped.
+        let (result, stored) = {
+            let work = async {
+                let result = self.execute(&dispatch);
+                let result = result.await;
+                m::action(
+                    dispatch.action.kind().as_str(),
+                    result.outcome.label(),
+                    result.timing.overhead_us as f64 / 1e6,
+                    result.timing.exec_us as f64 / 1e6,
+                );
+                let stored = if self.era.load(std::sync::atomic::Ordering::SeqCst) == era {
+                    self.publish_result(&result, dispatch.result_encoding).await
+                } else {
+                    m::fenced_result();
+                    info!(
+                        outcome = result.outcome.label(),
+                        "result of a fenced instance dropped; the scheduler settled this action"
+                    );
+                    false
+                };
+                (result, stored)
+            };
             tokio::pin!(work);
             // The first in-progress ack is due one period from now. (An interval's first tick
             // is "now", and awaiting it waits for the timer wheel's next millisecond: about
@@ -394,25 +423,11 @@ impl Worker {
                 }
             }
         };
-        m::action(
-            dispatch.action.kind().as_str(),
-            result.outcome.label(),
-            result.timing.overhead_us as f64 / 1e6,
-            result.timing.exec_us as f64 / 1e6,
-        );
-        // A crash between the two means a redelivery, which the result's Nats-Msg-Id
-        // deduplicates. An action of a fenced instance was settled by the scheduler: its
-        // result would be a second one, so it is dropped.
-        if self.era.load(std::sync::atomic::Ordering::SeqCst) == era {
-            self.publish_result(&result, dispatch.result_encoding).await;
+        if stored {
             tracing::debug!(outcome = result.outcome.label(), "result published");
-        } else {
-            m::fenced_result();
-            info!(
-                outcome = result.outcome.label(),
-                "result of a fenced instance dropped; the scheduler settled this action"
-            );
         }
+        // A crash before the ack means a redelivery, which the result's Nats-Msg-Id
+        // deduplicates.
         if let Err(e) = delivery.ack().await {
             warn!(error = %e, "acking a dispatch");
         }
@@ -420,6 +435,6 @@ impl Worker {
             .lock()
             .expect("state lock")
             .admissions
-            .settle(&dispatch.action.id);
+            .settle(&dispatch.action.id, stored);
     }
 }

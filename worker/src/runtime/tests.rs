@@ -323,7 +323,7 @@ fn admission_verdicts() {
             newest: 2
         }
     );
-    a.settle(&ActionId::new("a").unwrap());
+    a.settle(&ActionId::new("a").unwrap(), true);
     assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyFinished);
     assert_eq!(a.admit(&d("c", 2), true), Verdict::LostByEarlierInstance);
     // A newer scheduler moves the floor up.

@@ -93,11 +93,13 @@ impl Engine {
     }
 
     /// The heartbeat's `running` list against the running set: an action the worker has not
-    /// listed in [`UNREPORTED_LIMIT`] heartbeats in a row (counting only heartbeats from a
+    /// listed (as running, or as finished lately) in [`UNREPORTED_LIMIT`] heartbeats in a row (counting only heartbeats from a
     /// grace after its dispatch was stored, so a dispatch still on its way is not missed)
     /// and that never settled is resolved as lost: it holds no capacity past that.
     fn reconcile_running(&mut self, hb: &Heartbeat, now: Now) {
-        let listed: HashSet<&ActionId> = hb.running.iter().collect();
+        // Finished lately counts as reported: its result is on its way (or the result
+        // deadline settles it).
+        let listed: HashSet<&ActionId> = hb.running.iter().chain(&hb.finished).collect();
         let grace = self.grace_ms(hb);
         let mut lost = Vec::new();
         for (id, e) in self.actions.iter_mut() {

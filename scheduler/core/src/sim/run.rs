@@ -255,6 +255,7 @@ impl Driver<'_> {
             cores,
             mem_mb,
             running: vec![],
+            finished: vec![],
             sandboxes: vec![],
             draining: false,
             gpus: None,

@@ -77,6 +77,7 @@ impl Harness {
             cores,
             mem_mb: mem,
             running: running.iter().map(|r| ActionId::new(*r).unwrap()).collect(),
+            finished: vec![],
             sandboxes: sandboxes
                 .iter()
                 .map(|(j, t)| SandboxRef {

@@ -434,6 +434,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
         cores: 0,
         mem_mb: 0,
         running: vec![],
+        finished: vec![],
         sandboxes: vec![],
         draining: false,
         gpus: Some(tangram_shared::GpuInventory {
@@ -680,4 +681,46 @@ fn a_cordoned_worker_takes_no_new_sandboxes_and_a_drain_closes_the_rest_at_its_d
         cordon: None,
     });
     assert_eq!(h.open_sandbox("j", "t1"), a);
+}
+
+/// Regression: on a three-node NATS cluster under load, results reached the scheduler more
+/// than a second after the worker finished; heartbeats no longer listed the action as
+/// running, and it was settled `worker_lost` although its result was on its way. A worker
+/// now lists what it finished lately, and that counts as reported.
+#[test]
+fn an_action_its_worker_finished_lately_is_not_lost_while_its_result_is_on_its_way() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (w, d) = dispatched(&fx).remove(0);
+    h.stored(&d);
+    let mut fx = Vec::new();
+    for _ in 0..10 {
+        h.now += 1_000;
+        let hb = Heartbeat {
+            worker: WorkerId::new("w1").unwrap(),
+            instance: "i1".into(),
+            seq: 0,
+            interval_ms: 1_000,
+            cores: 4,
+            mem_mb: 4096,
+            running: vec![],
+            finished: vec![id("x1")],
+            sandboxes: vec![],
+            draining: false,
+            gpus: None,
+            services: vec![],
+            providers: vec![],
+        };
+        fx.extend(h.step(Event::Heartbeat(Box::new(hb))));
+    }
+    assert!(
+        published(&fx).is_empty(),
+        "settled before its result: {fx:?}"
+    );
+    assert!(h.engine.state_of(&id("x1")).is_some());
+    // The result arrives and settles it.
+    let fx = h.complete(&d, &w);
+    assert!(published(&fx).is_empty());
+    assert!(h.engine.state_of(&id("x1")).is_none());
 }

@@ -1,0 +1,220 @@
+//! Tangram on a three-node NATS cluster: streams with three replicas (created by the
+//! scheduler as configured), clients given the list of servers, and a node killed under a
+//! running workload without losing or doubling a result.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tangram_shared::{ActionId, Outcome};
+use tangram_tests::build::{exec, open};
+use tangram_tests::{built_binary, free_port, nats_server_bin, repo_root, ChildGuard, Client};
+
+const T: Duration = Duration::from_secs(60);
+
+/// One server of the cluster.
+struct Node {
+    child: Option<Child>,
+    args: Vec<String>,
+    port: u16,
+    _store: tempfile::TempDir,
+}
+
+impl Node {
+    fn spawn(&mut self) {
+        let child = Command::new(nats_server_bin())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning nats-server");
+        self.child = Some(child);
+    }
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cluster3() -> Vec<Node> {
+    let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let conf = repo_root().join("nats/server.conf");
+    (0..3)
+        .map(|i| {
+            let store = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let others: Vec<String> = (0..3)
+                .filter(|j| *j != i)
+                .map(|j| format!("nats://127.0.0.1:{}", routes[j]))
+                .collect();
+            let args = vec![
+                "-c".into(),
+                conf.display().to_string(),
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+                "-m".into(),
+                free_port().to_string(),
+                "-sd".into(),
+                store.path().join("js").display().to_string(),
+                "--server_name".into(),
+                format!("n{i}"),
+                "--cluster_name".into(),
+                "tangram".into(),
+                "--cluster".into(),
+                format!("nats://127.0.0.1:{}", routes[i]),
+                "--routes".into(),
+                others.join(","),
+            ];
+            let mut n = Node {
+                child: None,
+                args,
+                port,
+                _store: store,
+            };
+            n.spawn();
+            n
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .inspect(|n| {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", n.port)).is_err() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "n{} never listened",
+                    n.port
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .collect()
+}
+
+// Not in CI yet: on this 2-core machine it fails about two runs in three, and what it finds
+// is real (docs/RELIABILITY.md, "A three-node cluster"): while the cluster moves stream
+// leaders after the kill, failed dispatch stores are retried at once (hundreds of attempts
+// in seconds), and an action whose dispatch reaches the worker late is settled
+// `worker_lost` by the heartbeat reconcile. Run it with
+// `cargo nextest run -p tangram-tests --test nats_cluster --run-ignored all`.
+#[ignore = "finds open defects on a cluster; see the comment above"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_node_cluster_keeps_every_result_when_a_node_dies() -> anyhow::Result<()> {
+    let mut nodes = cluster3();
+    let urls = nodes.iter().map(Node::url).collect::<Vec<_>>().join(",");
+    // The scheduler creates the streams with three replicas once the cluster has a
+    // JetStream leader; it keeps trying until then (bounded by the test's wait below).
+    let _scheduler = ChildGuard(
+        Command::new(built_binary("tangram-scheduler"))
+            .args([
+                "--id",
+                "sched-r3",
+                "--nats-url",
+                &urls,
+                "--stream-replicas",
+                "3",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let probe = tangram_nats::auth::connect(&urls, "probe", &Default::default()).await?;
+    let js = async_nats::jetstream::new(probe);
+    let deadline = tokio::time::Instant::now() + T;
+    let replicas = loop {
+        // The last the scheduler creates: all four exist once it does (a client that
+        // connected earlier would create the missing ones itself, with one replica).
+        if let Ok(mut s) = js.get_stream("TANGRAM_DEADLETTER").await {
+            if let Ok(info) = s.info().await {
+                break info.config.num_replicas;
+            }
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the scheduler never created the streams on the cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(replicas, 3);
+    let _worker = ChildGuard(
+        Command::new(built_binary("tangram-worker"))
+            .args(["--id", "r3-cpu", "--nats-url", &urls, "--cores", "0-1"])
+            .args(["--mem-mb", "2048", "--heartbeat-ms", "200"])
+            .args(["--sandbox-runtime", "noop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let c = Client::connect(&urls, "r3").await?;
+    c.wait_for_workers(&["r3-cpu"], T).await?;
+    let r = c.run(&open("o1", "r3", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+
+    // A node dies with actions in flight; everything submitted still gets one result.
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        if i == 10 {
+            nodes[1].kill();
+        }
+        let id = format!("x{i}");
+        let a = exec(&id, "r3", "t1", &["true"], 1, 1);
+        let deadline = tokio::time::Instant::now() + T;
+        while c.submit(&a).await.is_err() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{id} never accepted"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        ids.push(id);
+    }
+    for id in &ids {
+        let id = ActionId::new(id.as_str())?;
+        let r = c.result(&id, T).await?;
+        assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    }
+    // Exactly one result stored per action: the stream's count by subject (asked again
+    // while the cluster settles on new stream leaders).
+    let deadline = tokio::time::Instant::now() + T;
+    let counts = loop {
+        match result_counts(&c.js).await {
+            Ok(c) => break c,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("counting results: {e}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    for id in &ids {
+        let n = counts.get(&format!("tangram.v1.result.r3.{id}")).copied();
+        assert_eq!(n, Some(1), "{id}");
+    }
+    nodes[1].spawn();
+    Ok(())
+}
+
+/// Messages stored per result subject of job `r3`.
+async fn result_counts(
+    js: &async_nats::jetstream::Context,
+) -> anyhow::Result<std::collections::HashMap<String, usize>> {
+    use futures::StreamExt;
+    let stream = js.get_stream("TANGRAM_RESULTS").await?;
+    let mut subjects = stream.info_with_subjects("tangram.v1.result.r3.>").await?;
+    let mut out = std::collections::HashMap::new();
+    while let Some(entry) = subjects.next().await {
+        let (subject, n) = entry?;
+        out.insert(subject, n);
+    }
+    Ok(out)
+}
