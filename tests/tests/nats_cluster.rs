@@ -91,7 +91,7 @@ fn cluster3() -> Vec<Node> {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             while std::net::TcpStream::connect(("127.0.0.1", n.port)).is_err() {
                 assert!(
-                    std::time::Instant::now() < deadline,
+                    tokio::time::Instant::now() < deadline,
                     "n{} never listened",
                     n.port
                 );
