@@ -58,7 +58,11 @@ pub(crate) async fn run(
                 match published {
                     Ok(ack) => pending.push(async move {
                         match ack.await {
-                            Ok(_) => Event::DispatchStored { id, attempt },
+                            Ok(ack) => Event::DispatchStored {
+                                id,
+                                attempt,
+                                seq: ack.sequence,
+                            },
                             Err(e) => failed(id, attempt, e.to_string()),
                         }
                     }),

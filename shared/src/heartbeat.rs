@@ -38,6 +38,11 @@ pub struct Heartbeat {
     /// while its results feed catches up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finished: Vec<ActionId>,
+    /// The highest stream sequence of a dispatch this worker has taken in (0: none yet, or
+    /// a worker that predates it). Dispatches reach a worker in stream order, so one it
+    /// does not list although this has passed its sequence is not on its way any more.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dispatch_seq: u64,
     /// Sandboxes held now.
     #[serde(default)]
     pub sandboxes: Vec<SandboxRef>,
@@ -260,4 +265,8 @@ mod tests {
         assert!(r.allows("POST", "/search"));
         assert!(!r.allows("POST", "/search/."));
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -196,6 +196,7 @@ fn dispatch_and_heartbeat() {
             mem_mb: 0,
             running: vec![],
             finished: vec![],
+            dispatch_seq: 0,
             sandboxes: vec![],
             draining: false,
             gpus: Some(GpuInventory {
@@ -240,6 +241,7 @@ fn dispatch_and_heartbeat() {
             mem_mb: 8192,
             running: vec![ActionId::new("a-1").unwrap()],
             finished: vec![],
+            dispatch_seq: 0,
             sandboxes: vec![SandboxRef {
                 job: JobId::new("job1").unwrap(),
                 trajectory: TrajectoryId::new("t17").unwrap(),

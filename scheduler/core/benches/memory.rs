@@ -61,6 +61,7 @@ impl Bench {
             mem_mb: 1 << 30,
             running: vec![],
             finished: vec![],
+            dispatch_seq: 0,
             sandboxes: vec![],
             draining: false,
             gpus: None,
@@ -108,6 +109,7 @@ impl Bench {
                 Event::DispatchStored {
                     id: d.action.id.clone(),
                     attempt: d.attempt,
+                    seq: 0,
                 },
                 at,
             );

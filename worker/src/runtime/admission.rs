@@ -63,6 +63,8 @@ pub(crate) struct Admissions {
     orphaned: HashSet<ActionId>,
     /// Instances of this worker known to be fenced.
     fenced: HashSet<String>,
+    /// The highest dispatch stream sequence taken in (heartbeats report it).
+    pub(crate) dispatch_seq: u64,
     /// The latest finished actions, with when (heartbeats list them for a while).
     finished: VecDeque<(ActionId, tokio::time::Instant)>,
     recent: VecDeque<ActionId>,
@@ -192,7 +194,11 @@ impl Worker {
             let mut st = self.state.lock().expect("state lock");
             // Read under the lock a fence takes, so an action is of exactly one instance.
             let era = self.era.load(std::sync::atomic::Ordering::SeqCst);
-            (st.admissions.admit(&dispatch, delivery.redelivered()), era)
+            let verdict = st.admissions.admit(&dispatch, delivery.redelivered());
+            // Under the same lock as the verdict: a heartbeat that reports this sequence
+            // lists the action too if it runs.
+            st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(delivery.stream_seq());
+            (verdict, era)
         };
         let id = &dispatch.action.id;
         match verdict {

@@ -71,6 +71,7 @@ pub(super) async fn send_heartbeat(
             },
             running,
             finished,
+            dispatch_seq: st.admissions.dispatch_seq,
             sandboxes,
             draining,
             gpus: worker.inventory.clone(),

@@ -15,6 +15,8 @@ pub(crate) trait Delivery: Send + Sync {
     fn payload(&self) -> &[u8];
     /// True when it was delivered before (to this or an earlier instance of the worker).
     fn redelivered(&self) -> bool;
+    /// Its sequence in the dispatch stream (0 when unknown).
+    fn stream_seq(&self) -> u64;
     /// Settles it: it will not come again.
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>>;
     /// Still working on it: pushes the redelivery deadline back.
@@ -27,6 +29,9 @@ impl Delivery for jetstream::Message {
     }
     fn redelivered(&self) -> bool {
         self.info().map(|i| i.delivered > 1).unwrap_or(false)
+    }
+    fn stream_seq(&self) -> u64 {
+        self.info().map(|i| i.stream_sequence).unwrap_or(0)
     }
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>> {
         Box::pin(jetstream::Message::ack(self))

@@ -47,6 +47,9 @@ impl Delivery for FakeDelivery {
     fn redelivered(&self) -> bool {
         self.redelivered
     }
+    fn stream_seq(&self) -> u64 {
+        0
+    }
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>> {
         self.acks
             .lock()

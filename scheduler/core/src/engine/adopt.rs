@@ -68,6 +68,7 @@ impl Engine {
                 arrived_ms: now.ms,
                 model: None,
                 attempts: dispatch.attempt,
+                failures: 0,
                 pin: None,
                 state: ActionState::Running {
                     worker,
@@ -81,6 +82,7 @@ impl Engine {
                     },
                     attempt: dispatch.attempt,
                     stored_ms: now.ms,
+                    stored_seq: 0,
                     deadline_ms,
                     unreported: 0,
                 },

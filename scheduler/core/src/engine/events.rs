@@ -67,6 +67,9 @@ pub enum Event {
         id: ActionId,
         /// The attempt the dispatch carried.
         attempt: u32,
+        /// Its sequence in the dispatch stream (0 when unknown: then the worker's omission
+        /// of it is judged after a grace instead).
+        seq: u64,
     },
     /// A dispatch could not be stored.
     DispatchFailed {

@@ -166,6 +166,7 @@ impl Engine {
                 arrived_ms: now.ms,
                 model: a.model,
                 attempts: 0,
+                failures: 0,
                 pin,
                 state: ActionState::Queued {
                     last_progress_ms: now.ms,
@@ -274,7 +275,10 @@ impl Engine {
         // Hand queued actions back at once (instead of after the ack wait) so that the next
         // scheduler picks them up without delay. Dispatching and running ones stay with
         // their workers.
-        for id in std::mem::take(&mut self.queue) {
+        let waiting = std::mem::take(&mut self.retrying)
+            .into_iter()
+            .map(|(_, id)| id);
+        for id in std::mem::take(&mut self.queue).into_iter().chain(waiting) {
             if let Some(e) = self.actions.remove(&id) {
                 self.out.push(Effect::Nak(e.delivery));
             }

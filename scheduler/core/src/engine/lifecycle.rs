@@ -47,6 +47,8 @@ pub enum ActionState {
         attempt: u32,
         /// When the dispatch was stored.
         stored_ms: u64,
+        /// Its sequence in the dispatch stream (0: unknown).
+        stored_seq: u64,
         /// No result by then: the action is settled as lost.
         deadline_ms: u64,
         /// Heartbeats in a row (counted from a grace after `stored_ms`) that did not list it.
@@ -85,6 +87,8 @@ pub struct Entry {
     pub model: Option<ElasticModel>,
     /// Dispatch attempts made so far.
     pub attempts: u32,
+    /// Dispatch stores that failed in a row (the next attempt waits longer each time).
+    pub failures: u32,
     /// The only worker it may go to, when a baseline confines it (`per-task` opens).
     pub pin: Option<WorkerId>,
     /// Where it is.

@@ -163,6 +163,9 @@ pub struct Engine {
     /// worker reports as a new instance (it fences itself on reading the fence record);
     /// with when the fence was last asked for.
     pub(crate) fenced: BTreeMap<WorkerId, (String, u64)>,
+    /// Actions whose dispatch failed more than once in a row, back in the queue at this
+    /// time (ms), so that a NATS that refuses stores is not hammered.
+    pub(crate) retrying: Vec<(u64, ActionId)>,
     /// Workers an operator cordoned or is draining.
     pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
 }
@@ -207,6 +210,7 @@ impl Engine {
             settled_in: false,
             fenced: BTreeMap::new(),
             cordons: BTreeMap::new(),
+            retrying: Vec::new(),
             stopping: false,
             wake_at: None,
             out: Vec::new(),
@@ -254,7 +258,9 @@ impl Engine {
             Event::Bad(b) => self.on_bad(*b, now),
             Event::Result(r) => self.on_result(*r, now),
             Event::Heartbeat(hb) => self.on_heartbeat(*hb, now),
-            Event::DispatchStored { id, attempt } => self.on_dispatch_stored(&id, attempt, now),
+            Event::DispatchStored { id, attempt, seq } => {
+                self.on_dispatch_stored(&id, attempt, seq, now)
+            }
             Event::DispatchFailed { id, attempt, .. } => self.on_dispatch_failed(&id, attempt, now),
             Event::Tick => self.on_tick(now),
             Event::Reachable => self.on_reachable(now),
@@ -281,6 +287,9 @@ impl Engine {
             earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);
         }
         if let Some(t) = self.next_drain_ms() {
+            earliest(t);
+        }
+        if let Some(t) = self.retrying.iter().map(|(t, _)| *t).min() {
             earliest(t);
         }
         for e in self.actions.values() {

@@ -5,6 +5,12 @@ use super::lifecycle::{ActionState, Booking, Entry, SandboxState};
 use super::{Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
 
+/// The wait before the next attempt after a second failed dispatch store, doubled for each
+/// failure after that, up to [`RETRY_MAX_MS`].
+const RETRY_FIRST_MS: u64 = 50;
+/// The longest wait between dispatch attempts.
+const RETRY_MAX_MS: u64 = 2_000;
+
 impl Engine {
     /// The action and its worker and booking, when it is dispatching this very attempt (an
     /// outcome of an earlier attempt, or of an action settled meanwhile, changes nothing).
@@ -28,11 +34,12 @@ impl Engine {
         }
     }
 
-    pub(crate) fn on_dispatch_stored(&mut self, id: &ActionId, attempt: u32, now: Now) {
+    pub(crate) fn on_dispatch_stored(&mut self, id: &ActionId, attempt: u32, seq: u64, now: Now) {
         let grace = self.config.result_grace_ms;
         let Some((e, worker, booking)) = self.dispatching(id, attempt) else {
             return;
         };
+        e.failures = 0;
         let deadline_ms = now.ms + e.action.timeout_ms + grace;
         let kind = e.action.kind();
         let queued_s = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;
@@ -41,6 +48,7 @@ impl Engine {
             booking,
             attempt,
             stored_ms: now.ms,
+            stored_seq: seq,
             deadline_ms,
             unreported: 0,
         };
@@ -57,6 +65,8 @@ impl Engine {
         let Some((e, worker, booking)) = self.dispatching(id, attempt) else {
             return;
         };
+        e.failures += 1;
+        let failures = e.failures;
         let arrived = e.arrived_ms;
         let last_progress_ms = arrived;
         e.state = ActionState::Queued { last_progress_ms };
@@ -103,12 +113,45 @@ impl Engine {
             }
             return;
         }
-        // Back into its place by arrival.
+        // A first failure is retried at once (the store may have gone through); after that
+        // the action waits, twice as long each time from 50 ms up to 2 s.
+        if failures >= 2 {
+            let wait = (RETRY_FIRST_MS << (failures - 2).min(6)).min(RETRY_MAX_MS);
+            self.retrying.push((now.ms + wait, id.clone()));
+            return;
+        }
+        self.requeue(id);
+    }
+
+    /// Back into the queue in its place by arrival (a queued action that was out of it).
+    pub(crate) fn requeue(&mut self, id: &ActionId) {
+        let Some(arrived) = self
+            .actions
+            .get(id)
+            .filter(|e| matches!(e.state, ActionState::Queued { .. }))
+            .map(|e| e.arrived_ms)
+        else {
+            return;
+        };
         let pos = self
             .queue
             .partition_point(|q| self.actions.get(q).is_some_and(|x| x.arrived_ms <= arrived));
         self.queue.insert(pos, id.clone());
         self.dirty = true;
+    }
+
+    /// Failed dispatches whose wait is over go back into the queue.
+    pub(crate) fn on_retries_due(&mut self, now: Now) {
+        if self.retrying.is_empty() {
+            return;
+        }
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retrying)
+            .into_iter()
+            .partition(|(t, _)| *t <= now.ms);
+        self.retrying = wait;
+        for (_, id) in due {
+            self.requeue(&id);
+        }
     }
 
     pub(crate) fn on_result(&mut self, r: ActionResult, now: Now) {

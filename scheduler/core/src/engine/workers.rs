@@ -106,6 +106,7 @@ impl Engine {
             let ActionState::Running {
                 worker,
                 stored_ms,
+                stored_seq,
                 unreported,
                 ..
             } = &mut e.state
@@ -115,9 +116,16 @@ impl Engine {
             if worker != &hb.worker {
                 continue;
             }
+            // Evidence that the dispatch reached the worker: its sequence is behind what the
+            // worker has taken in. Without sequences, a grace after the store stands in.
+            let delivered = if *stored_seq > 0 && hb.dispatch_seq > 0 {
+                hb.dispatch_seq >= *stored_seq
+            } else {
+                now.ms >= *stored_ms + grace
+            };
             if listed.contains(id) {
                 *unreported = 0;
-            } else if now.ms >= *stored_ms + grace {
+            } else if delivered {
                 *unreported += 1;
                 if *unreported >= UNREPORTED_LIMIT {
                     lost.push(id.clone());
@@ -254,6 +262,7 @@ impl Engine {
 
     pub(crate) fn on_tick(&mut self, now: Now) {
         self.on_drain_deadlines(now);
+        self.on_retries_due(now);
         // Judged at the last confirmation that NATS answered, when there is one: a worker is
         // lost only if it had been silent past its grace while NATS was known to work.
         let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);

@@ -256,6 +256,7 @@ impl Driver<'_> {
             mem_mb,
             running: vec![],
             finished: vec![],
+            dispatch_seq: 0,
             sandboxes: vec![],
             draining: false,
             gpus: None,
@@ -460,6 +461,7 @@ impl Driver<'_> {
                         follow.push(Event::DispatchStored {
                             id: dispatch.action.id.clone(),
                             attempt: dispatch.attempt,
+                            seq: 0,
                         });
                         self.execute(&worker, &dispatch, now);
                     }

@@ -78,6 +78,7 @@ impl Harness {
             mem_mb: mem,
             running: running.iter().map(|r| ActionId::new(*r).unwrap()).collect(),
             finished: vec![],
+            dispatch_seq: 0,
             sandboxes: sandboxes
                 .iter()
                 .map(|(j, t)| SandboxRef {
@@ -118,6 +119,7 @@ impl Harness {
         self.step(Event::DispatchStored {
             id: d.action.id.clone(),
             attempt: d.attempt,
+            seq: 0,
         })
     }
 

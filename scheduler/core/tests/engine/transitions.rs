@@ -435,6 +435,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
         mem_mb: 0,
         running: vec![],
         finished: vec![],
+        dispatch_seq: 0,
         sandboxes: vec![],
         draining: false,
         gpus: Some(tangram_shared::GpuInventory {
@@ -706,6 +707,7 @@ fn an_action_its_worker_finished_lately_is_not_lost_while_its_result_is_on_its_w
             mem_mb: 4096,
             running: vec![],
             finished: vec![id("x1")],
+            dispatch_seq: 0,
             sandboxes: vec![],
             draining: false,
             gpus: None,
@@ -723,4 +725,121 @@ fn an_action_its_worker_finished_lately_is_not_lost_while_its_result_is_on_its_w
     let fx = h.complete(&d, &w);
     assert!(published(&fx).is_empty());
     assert!(h.engine.state_of(&id("x1")).is_none());
+}
+
+/// Regression: while a NATS cluster moved its stream leaders, every dispatch store failed
+/// and each failure re-queued the action at once: one action reached attempt 645 in a few
+/// seconds. The first retry still goes at once; later ones wait, twice as long each time.
+#[test]
+fn repeated_dispatch_failures_back_off_instead_of_retrying_at_once() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let mut d = dispatched(&fx).remove(0).1;
+    let fail = |h: &mut Harness, attempt: u32| {
+        h.step(Event::DispatchFailed {
+            id: id("x1"),
+            attempt,
+            error: "no stream leader".into(),
+        })
+    };
+    // First failure: again at once.
+    let fx = fail(&mut h, d.attempt);
+    d = dispatched(&fx).remove(0).1;
+    assert_eq!(d.attempt, 2);
+    // Second: nothing until 50 ms have passed, then attempt 3.
+    let fx = fail(&mut h, d.attempt);
+    assert!(dispatched(&fx).is_empty(), "{fx:?}");
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::WakeAt(t) if *t <= h.now + 50)));
+    assert!(dispatched(&h.advance(40)).is_empty());
+    let fx = h.advance(10);
+    d = dispatched(&fx).remove(0).1;
+    assert_eq!(d.attempt, 3);
+    // Third: 100 ms.
+    fail(&mut h, d.attempt);
+    assert!(dispatched(&h.advance(90)).is_empty());
+    d = dispatched(&h.advance(10)).remove(0).1;
+    assert_eq!(d.attempt, 4);
+    // A store resets the count: the next failure retries at once again.
+    h.stored(&d);
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    // A stopping engine hands back what waits to be retried.
+    let (_, fx) = h.arrive(exec("x2", "j", "t1", 1, 1));
+    let mut attempt = dispatched(&fx).remove(0).1.attempt;
+    let fx = h.step(Event::DispatchFailed {
+        id: id("x2"),
+        attempt,
+        error: "no stream leader".into(),
+    });
+    attempt = dispatched(&fx).remove(0).1.attempt;
+    let fx = h.step(Event::DispatchFailed {
+        id: id("x2"),
+        attempt,
+        error: "no stream leader".into(),
+    });
+    assert!(dispatched(&fx).is_empty(), "x2 waits to be retried");
+    let fx = h.step(Event::Shutdown);
+    assert_eq!(
+        fx.iter().filter(|e| matches!(e, Effect::Nak(_))).count(),
+        1,
+        "{fx:?}"
+    );
+}
+
+/// Regression: a dispatch that reached its worker later than a grace of three heartbeat
+/// periods (a NATS cluster moving a stream leader) was settled `worker_lost` because
+/// heartbeats did not list it yet, and never ran. An omission now counts only once the
+/// worker reports having taken in the dispatch stream past the action's sequence.
+#[test]
+fn a_dispatch_still_on_its_way_is_not_settled_lost_by_heartbeats_that_omit_it() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let d = dispatched(&fx).remove(0).1;
+    h.step(Event::DispatchStored {
+        id: d.action.id.clone(),
+        attempt: d.attempt,
+        seq: 100,
+    });
+    let beat = |h: &mut Harness, seq: u64| {
+        let hb = Heartbeat {
+            worker: WorkerId::new("w1").unwrap(),
+            instance: "i1".into(),
+            seq: 0,
+            interval_ms: 1_000,
+            cores: 4,
+            mem_mb: 4096,
+            running: vec![],
+            finished: vec![],
+            dispatch_seq: seq,
+            sandboxes: vec![],
+            draining: false,
+            gpus: None,
+            services: vec![],
+            providers: vec![],
+        };
+        h.step(Event::Heartbeat(Box::new(hb)))
+    };
+    // Ten seconds of heartbeats from a worker that has not got that far: still running.
+    let mut fx = Vec::new();
+    for _ in 0..10 {
+        h.now += 1_000;
+        fx.extend(beat(&mut h, 90));
+    }
+    assert!(published(&fx).is_empty(), "{fx:?}");
+    // Taken in and not listed, twice: it is lost.
+    h.now += 1_000;
+    assert!(published(&beat(&mut h, 100)).is_empty());
+    h.now += 1_000;
+    let r = published(&beat(&mut h, 101));
+    assert_eq!(r.len(), 1);
+    assert!(matches!(
+        r[0].outcome,
+        Outcome::InfraError {
+            code: InfraCode::WorkerLost,
+            ..
+        }
+    ));
 }
