@@ -224,6 +224,10 @@ pub fn plain_path(path: &str) -> Option<String> {
     Some(decoded)
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,8 +269,4 @@ mod tests {
         assert!(r.allows("POST", "/search"));
         assert!(!r.allows("POST", "/search/."));
     }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
