@@ -245,6 +245,27 @@ pub enum PublishError {
     },
 }
 
+/// Output above which a result is encoded on a blocking thread.
+const LARGE_RESULT_BYTES: usize = 256 * 1024;
+
+/// The result encoded, its texts cut (prefixes kept, `truncated` set) when it would not fit
+/// in `max` bytes.
+fn encode_to_fit(
+    result: &ActionResult,
+    encoding: Encoding,
+    max: usize,
+) -> Result<Vec<u8>, PublishError> {
+    let payload = codec::encode(result, encoding).map_err(PublishError::Encode)?;
+    if payload.len() + tangram_shared::fit::HEADROOM <= max {
+        return Ok(payload);
+    }
+    let mut fitted = result.clone();
+    tangram_shared::fit::fit(&mut fitted, encoding, max).map_err(PublishError::Encode)?;
+    tracing::warn!(action = %result.id, bytes = payload.len(), max_payload = max,
+        "result cut to fit the server's max_payload");
+    codec::encode(&fitted, encoding).map_err(PublishError::Encode)
+}
+
 /// Publishes an action's result on its subject (`Nats-Msg-Id` = action id, so a repeat inside
 /// the duplicate window is dropped) and waits for JetStream to store it. Retries `attempts`
 /// times with doubling backoff from 100 ms; the last error is returned.
@@ -260,14 +281,17 @@ pub async fn publish_result(
         0 => 1 << 20,
         m => m,
     };
-    let mut payload = codec::encode(result, encoding).map_err(PublishError::Encode)?;
-    if payload.len() + tangram_shared::fit::HEADROOM > max {
-        let mut fitted = result.clone();
-        tangram_shared::fit::fit(&mut fitted, encoding, max).map_err(PublishError::Encode)?;
-        tracing::warn!(action = %result.id, bytes = payload.len(), max_payload = max,
-            "result cut to fit the server's max_payload");
-        payload = codec::encode(&fitted, encoding).map_err(PublishError::Encode)?;
-    }
+    // Encoding (and cutting) megabytes of output is CPU work: off the async threads, so
+    // that heartbeats and other actions are not held up by it.
+    let large = result.stdout.len() + result.stderr.len() > LARGE_RESULT_BYTES;
+    let payload = if large {
+        let owned = result.clone();
+        tokio::task::spawn_blocking(move || encode_to_fit(&owned, encoding, max))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?
+    } else {
+        encode_to_fit(result, encoding, max)?
+    };
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());

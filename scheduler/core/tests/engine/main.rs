@@ -69,7 +69,20 @@ impl Harness {
         running: &[&str],
         sandboxes: &[(&str, &str)],
     ) -> Vec<Effect> {
-        let hb = Heartbeat {
+        let hb = self.heartbeat_of(w, cores, mem, running, sandboxes);
+        self.step(Event::Heartbeat(Box::new(hb)))
+    }
+
+    /// The heartbeat [`Harness::heartbeat`] sends, for a test to change before sending.
+    pub fn heartbeat_of(
+        &self,
+        w: &str,
+        cores: u32,
+        mem: u64,
+        running: &[&str],
+        sandboxes: &[(&str, &str)],
+    ) -> Heartbeat {
+        Heartbeat {
             worker: WorkerId::new(w).unwrap(),
             instance: self.instance.get(w).cloned().unwrap_or_else(|| "i1".into()),
             seq: 0,
@@ -91,8 +104,7 @@ impl Harness {
             gpus: None,
             services: vec![],
             providers: vec![],
-        };
-        self.step(Event::Heartbeat(Box::new(hb)))
+        }
     }
 
     /// Submits an action; returns its delivery and the effects.

@@ -698,22 +698,8 @@ fn an_action_its_worker_finished_lately_is_not_lost_while_its_result_is_on_its_w
     let mut fx = Vec::new();
     for _ in 0..10 {
         h.now += 1_000;
-        let hb = Heartbeat {
-            worker: WorkerId::new("w1").unwrap(),
-            instance: "i1".into(),
-            seq: 0,
-            interval_ms: 1_000,
-            cores: 4,
-            mem_mb: 4096,
-            running: vec![],
-            finished: vec![id("x1")],
-            dispatch_seq: 0,
-            sandboxes: vec![],
-            draining: false,
-            gpus: None,
-            services: vec![],
-            providers: vec![],
-        };
+        let mut hb = h.heartbeat_of("w1", 4, 4096, &[], &[]);
+        hb.finished = vec![id("x1")];
         fx.extend(h.step(Event::Heartbeat(Box::new(hb))));
     }
     assert!(
@@ -804,22 +790,8 @@ fn a_dispatch_still_on_its_way_is_not_settled_lost_by_heartbeats_that_omit_it() 
         seq: 100,
     });
     let beat = |h: &mut Harness, seq: u64| {
-        let hb = Heartbeat {
-            worker: WorkerId::new("w1").unwrap(),
-            instance: "i1".into(),
-            seq: 0,
-            interval_ms: 1_000,
-            cores: 4,
-            mem_mb: 4096,
-            running: vec![],
-            finished: vec![],
-            dispatch_seq: seq,
-            sandboxes: vec![],
-            draining: false,
-            gpus: None,
-            services: vec![],
-            providers: vec![],
-        };
+        let mut hb = h.heartbeat_of("w1", 4, 4096, &[], &[]);
+        hb.dispatch_seq = seq;
         h.step(Event::Heartbeat(Box::new(hb)))
     };
     // Ten seconds of heartbeats from a worker that has not got that far: still running.
