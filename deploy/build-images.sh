@@ -9,7 +9,8 @@
 #   tangram/nats:<nats version>     static nats-server on an empty root, as nobody
 #   tangram/scheduler:<tag>         empty root + the C runtime, as nobody
 #   tangram/worker:<tag>            empty root + the C runtime, as root (host Docker, cgroups)
-#   tangram/gpu-worker:<tag>        the sandbox base (Python) + the worker, as nobody
+#   tangram/gpu-worker:<tag>        the sandbox base (Python) + the worker, the reference
+#                                   replica and the search stand-in, as nobody
 # Every image also holds the `tangram` CLI (health checks: `tangram probe`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -76,7 +77,7 @@ build "tangram/worker:$TAG" worker.Dockerfile "$work/worker"
 mkdir -p "$work/gpu/root/usr/local/bin" "$work/gpu/root/opt/tangram"
 cp "$bin/tangram-worker" "$bin/tangram" "$work/gpu/root/usr/local/bin/"
 if command -v strip >/dev/null; then strip --strip-debug "$work/gpu/root/usr/local/bin/"*; fi
-cp services/reference-replica/replica.py "$work/gpu/root/opt/tangram/replica.py"
+cp services/reference-replica/replica.py services/search-standin/search.py "$work/gpu/root/opt/tangram/"
 build "tangram/gpu-worker:$TAG" gpu-worker.Dockerfile "$work/gpu" --build-arg "BASE=$BASE"
 
 # Earlier builds of these tags are left untagged: remove them.

@@ -5,7 +5,7 @@ It searches a small built-in corpus (notes on Python's standard library and test
 term overlap and answers JSON, under its own rate limit (a token bucket: 429 beyond it) and
 with a bearer token check, the way a hosted search provider would.
 
-    python3 search.py --port 8300 [--rate 50] [--burst 10] [--token SECRET]
+    python3 search.py --port 8300 [--rate 50] [--burst 10] [--token SECRET] [--request-log F]
 
     GET /search?q=reverse+a+string&k=3  ->  {"query": ..., "hits": [{"title", "snippet", "score"}]}
     GET /health
@@ -68,7 +68,9 @@ class Bucket:
             return False
 
 
-def make_handler(bucket, token, stats):
+def make_handler(bucket, token, stats, request_log=None):
+    log_lock = threading.Lock()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Keep-alive clients must not wait on Nagle's algorithm: a response written as headers
@@ -113,6 +115,10 @@ def make_handler(bucket, token, stats):
             scored = sorted(((len(want & ts) / (len(ts) ** 0.5), t, s) for t, s, ts in INDEX), reverse=True)
             hits = [{"title": t, "snippet": s, "score": round(sc, 4)} for sc, t, s in scored[:k] if sc > 0]
             stats["served"] += 1
+            if request_log:
+                # One line per served request (its target): the fault suite counts effects.
+                with log_lock, open(request_log, "a") as f:
+                    f.write(self.path + "\n")
             self.reply(200, {"query": query, "hits": hits})
 
     return Handler
@@ -125,9 +131,16 @@ def main():
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--burst", type=float, default=10.0)
     ap.add_argument("--token", default="")
+    ap.add_argument("--token-file", help="read the bearer token from this file instead")
+    ap.add_argument("--request-log", help="append every served request's target to this file (tests)")
     args = ap.parse_args()
     stats = {"served": 0, "rate_limited": 0, "unauthorized": 0}
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(Bucket(args.rate, args.burst), args.token, stats))
+    token = args.token
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    handler = make_handler(Bucket(args.rate, args.burst), token, stats, args.request_log)
+    server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
     print(json.dumps({"event": "ready", "port": server.server_address[1]}), flush=True)
     server.serve_forever()

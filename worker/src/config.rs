@@ -71,6 +71,8 @@ pub struct RawConfig {
     pub service: Option<Vec<ServiceConfig>>,
     /// External API providers this worker calls.
     pub provider: Option<Vec<ProviderConfig>>,
+    /// Take the id and seed from a pool instead of `id` (interchangeable workers).
+    pub pool: Option<crate::pool::RawPool>,
 }
 
 /// The `[gpu]` table.
@@ -277,7 +279,31 @@ impl RawConfig {
             gpu: over.gpu.or(self.gpu),
             service: over.service.or(self.service),
             provider: over.provider.or(self.provider),
+            pool: over.pool.or(self.pool),
         }
+    }
+
+    /// With `[pool]`: claims a free id of the pool and sets `id` and the seed from it. The
+    /// claim holds the id until it is dropped; keep it for as long as the worker runs.
+    pub fn claim_from_pool(mut self) -> Result<(Self, Option<crate::pool::Claim>), ConfigError> {
+        let Some(pool) = self.pool.take() else {
+            return Ok((self, None));
+        };
+        if self.id.is_some() {
+            return conflict("pool", "a pooled worker takes its id from the pool; give id or [pool], not both");
+        }
+        if self.nats.as_ref().is_some_and(|n| n.nkey_file.is_some()) {
+            return conflict("pool", "a pooled worker takes its seed from the pool; drop nats.nkey_file");
+        }
+        let claim = crate::pool::claim(&pool).map_err(|e| ConfigError::Invalid {
+            field: "pool",
+            why: e.to_string(),
+        })?;
+        self.id = Some(claim.id.clone());
+        let mut nats = self.nats.take().unwrap_or_default();
+        nats.nkey_file = Some(claim.seed.clone());
+        self.nats = Some(nats);
+        Ok((self, Some(claim)))
     }
 
     /// Checks every field and fills defaults.

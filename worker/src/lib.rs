@@ -19,6 +19,7 @@ pub mod docker;
 pub mod gpu;
 pub mod metrics;
 pub mod pacer;
+pub mod pool;
 pub mod providers;
 mod runtime;
 pub mod sandbox;

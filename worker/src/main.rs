@@ -86,9 +86,20 @@ fn main() -> ExitCode {
         Some(p) => RawConfig::from_file(p),
         None => Ok(RawConfig::default()),
     };
-    // flags and env (clap merges those two) > file > defaults.
-    let config = match file.and_then(|f| f.merge(flags).validate()) {
-        Ok(c) => c,
+    // flags and env (clap merges those two) > file > defaults. A pooled worker claims its
+    // id first and holds the claim until it exits.
+    let config = match file
+        .and_then(|f| f.merge(flags).claim_from_pool())
+        .and_then(|(raw, claim)| Ok((raw.validate()?, claim)))
+    {
+        Ok((c, claim)) => {
+            if let Some(claim) = claim {
+                eprintln!("tangram-worker: took id {} from the pool", claim.id);
+                // Held for the life of the process: the kernel frees the id when it ends.
+                std::mem::forget(claim);
+            }
+            c
+        }
         Err(e) => {
             eprintln!(
                 "tangram-worker: invalid configuration: {:#}",
