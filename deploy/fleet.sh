@@ -11,14 +11,19 @@
 #   bash deploy/fleet.sh drain ID      drain one worker (tangram drain), leave it cordoned
 #   bash deploy/fleet.sh env           the variables a shell needs to use the fleet
 #   bash deploy/fleet.sh logs [SVC]    the containers' logs
+#   bash deploy/fleet.sh compose ...   docker-compose on the fleet's project (kill, start...)
 #   bash deploy/fleet.sh down          stop everything, remove its containers and volumes
 #
 # Settings (environment): TANGRAM_FLEET_DIR (.tangram-fleet), TANGRAM_FLEET_PROJECT
 # (tangram-fleet), TANGRAM_FLEET_PORT (4222: the servers get it and the next two),
 # TANGRAM_FLEET_POOL (8: CPU worker ids cpu-1..cpu-8, the most `scale` can reach),
 # TANGRAM_FLEET_POLICY (tangram), TANGRAM_FLEET_CPU_MEM_MB (4096 per worker),
+# TANGRAM_FLEET_REBUILD (set: rebuild the images on `up` even if present),
 # TANGRAM_FLEET_SEARCH_RATE (200 requests/s), TANGRAM_FLEET_LOG (RUST_LOG in containers),
-# TANGRAM_BIN_DIR (binaries for the images: target/debug, built if missing).
+# TANGRAM_FLEET_ID_PREFIX (put before every worker id, for two fleets on one host: worker
+# ids must be unique per Docker host, since a starting worker removes the sandboxes
+# labelled with its id), TANGRAM_BIN_DIR (binaries for the images: target/debug, built if
+# missing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 FLEET_DIR=${TANGRAM_FLEET_DIR:-$root/.tangram-fleet}
@@ -26,6 +31,8 @@ mkdir -p "$FLEET_DIR"
 FLEET_DIR=$(cd "$FLEET_DIR" && pwd)
 PROJECT=${TANGRAM_FLEET_PROJECT:-tangram-fleet}
 PORT=${TANGRAM_FLEET_PORT:-4222}
+P=${TANGRAM_FLEET_ID_PREFIX:-}
+GPU_ID=${P}gpu-1
 POOL=${TANGRAM_FLEET_POOL:-8}
 BIN=${TANGRAM_BIN_DIR:-$root/target/debug}
 tangram=$BIN/tangram
@@ -42,13 +49,17 @@ compose() { docker-compose -p "$PROJECT" -f "$root/deploy/compose/docker-compose
 op() { TANGRAM_NATS_URL=$URL TANGRAM_NKEY_FILE=$FLEET_DIR/creds/operator.nk "$tangram" "$@"; }
 die() { echo "fleet: $*" >&2; exit 1; }
 
-pool_ids() { seq -f "cpu-%g" 1 "$POOL" | paste -sd, -; }
+pool_ids() { seq -f "${P}cpu-%g" 1 "$POOL" | paste -sd, -; }
 
 # Images and the CLI, when missing.
 ensure_built() {
   if [ ! -x "$tangram" ] || [ ! -x "$BIN/tangram-worker" ] || [ ! -x "$BIN/tangram-rollout" ]; then
     [ -n "${TANGRAM_BIN_DIR:-}" ] && die "$BIN lacks the binaries"
     (cd "$root" && cargo build --locked --bins --quiet)
+  fi
+  if [ -n "${TANGRAM_FLEET_REBUILD:-}" ]; then
+    TANGRAM_BIN_DIR=$BIN bash "$root/deploy/build-images.sh"
+    return
   fi
   local img
   for img in "tangram/nats:$TANGRAM_NATS_TAG" "tangram/scheduler:$TANGRAM_IMAGE_TAG" \
@@ -63,24 +74,28 @@ ensure_built() {
 # Credentials (kept across runs) and the rendered configs.
 prepare() {
   local creds=$FLEET_DIR/creds
-  "$tangram" creds --dir "$creds" --workers "$(pool_ids),gpu-1" --jobs "${TANGRAM_FLEET_JOBS:-}" >/dev/null
+  "$tangram" creds --dir "$creds" --workers "$(pool_ids),$GPU_ID" --jobs "${TANGRAM_FLEET_JOBS:-}" >/dev/null
   [ -s "$creds/search.key" ] || { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; echo; } > "$creds/search.key"
-  # The pool's folder holds the CPU workers' seeds and nothing else.
-  rm -rf "$creds/pool" && mkdir -m 0700 "$creds/pool"
-  cp -p "$creds"/worker-cpu-*.nk "$creds/pool/"
+  # The pool's folder holds the CPU workers' seeds and nothing else; the GPU worker's
+  # folder its own seed.
+  rm -rf "$creds/pool" "$creds/gpu" && mkdir -m 0700 "$creds/pool" "$creds/gpu"
+  cp -p "$creds"/worker-"${P}"cpu-*.nk "$creds/pool/"
+  cp -p "$creds/worker-$GPU_ID.nk" "$creds/gpu/"
   # The scheduler, the GPU worker and the search stand-in run as nobody (65534): their
   # files are theirs. The folder itself stays the operator's, mode 0700.
   local f
-  for f in scheduler.nk worker-gpu-1.nk search.key; do
+  for f in scheduler.nk "gpu/worker-$GPU_ID.nk" search.key; do
     if [ "$(id -u)" = 0 ]; then chown 65534:65534 "$creds/$f"; chmod 0400 "$creds/$f"
     else chmod 0644 "$creds/$f"; fi
   done
+  if [ "$(id -u)" = 0 ]; then chown 65534:65534 "$creds/gpu"; else chmod 0755 "$creds/gpu"; fi
   mkdir -p "$FLEET_DIR/config" "$FLEET_DIR/effects"
   chmod 0777 "$FLEET_DIR/effects"
   local c=$root/deploy/compose
   cp "$c/nats.conf" "$FLEET_DIR/config/nats.conf"
   sed "s|@POLICY@|${TANGRAM_FLEET_POLICY:-tangram}|" "$c/scheduler.toml" > "$FLEET_DIR/config/scheduler.toml"
   sed -e "s|@CPU_MEM_MB@|${TANGRAM_FLEET_CPU_MEM_MB:-4096}|" -e "s|@FLEET_DIR@|$FLEET_DIR|" \
+    -e "s|@ID_PREFIX@|$P|" \
     "$c/cpu-worker.toml" > "$FLEET_DIR/config/cpu-worker.toml"
   local services="" s
   for s in ${TANGRAM_FLEET_SERVICES:-judge teacher-code teacher-style}; do
@@ -95,10 +110,11 @@ slots = 8
 start_timeout_ms = 30000
 "
   done
-  python3 - "$c/gpu-worker.toml" "$FLEET_DIR/config/gpu-worker.toml" "$services" "$TANGRAM_FLEET_SEARCH_RATE" <<'PY'
+  python3 - "$c/gpu-worker.toml" "$FLEET_DIR/config/gpu-worker.toml" "$services" "$TANGRAM_FLEET_SEARCH_RATE" "$GPU_ID" <<'PY'
 import sys
-src, dst, services, rate = sys.argv[1:]
+src, dst, services, rate, gpu_id = sys.argv[1:]
 text = open(src).read().replace("@SERVICES@", services).replace("@SEARCH_RATE@", str(float(rate)))
+text = text.replace("@GPU_ID@", gpu_id)
 open(dst, "w").write(text)
 PY
 }
@@ -111,8 +127,8 @@ wait_ready() {
 import json, sys
 st = json.load(sys.stdin)
 ids = [w["id"] for w in st["workers"] if not w.get("draining")]
-cpu = [i for i in ids if i.startswith("cpu-")]
-print(len(cpu), "gpu-1" in ids, ",".join(sorted(ids)))' 2>/dev/null); then
+cpu = [i for i in ids if i.startswith(sys.argv[1] + "cpu-")]
+print(len(cpu), sys.argv[1] + "gpu-1" in ids, ",".join(sorted(ids)))' "$P" 2>/dev/null); then
       set -- $seen
       if [ "$1" -ge "$n" ] && [ "$2" = True ]; then echo "workers: $3"; return 0; fi
     fi
@@ -196,10 +212,13 @@ case "$cmd" in
   logs)
     compose logs --no-color "$@"
     ;;
+  compose)
+    compose "$@"
+    ;;
   down)
     compose down -v --remove-orphans -t 40 || true
     # Sandboxes are the host engine's containers: remove any a killed worker left.
-    for id in $(pool_ids | tr , ' '); do
+    for id in $(pool_ids | tr , ' ') "$GPU_ID"; do
       docker ps -aq --filter "label=tangram.worker=$id" | xargs -r docker rm -f >/dev/null
     done
     echo "fleet $PROJECT is down (credentials kept in $FLEET_DIR/creds)"

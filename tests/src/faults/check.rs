@@ -1,8 +1,6 @@
 //! Counting: every acknowledged action against its stored results and its effects.
 
-use super::fleet::Fleet;
 use super::workload::Submitted;
-use super::Fault;
 use async_nats::jetstream;
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -55,6 +53,9 @@ pub struct Report {
     pub recovered_at_s: f64,
     /// Seconds the whole workload took.
     pub total_s: f64,
+    /// The longest time no result came, in seconds: how long the fault stalled the
+    /// rollouts.
+    pub longest_stall_s: f64,
     /// Ids of the lost and duplicated actions.
     #[serde(skip)]
     pub flagged: Vec<String>,
@@ -70,22 +71,52 @@ impl Report {
     }
 }
 
+/// The effects that happened, by action id.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Marks sandbox execs left (one line per run).
+    pub execs: BTreeMap<String, usize>,
+    /// Inputs the reward replicas scored.
+    pub rewards: BTreeMap<String, usize>,
+    /// Requests the provider served (by their `id` query parameter).
+    pub calls: BTreeMap<String, usize>,
+}
+
+impl Effects {
+    /// Reads the exec marks and the replicas' request log (one id per line), and counts
+    /// the provider's requests by their targets.
+    pub fn read(
+        exec_marks: &std::path::Path,
+        replica_log: &std::path::Path,
+        api_targets: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let mut calls: BTreeMap<String, usize> = BTreeMap::new();
+        for target in api_targets {
+            if let Some(id) = query_value(&target, "id") {
+                *calls.entry(id).or_default() += 1;
+            }
+        }
+        Self {
+            execs: count_lines(exec_marks),
+            rewards: count_lines(replica_log),
+            calls,
+        }
+    }
+}
+
 /// Classifies every acknowledged action.
 pub(super) async fn classify(
-    fleet: &Fleet,
+    fault: &'static str,
+    effects: &Effects,
     client: &crate::Client,
-    fault: Fault,
     submitted: Vec<Submitted>,
 ) -> anyhow::Result<Report> {
     let stored = stored_results(client).await?;
-    let execs = count_lines(&fleet.effects_log());
-    let rewards = count_lines(&fleet.replica_log());
-    let mut calls: BTreeMap<String, usize> = BTreeMap::new();
-    for seen in fleet.api.seen() {
-        if let Some(id) = query_value(&seen.target, "id") {
-            *calls.entry(id).or_default() += 1;
-        }
-    }
+    let Effects {
+        execs,
+        rewards,
+        calls,
+    } = effects;
     let mut by_kind: BTreeMap<&'static str, Tally> = BTreeMap::new();
     let mut outcomes = BTreeMap::new();
     let mut examples = Vec::new();
@@ -147,7 +178,7 @@ pub(super) async fn classify(
         total.add(t);
     }
     Ok(Report {
-        fault: fault.name(),
+        fault,
         total,
         by_kind,
         outcomes,
@@ -155,6 +186,7 @@ pub(super) async fn classify(
         struck_at_s: 0.0,
         recovered_at_s: 0.0,
         total_s: 0.0,
+        longest_stall_s: 0.0,
         flagged,
         evidence: Vec::new(),
     })

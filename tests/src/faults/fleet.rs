@@ -315,7 +315,7 @@ impl Fleet {
 }
 
 /// Whether `line` names one of `ids` as a whole token (`t1-r1` is not named by `t1-r10`).
-fn names_any(line: &str, ids: &[String]) -> bool {
+pub(super) fn names_any(line: &str, ids: &[String]) -> bool {
     line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         .any(|tok| ids.iter().any(|id| id == tok))
 }

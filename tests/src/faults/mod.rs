@@ -12,6 +12,7 @@
 //! The suite passes only with zero lost and zero duplicated. See docs/RELIABILITY.md.
 
 mod check;
+pub mod compose;
 mod fleet;
 pub mod proxy;
 mod workload;
@@ -130,8 +131,13 @@ pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     let struck_at = started.elapsed();
     strike(&mut fleet, &client, fault, size).await?;
     let recovered_at = started.elapsed();
-    let submitted = workload.finish(Duration::from_secs(600)).await?;
-    let mut report = check::classify(&fleet, &client, fault, submitted).await?;
+    let finished = workload.finish(Duration::from_secs(600)).await?;
+    let effects = check::Effects::read(
+        &fleet.effects_log(),
+        &fleet.replica_log(),
+        fleet.api.seen().into_iter().map(|s| s.target),
+    );
+    let mut report = check::classify(fault.name(), &effects, &client, finished.submitted).await?;
     if !report.clean() {
         report.evidence = fleet.log_lines_naming(&report.flagged, EVIDENCE_LINES);
     }
@@ -139,6 +145,7 @@ pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
         struck_at_s: struck_at.as_secs_f64(),
         recovered_at_s: recovered_at.as_secs_f64(),
         total_s: started.elapsed().as_secs_f64(),
+        longest_stall_s: finished.longest_stall.as_secs_f64(),
         ..report
     })
 }

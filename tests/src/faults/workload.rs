@@ -10,7 +10,7 @@ use super::Size;
 use crate::build::{api, close, exec, open, reward};
 use crate::Client;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tangram_shared::{Action, ActionId, ActionResult, ActionSpec, InfraCode, Outcome, RejectCode};
 use tokio::task::JoinSet;
@@ -30,27 +30,67 @@ pub struct Submitted {
     pub result: Option<ActionResult>,
 }
 
+/// How many results have come, and when each came.
+#[derive(Debug)]
+struct Progress {
+    done: AtomicUsize,
+    started: Instant,
+    at: Mutex<Vec<Instant>>,
+}
+
+impl Progress {
+    fn record(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.at.lock().expect("progress lock").push(Instant::now());
+    }
+}
+
 /// A running workload.
 #[derive(Debug)]
 pub struct Workload {
     tasks: JoinSet<anyhow::Result<Vec<Submitted>>>,
-    done: Arc<AtomicUsize>,
+    progress: Arc<Progress>,
     expected: usize,
 }
 
+/// What a finished workload leaves.
+#[derive(Debug)]
+pub struct Finished {
+    /// Every acknowledged action.
+    pub submitted: Vec<Submitted>,
+    /// The longest time with no result coming, from the start to the last result.
+    pub longest_stall: Duration,
+}
+
 impl Workload {
-    /// Starts `size.trajectories` rollouts.
+    /// Starts `size.trajectories` rollouts (no credentials, trajectory ids `t0`, `t1`...).
     pub async fn start(url: &str, job: &str, size: Size) -> anyhow::Result<Self> {
-        let done = Arc::new(AtomicUsize::new(0));
+        Self::start_with(url, &Default::default(), job, "", size).await
+    }
+
+    /// Starts `size.trajectories` rollouts with credentials; trajectory (and so action) ids
+    /// start with `prefix`, so that runs sharing one cluster never share a `Nats-Msg-Id`.
+    pub async fn start_with(
+        url: &str,
+        creds: &tangram_nats::auth::Credentials,
+        job: &str,
+        prefix: &str,
+        size: Size,
+    ) -> anyhow::Result<Self> {
+        let progress = Arc::new(Progress {
+            done: AtomicUsize::new(0),
+            started: Instant::now(),
+            at: Mutex::new(Vec::new()),
+        });
         let mut tasks = JoinSet::new();
         for t in 0..size.trajectories {
-            let client = Client::connect(url, job).await?;
-            let done = done.clone();
-            tasks.spawn(trajectory(client, format!("t{t}"), size.steps, done));
+            let client = Client::connect_with(url, job, creds).await?;
+            let progress = progress.clone();
+            tasks.spawn(trajectory(client, format!("{prefix}t{t}"), size.steps, progress));
         }
         Ok(Self {
             tasks,
-            done,
+            progress,
             expected: size.trajectories * (2 + 3 * size.steps),
         })
     }
@@ -59,7 +99,7 @@ impl Workload {
     pub async fn wait_progress(&self, fraction: f64, within: Duration) -> anyhow::Result<()> {
         let want = (self.expected as f64 * fraction) as usize;
         let deadline = Instant::now() + within;
-        while self.done.load(Ordering::Relaxed) < want {
+        while self.progress.done.load(Ordering::Relaxed) < want {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the workload made no progress to {want} results within {within:?}"
@@ -70,7 +110,7 @@ impl Workload {
     }
 
     /// Waits for every trajectory to end; returns every acknowledged action.
-    pub async fn finish(mut self, within: Duration) -> anyhow::Result<Vec<Submitted>> {
+    pub async fn finish(mut self, within: Duration) -> anyhow::Result<Finished> {
         let mut out = Vec::new();
         let deadline = Instant::now() + within;
         while let Some(r) = tokio::time::timeout_at(deadline, self.tasks.join_next())
@@ -79,7 +119,18 @@ impl Workload {
         {
             out.extend(r??);
         }
-        Ok(out)
+        let mut at = self.progress.at.lock().expect("progress lock").clone();
+        at.sort();
+        let mut last = self.progress.started;
+        let mut longest_stall = Duration::ZERO;
+        for t in at {
+            longest_stall = longest_stall.max(t.saturating_duration_since(last));
+            last = t;
+        }
+        Ok(Finished {
+            submitted: out,
+            longest_stall,
+        })
     }
 }
 
@@ -87,7 +138,7 @@ async fn trajectory(
     c: Client,
     traj: String,
     steps: usize,
-    done: Arc<AtomicUsize>,
+    progress: Arc<Progress>,
 ) -> anyhow::Result<Vec<Submitted>> {
     let job = c.job.to_string();
     let mut log = Vec::new();
@@ -95,27 +146,27 @@ async fn trajectory(
     let mut need_open = true;
     for step in 0..steps {
         if need_open {
-            need_open = !open_sandbox(&c, &job, &traj, &mut opens, &mut log, &done).await?;
+            need_open = !open_sandbox(&c, &job, &traj, &mut opens, &mut log, &progress).await?;
         }
         let id = format!("{traj}-x{step}");
         let script = format!("echo {id} >> /effects/log && sleep 0.2");
         let a = exec(&id, &job, &traj, &["sh", "-c", &script], 1, 1);
-        let r = submit_and_wait(&c, a, "exec", &mut log, &done).await?;
+        let r = submit_and_wait(&c, a, "exec", &mut log, &progress).await?;
         if r.as_ref().is_some_and(sandbox_gone) {
             need_open = true;
         }
         let id = format!("{traj}-r{step}");
         let a = reward(&id, &job, &traj, SERVICE, &[&id]);
-        submit_and_wait(&c, a, "reward", &mut log, &done).await?;
+        submit_and_wait(&c, a, "reward", &mut log, &progress).await?;
         let id = format!("{traj}-a{step}");
         let mut a = api(&id, &job, &traj, PROVIDER, "/search");
         if let ActionSpec::Api(call) = &mut a.spec {
             call.query.insert("id".into(), id.clone());
         }
-        submit_and_wait(&c, a, "api", &mut log, &done).await?;
+        submit_and_wait(&c, a, "api", &mut log, &progress).await?;
     }
     let id = format!("{traj}-close");
-    submit_and_wait(&c, close(&id, &job, &traj), "close", &mut log, &done).await?;
+    submit_and_wait(&c, close(&id, &job, &traj), "close", &mut log, &progress).await?;
     Ok(log)
 }
 
@@ -126,11 +177,11 @@ async fn open_sandbox(
     traj: &str,
     opens: &mut u32,
     log: &mut Vec<Submitted>,
-    done: &AtomicUsize,
+    progress: &Progress,
 ) -> anyhow::Result<bool> {
     *opens += 1;
     let id = format!("{traj}-open{opens}");
-    let r = submit_and_wait(c, open(&id, job, traj), "open", log, done).await?;
+    let r = submit_and_wait(c, open(&id, job, traj), "open", log, progress).await?;
     Ok(match r.map(|r| r.outcome) {
         Some(Outcome::Completed { exit_code: 0 }) => true,
         // Still open from before (the loss that prompted this open was of a command).
@@ -163,7 +214,7 @@ async fn submit_and_wait(
     a: Action,
     kind: &'static str,
     log: &mut Vec<Submitted>,
-    done: &AtomicUsize,
+    progress: &Progress,
 ) -> anyhow::Result<Option<ActionResult>> {
     let deadline = Instant::now() + RESULT_WAIT;
     loop {
@@ -186,7 +237,7 @@ async fn submit_and_wait(
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }
-    done.fetch_add(1, Ordering::Relaxed);
+    progress.record();
     log.push(Submitted {
         id: a.id.clone(),
         kind,

@@ -1,0 +1,30 @@
+//! The multi-host fault tests, on the docker-compose fleet (`deploy/fleet.sh`): one fleet
+//! (three clustered NATS servers with R3 streams, two schedulers, CPU workers from the id
+//! pool, a GPU worker, the search stand-in, each a container) meets five faults in turn,
+//! each under its own run of the mixed workload: a NATS node killed, a worker cut off the
+//! network, the leader's container killed, a rolling restart of every worker, and scaling
+//! from two CPU workers to six and back. Every acknowledged action must end ok: none lost,
+//! none duplicated; the longest stall of each run is reported (docs/RELIABILITY.md).
+//! `cargo run -p tangram-tests --bin tangram-faults -- --fleet --actions 2000` runs larger
+//! versions.
+
+use tangram_tests::faults::compose::{self, ComposeFleet, FleetFault};
+use tangram_tests::faults::Size;
+
+/// Actions per fault (five faults).
+const ACTIONS: usize = 240;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_compose_fleet_loses_and_doubles_nothing_through_five_faults() -> anyhow::Result<()> {
+    let fleet = tokio::task::spawn_blocking(|| ComposeFleet::up("fleettest")).await??;
+    let mut unclean = Vec::new();
+    for fault in FleetFault::ALL {
+        let report = compose::run(&fleet, fault, Size::about(ACTIONS, 12)).await?;
+        println!("{}", serde_json::to_string(&report)?);
+        if !report.clean() || report.total.acked < ACTIONS * 9 / 10 {
+            unclean.push(format!("{report:#?}"));
+        }
+    }
+    assert!(unclean.is_empty(), "{}", unclean.join("\n"));
+    Ok(())
+}
