@@ -33,6 +33,8 @@ pub struct RawConfig {
     /// After start, how long to wait for worker heartbeats before rejecting actions as
     /// `no_sandbox` or `unsatisfiable`, in milliseconds.
     pub settle_ms: Option<u64>,
+    /// After a worker is lost, how long actions only it could take wait for it to return.
+    pub worker_rejoin_ms: Option<u64>,
     /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
@@ -73,6 +75,8 @@ pub struct Config {
     pub policy: String,
     /// Wait for heartbeats after start before rejecting on cluster knowledge.
     pub settle: Duration,
+    /// After a worker is lost, how long actions only it could take wait for it.
+    pub worker_rejoin: Duration,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: std::collections::BTreeMap<String, f64>,
     /// Cores per sandbox under `static`.
@@ -189,6 +193,7 @@ impl RawConfig {
                 .or(self.worker_missed_heartbeats),
             policy: over.policy.or(self.policy),
             settle_ms: over.settle_ms.or(self.settle_ms),
+            worker_rejoin_ms: over.worker_rejoin_ms.or(self.worker_rejoin_ms),
             job_weights: over.job_weights.or(self.job_weights),
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
@@ -332,6 +337,7 @@ impl RawConfig {
             worker_missed_heartbeats,
             policy,
             settle: Duration::from_millis(self.settle_ms.unwrap_or(DEFAULT_SETTLE_MS)),
+            worker_rejoin: Duration::from_millis(self.worker_rejoin_ms.unwrap_or(30_000)),
         })
     }
 }

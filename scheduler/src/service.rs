@@ -371,6 +371,7 @@ async fn lead(
         static_cores: config.static_cores,
         missed_heartbeats: config.worker_missed_heartbeats,
         settle_ms: config.settle.as_millis() as u64,
+        rejoin_ms: config.worker_rejoin.as_millis() as u64,
         job_weights: config.job_weights.clone(),
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.

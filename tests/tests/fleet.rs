@@ -4,7 +4,7 @@
 //! each under its own run of the mixed workload: a NATS node killed, a worker cut off the
 //! network, the leader's container killed, a rolling restart of every worker, and scaling
 //! from two CPU workers to six and back. Every acknowledged action must end ok: none lost,
-//! none duplicated; the longest stall of each run is reported (docs/RELIABILITY.md).
+//! none duplicated. First the main job's rollout runs on it as a user would run it; the longest stall of each run is reported (docs/RELIABILITY.md).
 //! `cargo run -p tangram-tests --bin tangram-faults -- --fleet --actions 2000` runs larger
 //! versions.
 
@@ -17,6 +17,17 @@ const ACTIONS: usize = 240;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_compose_fleet_loses_and_doubles_nothing_through_five_faults() -> anyhow::Result<()> {
     let fleet = tokio::task::spawn_blocking(|| ComposeFleet::up("fleettest")).await??;
+    // The main job's rollout runs against it as a user would run it.
+    let out = fleet.script(&["rollout", "--trajectories", "4", "--turns", "2"])?;
+    let expected = out
+        .lines()
+        .find_map(|l| l.split("passed; ").nth(1)?.split(' ').next())
+        .and_then(|f| f.split_once('/'))
+        .map(|(a, b)| (a.to_string(), b.to_string()));
+    assert!(
+        matches!(&expected, Some((a, b)) if a == b && b != "0"),
+        "every test of the rollout must come out as expected: {out}"
+    );
     let mut unclean = Vec::new();
     for fault in FleetFault::ALL {
         let report = compose::run(&fleet, fault, Size::about(ACTIONS, 12)).await?;

@@ -445,6 +445,34 @@ mod tests {
             .validate()
     }
 
+    #[test]
+    fn a_pooled_worker_takes_id_and_seed_from_the_pool_and_refuses_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let seeds = dir.path().join("creds");
+        std::fs::create_dir(&seeds).unwrap();
+        std::fs::write(seeds.join("worker-cpu-1.nk"), "SU...\n").unwrap();
+        let pool = format!(
+            "[pool]\nseeds = \"{}\"\nlocks = \"{}\"\nprefix = \"cpu-\"\n",
+            seeds.display(),
+            dir.path().join("locks").display()
+        );
+        let raw: RawConfig = toml::from_str(&pool).unwrap();
+        let (raw, claim) = raw.claim_from_pool().unwrap();
+        let claim = claim.expect("a claim");
+        let config = raw.validate().unwrap();
+        assert_eq!(config.id.as_str(), "cpu-1");
+        assert_eq!(
+            config.credentials.nkey_file.as_deref(),
+            Some(seeds.join("worker-cpu-1.nk").as_path())
+        );
+        drop(claim);
+        for own in ["id = \"cpu-9\"\n", "[nats]\nnkey_file = \"/x.nk\"\n"] {
+            let raw: RawConfig = toml::from_str(&format!("{own}{pool}")).unwrap();
+            let e = raw.claim_from_pool().unwrap_err();
+            assert_eq!((e.kind(), e.field()), (ConfigErrorKind::Conflict, Some("pool")), "{e}");
+        }
+    }
+
     fn fault(text: &str) -> (ConfigErrorKind, Option<&'static str>) {
         let e = parse(text).unwrap_err();
         (e.kind(), e.field())

@@ -5,7 +5,12 @@
 //! Flags: `--actions N` (10,000), `--faults a,b` (all: leader-kill, scheduler-restart,
 //! nats-kill, nats-pause, worker-kill, worker-partition, two-schedulers, worker-drain),
 //! `--trajectories N` (16 at once), `--pause-s N` (20).
+//!
+//! `--fleet` runs the multi-host faults on one docker-compose fleet instead (`--faults`
+//! then names: nats-node-kill, worker-disconnect, leader-container-kill, rolling-restart,
+//! scale-2-6-2); it needs Docker and builds the images.
 
+use tangram_tests::faults::compose::{self, ComposeFleet, FleetFault};
 use tangram_tests::faults::{run, Fault, Report, Size};
 
 fn flag(args: &[String], name: &str) -> Option<String> {
@@ -21,6 +26,9 @@ async fn main() -> anyhow::Result<()> {
     let actions: usize = flag(&args, "--actions").map_or(Ok(10_000), |v| v.parse())?;
     let trajectories: usize = flag(&args, "--trajectories").map_or(Ok(16), |v| v.parse())?;
     let pause_s: u64 = flag(&args, "--pause-s").map_or(Ok(20), |v| v.parse())?;
+    if args.iter().any(|a| a == "--fleet") {
+        return fleet(&args, actions, trajectories).await;
+    }
     let faults: Vec<Fault> = match flag(&args, "--faults") {
         None => Fault::ALL.to_vec(),
         Some(list) => list
@@ -38,19 +46,46 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("{}: about {per} actions ...", f.name());
         reports.push(run(*f, size).await?);
     }
+    finish(reports)
+}
+
+async fn fleet(args: &[String], actions: usize, trajectories: usize) -> anyhow::Result<()> {
+    let faults: Vec<FleetFault> = match flag(args, "--faults") {
+        None => FleetFault::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|n| {
+                FleetFault::parse(n.trim()).ok_or_else(|| anyhow::anyhow!("no fleet fault {n:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let per = actions / faults.len().max(1);
+    eprintln!("bringing up the fleet ...");
+    let fleet = tokio::task::spawn_blocking(|| ComposeFleet::up("faults")).await??;
+    let mut reports = Vec::new();
+    for f in &faults {
+        eprintln!("{}: about {per} actions ...", f.name());
+        reports.push(compose::run(&fleet, *f, Size::about(per, trajectories)).await?);
+    }
+    drop(fleet);
+    finish(reports)
+}
+
+fn finish(reports: Vec<Report>) -> anyhow::Result<()> {
     println!(
-        "{:<18} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9}",
-        "fault", "acked", "ok", "lost", "duplicated", "wl-after-eff", "seconds"
+        "{:<22} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9} {:>9}",
+        "fault", "acked", "ok", "lost", "duplicated", "wl-after-eff", "stall s", "seconds"
     );
     for r in &reports {
         println!(
-            "{:<18} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9.1}",
+            "{:<22} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9.1} {:>9.1}",
             r.fault,
             r.total.acked,
             r.total.ok,
             r.total.lost,
             r.total.duplicated,
             r.total.worker_lost_after_effect,
+            r.longest_stall_s,
             r.total_s
         );
     }

@@ -25,7 +25,7 @@ impl Engine {
                 continue;
             };
             let Some(p) = self.providers.get(&api.provider) else {
-                if self.settled_in {
+                if self.judges_capacity() {
                     let known: Vec<&str> = self.providers.keys().map(String::as_str).collect();
                     let reason = if known.is_empty() {
                         format!(

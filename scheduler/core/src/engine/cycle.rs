@@ -89,7 +89,7 @@ impl Engine {
         }
         for (id, why) in plan.unplaced {
             // Just started: a worker large enough may not have reported yet.
-            if matches!(why, Unplaced::NeverFits(_)) && self.settled_in {
+            if matches!(why, Unplaced::NeverFits(_)) && self.judges_capacity() {
                 self.reject_queued(
                     &id,
                     Rejection::new(RejectCode::Unsatisfiable, why.to_string()),
@@ -193,7 +193,7 @@ impl Engine {
                 Err(crate::gpu::Unrouted::Busy { .. }) => {
                     busy.insert(service);
                 }
-                Err(why) if self.settled_in => {
+                Err(why) if self.judges_capacity() => {
                     let code = match why {
                         crate::gpu::Unrouted::UnknownService(_) => RejectCode::UnknownService,
                         _ => RejectCode::Unsatisfiable,

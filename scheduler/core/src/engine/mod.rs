@@ -46,6 +46,10 @@ pub struct EngineConfig {
     pub missed_heartbeats: u32,
     /// After start, how long to wait for heartbeats before rejecting on cluster knowledge.
     pub settle_ms: u64,
+    /// After a worker is lost, how long actions that no remaining worker can take (its
+    /// service's GPUs, its provider, a sandbox only it was large enough for) wait for it to
+    /// come back, as a restarted worker does, before they are rejected as unsatisfiable.
+    pub rejoin_ms: u64,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: BTreeMap<String, f64>,
     /// Validation limits.
@@ -78,6 +82,7 @@ impl Default for EngineConfig {
             static_cores: crate::sim::STATIC_CORES,
             missed_heartbeats: 3,
             settle_ms: 2_000,
+            rejoin_ms: 30_000,
             job_weights: BTreeMap::new(),
             limits: Limits::default(),
             // Short, so that actions held by a scheduler that died come back quickly; the
@@ -150,6 +155,9 @@ pub struct Engine {
     queues_observed_ms: Option<u64>,
     /// True once `settle_ms` has passed since the first event.
     pub(crate) settled_in: bool,
+    /// When a worker was last lost, while [`EngineConfig::rejoin_ms`] has not passed since:
+    /// no action is rejected for want of capacity then.
+    pub(crate) departed_ms: Option<u64>,
     /// Shutting down: nothing more is launched, and what cannot go ahead is handed back.
     pub(crate) stopping: bool,
     /// When a rate-limited action can go next.
@@ -208,6 +216,7 @@ impl Engine {
             dirty: false,
             queues_observed_ms: None,
             settled_in: false,
+            departed_ms: None,
             fenced: BTreeMap::new(),
             cordons: BTreeMap::new(),
             retrying: Vec::new(),
@@ -231,6 +240,13 @@ impl Engine {
             self.settled_in = true;
             self.dirty = true; // decide what was held back while settling
         }
+        if self
+            .departed_ms
+            .is_some_and(|t| now.ms >= t + self.config.rejoin_ms)
+        {
+            self.departed_ms = None;
+            self.dirty = true; // the worker did not come back: judge what waited for it
+        }
         for event in events {
             self.apply(event, now);
         }
@@ -250,6 +266,12 @@ impl Engine {
             self.out.push(Effect::WakeAt(at));
         }
         std::mem::take(&mut self.out)
+    }
+
+    /// Whether an action may be rejected because no worker in the fleet can take it: not
+    /// while settling in after start, nor while a lost worker may still come back.
+    pub(crate) fn judges_capacity(&self) -> bool {
+        self.settled_in && self.departed_ms.is_none()
     }
 
     fn apply(&mut self, event: Event, now: Now) {
@@ -282,6 +304,9 @@ impl Engine {
             if let Some(s) = self.started_ms {
                 earliest(s + self.config.settle_ms);
             }
+        }
+        if let Some(t) = self.departed_ms {
+            earliest(t + self.config.rejoin_ms);
         }
         for w in self.workers.values() {
             earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);

@@ -312,6 +312,7 @@ impl Engine {
     /// leave the pool, and everything launched there is settled with an infrastructure error.
     pub(crate) fn worker_lost(&mut self, worker: &WorkerId, now: Now) {
         self.out.push(Effect::Observe(Observation::WorkerLost));
+        self.departed_ms = Some(now.ms);
         if let Some(w) = self.workers.remove(worker) {
             // Fenced: should it come back, it must drop what it holds and rejoin as a new
             // instance, since everything it held is settled or lost here.

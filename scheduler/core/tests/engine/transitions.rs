@@ -815,3 +815,56 @@ fn a_dispatch_still_on_its_way_is_not_settled_lost_by_heartbeats_that_omit_it() 
         }
     ));
 }
+
+/// Regression: in a rolling restart on the compose fleet, the only GPU worker's restart
+/// (lost past its grace, back as a new instance two seconds later) had every reward sent
+/// in between rejected `unsatisfiable` ("the largest NVLink group in the fleet has 0").
+#[test]
+fn a_reward_during_the_only_gpu_workers_restart_waits_for_it_instead_of_being_rejected() {
+    let mut h = Harness::new(&[]);
+    h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i1"))));
+    // It stops, and is declared lost once its grace (three heartbeats) has passed.
+    let mut fx = Vec::new();
+    for _ in 0..20 {
+        fx.extend(h.advance(250));
+    }
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Observe(tangram_core::engine::Observation::WorkerLost))),
+        "the worker is lost: {fx:?}"
+    );
+    let (_, fx) = h.arrive(reward("r1"));
+    assert!(rejected(&fx).is_empty(), "it waits for the worker: {fx:?}");
+    assert!(dispatched(&fx).is_empty(), "{fx:?}");
+    // Back as a new instance: the waiting call goes to it.
+    h.now += 2_000;
+    let fx = h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i2"))));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+
+    // Lost again, and never back: what waits is rejected once `rejoin_ms` has passed.
+    let mut lost_at = None;
+    while lost_at.is_none() {
+        let fx = h.advance(250);
+        if fx
+            .iter()
+            .any(|e| matches!(e, Effect::Observe(tangram_core::engine::Observation::WorkerLost)))
+        {
+            lost_at = Some(h.now);
+        }
+        assert!(h.now < 20_000, "the worker is lost again");
+    }
+    let lost_at = lost_at.unwrap();
+    let (_, fx) = h.arrive(reward("r2"));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    let wait = EngineConfig::default().rejoin_ms;
+    let fx = h.advance(lost_at + wait - 250 - h.now);
+    assert!(
+        rejected(&fx).is_empty(),
+        "still within the rejoin window: {fx:?}"
+    );
+    let fx = h.advance(250);
+    let r2 = rejected(&fx);
+    assert_eq!(r2.len(), 1, "{fx:?}");
+    assert_eq!(r2[0].0.as_deref(), Some("r2"));
+    assert_eq!(r2[0].1, tangram_shared::RejectCode::Unsatisfiable);
+}
