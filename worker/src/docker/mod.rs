@@ -215,18 +215,16 @@ impl DockerSandboxes {
         if !self.has_image(image).await? {
             return Err(DockerError::NoImage(image.to_string()));
         }
-        let name = format!("tangram-{}-{job}-{trajectory}", self.worker);
-        // A container of that name can only be a leftover of an earlier attempt.
-        let _ = self
-            .docker
-            .remove_container(
-                &name,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    ..Default::default()
-                }),
-            )
-            .await;
+        // Unique per open: a trajectory's earlier sandbox may still be being removed (a
+        // fence or a drain removes them while new opens arrive), and a fixed name would
+        // collide with it. Leftovers of earlier instances are found by their labels.
+        static OPENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = OPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!(
+            "tangram-{}-{job}-{trajectory}-{:x}{n:x}",
+            self.worker,
+            std::process::id()
+        );
         let labels = HashMap::from([
             (LABEL_WORKER.to_string(), self.worker.clone()),
             (LABEL_JOB.to_string(), job.to_string()),
