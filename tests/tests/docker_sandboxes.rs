@@ -8,7 +8,8 @@ use tangram_worker::docker::DockerSandboxes;
 /// sandbox when that trajectory's next open arrived; the new container took the same name,
 /// and the open failed with an infra error (`runtime`: the name was in use).
 #[tokio::test]
-async fn a_trajectorys_new_sandbox_opens_while_its_old_one_is_being_removed() -> anyhow::Result<()> {
+async fn a_trajectorys_new_sandbox_opens_while_its_old_one_is_being_removed() -> anyhow::Result<()>
+{
     let config = RawConfig::default().validate()?;
     let docker = DockerSandboxes::connect("race-test-w", config.sandbox.clone()).await?;
     let open = SandboxOpen::default();

@@ -290,10 +290,16 @@ impl RawConfig {
             return Ok((self, None));
         };
         if self.id.is_some() {
-            return conflict("pool", "a pooled worker takes its id from the pool; give id or [pool], not both");
+            return conflict(
+                "pool",
+                "a pooled worker takes its id from the pool; give id or [pool], not both",
+            );
         }
         if self.nats.as_ref().is_some_and(|n| n.nkey_file.is_some()) {
-            return conflict("pool", "a pooled worker takes its seed from the pool; drop nats.nkey_file");
+            return conflict(
+                "pool",
+                "a pooled worker takes its seed from the pool; drop nats.nkey_file",
+            );
         }
         let claim = crate::pool::claim(&pool).map_err(|e| ConfigError::Invalid {
             field: "pool",
@@ -469,7 +475,11 @@ mod tests {
         for own in ["id = \"cpu-9\"\n", "[nats]\nnkey_file = \"/x.nk\"\n"] {
             let raw: RawConfig = toml::from_str(&format!("{own}{pool}")).unwrap();
             let e = raw.claim_from_pool().unwrap_err();
-            assert_eq!((e.kind(), e.field()), (ConfigErrorKind::Conflict, Some("pool")), "{e}");
+            assert_eq!(
+                (e.kind(), e.field()),
+                (ConfigErrorKind::Conflict, Some("pool")),
+                "{e}"
+            );
         }
     }
 

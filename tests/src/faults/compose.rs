@@ -111,7 +111,10 @@ impl ComposeFleet {
             .env("TANGRAM_FLEET_DRAIN_S", "5")
             .env("TANGRAM_FLEET_REBUILD", "1")
             .env("TANGRAM_IMAGE_TAG", "fleet-test")
-            .env("TANGRAM_BIN_DIR", crate::built_binary("tangram").parent().unwrap())
+            .env(
+                "TANGRAM_BIN_DIR",
+                crate::built_binary("tangram").parent().unwrap(),
+            )
             .output()
             .context("running deploy/fleet.sh")?;
         let text = format!(
@@ -173,7 +176,10 @@ impl ComposeFleet {
             "/healthz",
         ])?;
         let v: serde_json::Value = serde_json::from_str(&body)?;
-        Ok(v["worker"].as_str().context("no worker in the health body")?.to_string())
+        Ok(v["worker"]
+            .as_str()
+            .context("no worker in the health body")?
+            .to_string())
     }
 
     /// The fleet's log lines that name one of `ids`.
@@ -202,7 +208,9 @@ impl Drop for ComposeFleet {
 /// The first of `n` consecutive free loopback ports.
 fn free_port_run(n: u16) -> anyhow::Result<u16> {
     for _ in 0..50 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let first = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         if first > 65_000 {
             continue;
         }
@@ -226,7 +234,9 @@ pub async fn run(fleet: &ComposeFleet, fault: FleetFault, size: Size) -> anyhow:
     )
     .await?;
     let started = tokio::time::Instant::now();
-    workload.wait_progress(0.25, Duration::from_secs(300)).await?;
+    workload
+        .wait_progress(0.25, Duration::from_secs(300))
+        .await?;
     let struck_at = started.elapsed();
     strike(fleet, &control, fault).await?;
     let recovered_at = started.elapsed();
@@ -283,7 +293,9 @@ async fn strike(fleet: &ComposeFleet, control: &Client, fault: FleetFault) -> an
                 "scheduler-a"
             };
             fleet.docker(&["kill", &fleet.container(&leader.id, 1)])?;
-            control.wait_for_leader(other, Duration::from_secs(15)).await?;
+            control
+                .wait_for_leader(other, Duration::from_secs(15))
+                .await?;
             fleet.script(&["compose", "start", &leader.id])?;
         }
         FleetFault::RollingRestart => {

@@ -86,7 +86,12 @@ impl Workload {
         for t in 0..size.trajectories {
             let client = Client::connect_with(url, job, creds).await?;
             let progress = progress.clone();
-            tasks.spawn(trajectory(client, format!("{prefix}t{t}"), size.steps, progress));
+            tasks.spawn(trajectory(
+                client,
+                format!("{prefix}t{t}"),
+                size.steps,
+                progress,
+            ));
         }
         Ok(Self {
             tasks,

@@ -224,7 +224,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
     // Dispatches stored from here on can have been delivered to this process only.
-    let own_from = match js.get_stream(tangram_shared::subject::DISPATCH_STREAM).await {
+    let own_from = match js
+        .get_stream(tangram_shared::subject::DISPATCH_STREAM)
+        .await
+    {
         Ok(mut stream) => match stream.info().await {
             Ok(info) => Some(info.state.last_sequence + 1),
             Err(e) => {
@@ -249,7 +252,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         inventory,
     ));
     if let Some(seq) = own_from {
-        worker.state.lock().expect("state lock").admissions.own_from(seq);
+        worker
+            .state
+            .lock()
+            .expect("state lock")
+            .admissions
+            .own_from(seq);
     }
     let instance = worker.instance();
     info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");

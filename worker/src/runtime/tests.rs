@@ -359,7 +359,10 @@ fn a_redelivered_dispatch_stored_after_the_start_and_never_seen_here_runs() {
         assert_eq!(a.admit(&d(&id), false, 0), Verdict::Run);
         a.settle(&ActionId::new(&id).unwrap(), true);
     }
-    assert_eq!(a.admit(&d("gone"), true, 140), Verdict::LostByEarlierInstance);
+    assert_eq!(
+        a.admit(&d("gone"), true, 140),
+        Verdict::LostByEarlierInstance
+    );
     assert_eq!(a.admit(&d("later"), true, 151), Verdict::Run);
     // Without the start's sequence nothing is so judged.
     let mut b = Admissions::default();

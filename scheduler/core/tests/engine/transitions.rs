@@ -829,8 +829,10 @@ fn a_reward_during_the_only_gpu_workers_restart_waits_for_it_instead_of_being_re
         fx.extend(h.advance(250));
     }
     assert!(
-        fx.iter()
-            .any(|e| matches!(e, Effect::Observe(tangram_core::engine::Observation::WorkerLost))),
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::Observe(tangram_core::engine::Observation::WorkerLost)
+        )),
         "the worker is lost: {fx:?}"
     );
     let (_, fx) = h.arrive(reward("r1"));
@@ -845,10 +847,12 @@ fn a_reward_during_the_only_gpu_workers_restart_waits_for_it_instead_of_being_re
     let mut lost_at = None;
     while lost_at.is_none() {
         let fx = h.advance(250);
-        if fx
-            .iter()
-            .any(|e| matches!(e, Effect::Observe(tangram_core::engine::Observation::WorkerLost)))
-        {
+        if fx.iter().any(|e| {
+            matches!(
+                e,
+                Effect::Observe(tangram_core::engine::Observation::WorkerLost)
+            )
+        }) {
             lost_at = Some(h.now);
         }
         assert!(h.now < 20_000, "the worker is lost again");
