@@ -61,6 +61,8 @@ pub const ADOPTED: &str = "tangram_scheduler_adopted_total";
 pub const LEADER: &str = "tangram_scheduler_leader";
 /// Terms this scheduler has begun as leader (takeovers and first starts).
 pub const TERMS: &str = "tangram_scheduler_leader_terms_total";
+/// Terms that ended on a NATS error (starting or running them) rather than a lost lease.
+pub const TERMS_FAILED: &str = "tangram_scheduler_leader_terms_failed_total";
 /// Actions queued now, by kind.
 pub const QUEUE_DEPTH_BY_KIND: &str = "tangram_scheduler_queue_depth_by_kind";
 /// How long the oldest queued action of a kind has waited, seconds.
@@ -204,6 +206,10 @@ pub(crate) fn leader(leading: bool) {
     if leading {
         counter!(TERMS).increment(1);
     }
+}
+
+pub(crate) fn term_failed() {
+    counter!(TERMS_FAILED).increment(1);
 }
 
 pub(crate) fn adopted(kind: &'static str) {

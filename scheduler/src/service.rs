@@ -25,10 +25,12 @@ use tangram_shared::{subject, ActionResult, Heartbeat, Limits};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn, Instrument};
+use tracing::{error, info, warn, Instrument};
 
 /// Inputs waiting for the state task; intake pauses when it is full.
 const EVENT_CHANNEL: usize = 4096;
+/// How long a scheduler whose term failed on NATS waits before campaigning again.
+const TERM_RETRY: Duration = Duration::from_secs(1);
 /// Stored-result lookups in flight at once on the intake (their answers are taken in order).
 const LOOKUPS: usize = 64;
 /// How often the engine is ticked (liveness, deadlines, in-progress acks).
@@ -88,7 +90,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .with_context(|| format!("binding the health endpoints on {addr}"))?;
     }
     while let Some(mut held) = lease::campaign(&store, &lease_config, &shutdown).await {
-        let epoch = next_epoch(&store).await?;
+        let epoch = match next_epoch(&store).await {
+            Ok(e) => e,
+            Err(e) => {
+                // The bucket is unreachable (a cluster moving its leaders): the lease lapses
+                // and this process campaigns again, rather than exiting.
+                error!(error = %format!("{e:#}"), "taking the next epoch; standing by");
+                drop(held);
+                tokio::time::sleep(TERM_RETRY).await;
+                continue;
+            }
+        };
         held.record.epoch = epoch;
         info!(epoch, "leading");
         *role.lock().unwrap_or_else(|e| e.into_inner()) = ("leader", epoch);
@@ -109,11 +121,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let _ = holder.await;
         crate::metrics::leader(false);
         *role.lock().unwrap_or_else(|e| e.into_inner()) = ("standby", epoch);
-        led?;
         if shutdown.is_cancelled() {
+            led?;
             break;
         }
-        warn!(epoch, "lost the leader lease; standing by");
+        match led {
+            Ok(()) => warn!(epoch, "lost the leader lease; standing by"),
+            // Starting or running the term failed on NATS (a consumer not created in time
+            // while the cluster elects stream leaders): stand by and campaign again; exiting
+            // would leave the fleet without a scheduler where nothing restarts it.
+            Err(e) => {
+                error!(epoch, error = %format!("{e:#}"), "the term ended on an error; standing by");
+                crate::metrics::term_failed();
+                tokio::time::sleep(TERM_RETRY).await;
+            }
+        }
     }
     // Drain: unsubscribe (no more deliveries to this process) and flush. Bounded: NATS may be
     // gone, and SIGTERM must still end the process.
