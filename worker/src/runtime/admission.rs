@@ -12,8 +12,6 @@ use tracing::{debug, warn};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
 const RECENT: usize = 10_000;
-#[cfg(test)]
-pub(crate) const RECENT_FOR_TESTS: usize = RECENT;
 /// Finished actions that heartbeats keep listing, at most, and for how long.
 const FINISHED_LISTED: usize = 1_000;
 const FINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
@@ -76,16 +74,11 @@ pub(crate) struct Admissions {
     known_epoch: u64,
     /// True once the stored epoch has been read: dispatches above it are refused.
     authority: bool,
-    /// Dispatches stored at or after this stream sequence were stored after this process
-    /// started, so no earlier instance can have had them (unknown: none is so judged).
-    own_from_seq: Option<u64>,
-    /// Dispatches up to this sequence may have been forgotten by `recent`.
-    forgotten_seq: u64,
 }
 
 impl Admissions {
     /// Decides, and on [`Verdict::Run`] counts the action as running.
-    pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool, seq: u64) -> Verdict {
+    pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool) -> Verdict {
         let id = &d.action.id;
         if let Some(instance) = d.instance.as_ref().filter(|i| self.fenced.contains(*i)) {
             Verdict::FencedInstance {
@@ -105,28 +98,13 @@ impl Admissions {
             Verdict::AlreadyRunning
         } else if self.recent_set.contains(id) {
             Verdict::AlreadyFinished
-        } else if redelivered && !self.only_ever_ours(seq) {
+        } else if redelivered {
             Verdict::LostByEarlierInstance
         } else {
             self.known_epoch = self.known_epoch.max(d.epoch);
             self.running.insert(id.clone());
             Verdict::Run
         }
-    }
-
-    /// Dispatches from this stream sequence on were stored after this process started (it
-    /// read the stream's last sequence before consuming).
-    pub(crate) fn own_from(&mut self, seq: u64) {
-        self.own_from_seq = Some(seq);
-    }
-
-    /// Whether only this process can have been delivered the dispatch at `seq`: it was
-    /// stored after the process started, and this process has forgotten nothing it took in
-    /// at that sequence. Such a dispatch, redelivered yet unknown here, was delivered to
-    /// nobody (the first delivery was lost in transit, as when a NATS server dies with the
-    /// pull's answer): it runs, rather than being reported lost by an earlier instance.
-    fn only_ever_ours(&self, seq: u64) -> bool {
-        seq != 0 && self.own_from_seq.is_some_and(|from| seq >= from) && seq > self.forgotten_seq
     }
 
     /// Actions finished within the last [`FINISHED_FOR`], for heartbeats.
@@ -180,8 +158,6 @@ impl Admissions {
         while self.recent.len() > RECENT {
             if let Some(old) = self.recent.pop_front() {
                 self.recent_set.remove(&old);
-                // Its sequence is at most the highest taken in so far.
-                self.forgotten_seq = self.dispatch_seq;
             }
         }
     }
@@ -218,9 +194,7 @@ impl Worker {
             let mut st = self.state.lock().expect("state lock");
             // Read under the lock a fence takes, so an action is of exactly one instance.
             let era = self.era.load(std::sync::atomic::Ordering::SeqCst);
-            let verdict =
-                st.admissions
-                    .admit(&dispatch, delivery.redelivered(), delivery.stream_seq());
+            let verdict = st.admissions.admit(&dispatch, delivery.redelivered());
             // Under the same lock as the verdict: a heartbeat that reports this sequence
             // lists the action too if it runs.
             st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(delivery.stream_seq());

@@ -223,23 +223,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tangram_nats::ensure_streams_exist(&js).await?;
     }
     let consumer = tangram_nats::worker_consumer(&js, &config.id).await?;
-    // Dispatches stored from here on can have been delivered to this process only.
-    let own_from = match js
-        .get_stream(tangram_shared::subject::DISPATCH_STREAM)
-        .await
-    {
-        Ok(mut stream) => match stream.info().await {
-            Ok(info) => Some(info.state.last_sequence + 1),
-            Err(e) => {
-                warn!(error = %e, "reading the dispatch stream's last sequence; redeliveries will be judged as an earlier instance's");
-                None
-            }
-        },
-        Err(e) => {
-            warn!(error = %e, "reading the dispatch stream; redeliveries will be judged as an earlier instance's");
-            None
-        }
-    };
 
     let providers: Option<Arc<dyn ApiCaller>> = (!config.providers.is_empty())
         .then(|| Arc::new(Providers::new(config.providers.clone())) as Arc<dyn ApiCaller>);
@@ -251,14 +234,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Arc::new(JetStreamResults(js)),
         inventory,
     ));
-    if let Some(seq) = own_from {
-        worker
-            .state
-            .lock()
-            .expect("state lock")
-            .admissions
-            .own_from(seq);
-    }
     let instance = worker.instance();
     info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
 

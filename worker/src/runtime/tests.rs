@@ -1,6 +1,6 @@
 //! The action path on paused time with in-memory fakes: no NATS, no Docker, no sleeps.
 
-use super::admission::{Admissions, Verdict, RECENT_FOR_TESTS};
+use super::admission::{Admissions, Verdict};
 use super::intake::{AckError, Delivery, ResultSink};
 use super::{serve, Worker};
 use crate::config::RawConfig;
@@ -317,56 +317,24 @@ fn admission_verdicts() {
         d.epoch = epoch;
         d
     };
-    assert_eq!(a.admit(&d("a", 2), false, 0), Verdict::Run);
-    assert_eq!(a.admit(&d("a", 2), true, 0), Verdict::AlreadyRunning);
+    assert_eq!(a.admit(&d("a", 2), false), Verdict::Run);
+    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyRunning);
     assert_eq!(
-        a.admit(&d("b", 1), false, 0),
+        a.admit(&d("b", 1), false),
         Verdict::StaleEpoch {
             epoch: 1,
             newest: 2
         }
     );
     a.settle(&ActionId::new("a").unwrap(), true);
-    assert_eq!(a.admit(&d("a", 2), true, 0), Verdict::AlreadyFinished);
-    assert_eq!(a.admit(&d("c", 2), true, 0), Verdict::LostByEarlierInstance);
+    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyFinished);
+    assert_eq!(a.admit(&d("c", 2), true), Verdict::LostByEarlierInstance);
     // A newer scheduler moves the floor up.
-    assert_eq!(a.admit(&d("e", 3), false, 0), Verdict::Run);
+    assert_eq!(a.admit(&d("e", 3), false), Verdict::Run);
     assert!(matches!(
-        a.admit(&d("f", 2), false, 0),
+        a.admit(&d("f", 2), false),
         Verdict::StaleEpoch { .. }
     ));
-}
-
-/// Regression: on the compose fleet, a dispatch whose first delivery was lost with a
-/// killed NATS server came back redelivered to the worker that had never seen it, which
-/// answered `worker_lost` ("lost by an earlier instance") for a command nobody had run.
-#[test]
-fn a_redelivered_dispatch_stored_after_the_start_and_never_seen_here_runs() {
-    let d = |id: &str| open(id, "t");
-    let mut a = Admissions::default();
-    a.own_from(100);
-    // Stored before this process started: an earlier instance may have had it.
-    assert_eq!(a.admit(&d("old"), true, 99), Verdict::LostByEarlierInstance);
-    // Stored after: only this process can have been delivered it, and it was not.
-    assert_eq!(a.admit(&d("new"), true, 120), Verdict::Run);
-    assert_eq!(a.admit(&d("new"), true, 120), Verdict::AlreadyRunning);
-    a.settle(&ActionId::new("new").unwrap(), true);
-    assert_eq!(a.admit(&d("new"), true, 120), Verdict::AlreadyFinished);
-    // Once finished ids have been forgotten, what they may have been is judged as before.
-    a.dispatch_seq = 150;
-    for i in 0..=RECENT_FOR_TESTS {
-        let id = format!("f{i}");
-        assert_eq!(a.admit(&d(&id), false, 0), Verdict::Run);
-        a.settle(&ActionId::new(&id).unwrap(), true);
-    }
-    assert_eq!(
-        a.admit(&d("gone"), true, 140),
-        Verdict::LostByEarlierInstance
-    );
-    assert_eq!(a.admit(&d("later"), true, 151), Verdict::Run);
-    // Without the start's sequence nothing is so judged.
-    let mut b = Admissions::default();
-    assert_eq!(b.admit(&d("x"), true, 120), Verdict::LostByEarlierInstance);
 }
 
 #[tokio::test(start_paused = true)]
