@@ -277,6 +277,18 @@ pub async fn campaign(
     }
 }
 
+/// Gives the lease up at once (a term that could not start), so that a standby need not
+/// wait it out.
+pub async fn release(held: Held) {
+    if let Err(e) = held
+        .store
+        .delete_expect_revision(subject::LEADER_KEY, Some(held.revision))
+        .await
+    {
+        warn!(error = %e, "releasing the leader lease");
+    }
+}
+
 /// Keeps the lease renewed until `stop` (a clean stop: the lease is deleted so a standby
 /// takes over at once) or until it is lost (`lost` is cancelled and the fence revoked).
 pub async fn hold(

@@ -29,8 +29,14 @@ use tracing::{error, info, warn, Instrument};
 
 /// Inputs waiting for the state task; intake pauses when it is full.
 const EVENT_CHANNEL: usize = 4096;
-/// How long a scheduler whose term failed on NATS waits before campaigning again.
-const TERM_RETRY: Duration = Duration::from_secs(1);
+/// Terms failed on NATS in a row before the process gives up and exits.
+const MAX_FAILED_TERMS: u32 = 8;
+
+/// How long a scheduler whose `n`th term in a row failed waits before campaigning again:
+/// 1 s, doubling, at most 30 s (about two and a half minutes before it exits).
+fn term_retry(n: u32) -> Duration {
+    Duration::from_secs((1u64 << n.saturating_sub(1).min(5)).min(30))
+}
 /// Stored-result lookups in flight at once on the intake (their answers are taken in order).
 const LOOKUPS: usize = 64;
 /// How often the engine is ticked (liveness, deadlines, in-progress acks).
@@ -89,15 +95,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .await
             .with_context(|| format!("binding the health endpoints on {addr}"))?;
     }
+    // Terms that failed on NATS in a row: the wait before campaigning again doubles, and
+    // after MAX_FAILED_TERMS the process exits with the error (a permanent fault, such as a
+    // permission, must surface; a supervisor restarts it).
+    let mut failed_terms = 0u32;
     while let Some(mut held) = lease::campaign(&store, &lease_config, &shutdown).await {
         let epoch = match next_epoch(&store).await {
             Ok(e) => e,
             Err(e) => {
-                // The bucket is unreachable (a cluster moving its leaders): the lease lapses
-                // and this process campaigns again, rather than exiting.
+                // The bucket is unreachable (a cluster moving its leaders): give the lease up
+                // and campaign again after a pause, rather than exiting.
+                lease::release(held).await;
+                failed_terms += 1;
+                if failed_terms >= MAX_FAILED_TERMS {
+                    return Err(e.context(format!("{failed_terms} terms in a row failed")));
+                }
                 error!(error = %format!("{e:#}"), "taking the next epoch; standing by");
-                drop(held);
-                tokio::time::sleep(TERM_RETRY).await;
+                crate::metrics::term_failed();
+                tokio::time::sleep(term_retry(failed_terms)).await;
                 continue;
             }
         };
@@ -126,14 +141,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             break;
         }
         match led {
-            Ok(()) => warn!(epoch, "lost the leader lease; standing by"),
+            Ok(()) => {
+                failed_terms = 0;
+                warn!(epoch, "lost the leader lease; standing by");
+            }
             // Starting or running the term failed on NATS (a consumer not created in time
-            // while the cluster elects stream leaders): stand by and campaign again; exiting
-            // would leave the fleet without a scheduler where nothing restarts it.
+            // while the cluster elects stream leaders): the lease was released when the term
+            // ended; stand by and campaign again, so that one slow election does not leave
+            // the fleet without a scheduler where nothing restarts it.
             Err(e) => {
+                failed_terms += 1;
+                if failed_terms >= MAX_FAILED_TERMS {
+                    return Err(e.context(format!("{failed_terms} terms in a row failed")));
+                }
                 error!(epoch, error = %format!("{e:#}"), "the term ended on an error; standing by");
                 crate::metrics::term_failed();
-                tokio::time::sleep(TERM_RETRY).await;
+                tokio::time::sleep(term_retry(failed_terms)).await;
             }
         }
     }
