@@ -46,9 +46,9 @@ pub struct EngineConfig {
     pub missed_heartbeats: u32,
     /// After start, how long to wait for heartbeats before rejecting on cluster knowledge.
     pub settle_ms: u64,
-    /// After a worker is lost, how long actions that no remaining worker can take (its
-    /// service's GPUs, its provider, a sandbox only it was large enough for) wait for it to
-    /// come back, as a restarted worker does, before they are rejected as unsatisfiable.
+    /// After a worker is lost, how long (unless it heartbeats again sooner) no action is
+    /// rejected for want of capacity: a restarting worker may bring back the service's GPUs,
+    /// the provider or the sandbox size the action needs.
     pub rejoin_ms: u64,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: BTreeMap<String, f64>,
@@ -155,9 +155,9 @@ pub struct Engine {
     queues_observed_ms: Option<u64>,
     /// True once `settle_ms` has passed since the first event.
     pub(crate) settled_in: bool,
-    /// When a worker was last lost, while [`EngineConfig::rejoin_ms`] has not passed since:
-    /// no action is rejected for want of capacity then.
-    pub(crate) departed_ms: Option<u64>,
+    /// Workers lost less than [`EngineConfig::rejoin_ms`] ago that have not come back, with
+    /// when: while any is, no action is rejected for want of capacity.
+    pub(crate) departed: BTreeMap<WorkerId, u64>,
     /// Shutting down: nothing more is launched, and what cannot go ahead is handed back.
     pub(crate) stopping: bool,
     /// When a rate-limited action can go next.
@@ -216,7 +216,7 @@ impl Engine {
             dirty: false,
             queues_observed_ms: None,
             settled_in: false,
-            departed_ms: None,
+            departed: BTreeMap::new(),
             fenced: BTreeMap::new(),
             cordons: BTreeMap::new(),
             retrying: Vec::new(),
@@ -240,12 +240,11 @@ impl Engine {
             self.settled_in = true;
             self.dirty = true; // decide what was held back while settling
         }
-        if self
-            .departed_ms
-            .is_some_and(|t| now.ms >= t + self.config.rejoin_ms)
-        {
-            self.departed_ms = None;
-            self.dirty = true; // the worker did not come back: judge what waited for it
+        let rejoin = self.config.rejoin_ms;
+        let before = self.departed.len();
+        self.departed.retain(|_, t| now.ms < *t + rejoin);
+        if self.departed.len() < before {
+            self.dirty = true; // a worker did not come back: judge what waited for it
         }
         for event in events {
             self.apply(event, now);
@@ -271,7 +270,7 @@ impl Engine {
     /// Whether an action may be rejected because no worker in the fleet can take it: not
     /// while settling in after start, nor while a lost worker may still come back.
     pub(crate) fn judges_capacity(&self) -> bool {
-        self.settled_in && self.departed_ms.is_none()
+        self.settled_in && self.departed.is_empty()
     }
 
     fn apply(&mut self, event: Event, now: Now) {
@@ -305,7 +304,7 @@ impl Engine {
                 earliest(s + self.config.settle_ms);
             }
         }
-        if let Some(t) = self.departed_ms {
+        if let Some(t) = self.departed.values().min() {
             earliest(t + self.config.rejoin_ms);
         }
         for w in self.workers.values() {

@@ -40,6 +40,10 @@ impl Engine {
             }
             None => {}
         }
+        // Back: what waited for it is judged on the fleet as it now is.
+        if self.departed.remove(&hb.worker).is_some() {
+            self.dirty = true;
+        }
         let known = self.workers.get(&hb.worker);
         let restarted = known.is_some_and(|w| w.hb.instance != hb.instance);
         let joined = known.is_none();
@@ -312,7 +316,7 @@ impl Engine {
     /// leave the pool, and everything launched there is settled with an infrastructure error.
     pub(crate) fn worker_lost(&mut self, worker: &WorkerId, now: Now) {
         self.out.push(Effect::Observe(Observation::WorkerLost));
-        self.departed_ms = Some(now.ms);
+        self.departed.insert(worker.clone(), now.ms);
         if let Some(w) = self.workers.remove(worker) {
             // Fenced: should it come back, it must drop what it holds and rejoin as a new
             // instance, since everything it held is settled or lost here.

@@ -872,3 +872,25 @@ fn a_reward_during_the_only_gpu_workers_restart_waits_for_it_instead_of_being_re
     assert_eq!(r2[0].0.as_deref(), Some("r2"));
     assert_eq!(r2[0].1, tangram_shared::RejectCode::Unsatisfiable);
 }
+
+/// The wait for a lost worker ends when it comes back: an action no worker can ever take
+/// is then rejected at once, not after the rest of the rejoin window.
+#[test]
+fn a_lost_worker_coming_back_ends_the_wait_for_it() {
+    let mut h = Harness::new(&[]);
+    h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i1"))));
+    for _ in 0..20 {
+        h.advance(250);
+    }
+    let mut other = reward("r1");
+    if let ActionSpec::Reward(r) = &mut other.spec {
+        r.service = "no-such-service".into();
+    }
+    let (_, fx) = h.arrive(other);
+    assert!(rejected(&fx).is_empty(), "waits while the worker may return: {fx:?}");
+    h.now += 1_000;
+    let fx = h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i2"))));
+    let r = rejected(&fx);
+    assert_eq!(r.len(), 1, "{fx:?}");
+    assert_eq!(r[0].1, RejectCode::UnknownService);
+}
