@@ -19,6 +19,7 @@
 # TANGRAM_FLEET_POOL (8: CPU worker ids cpu-1..cpu-8, the most `scale` can reach),
 # TANGRAM_FLEET_POLICY (tangram), TANGRAM_FLEET_CPU_MEM_MB (4096 per worker),
 # TANGRAM_FLEET_REBUILD (set: rebuild the images on `up` even if present),
+# TANGRAM_FLEET_EFFECTS (set: sandboxes mount effects/sandbox, for the fault suite),
 # TANGRAM_FLEET_SEARCH_RATE (200 requests/s), TANGRAM_FLEET_LOG (RUST_LOG in containers),
 # TANGRAM_FLEET_ID_PREFIX (put before every worker id, for two fleets on one host: worker
 # ids must be unique per Docker host, since a starting worker removes the sandboxes
@@ -79,7 +80,8 @@ prepare() {
   # The pool's folder holds the CPU workers' seeds and nothing else; the GPU worker's
   # folder its own seed.
   rm -rf "$creds/pool" "$creds/gpu" && mkdir -m 0700 "$creds/pool" "$creds/gpu"
-  cp -p "$creds"/worker-"${P}"cpu-*.nk "$creds/pool/"
+  local id
+  for id in $(pool_ids | tr , ' '); do cp -p "$creds/worker-$id.nk" "$creds/pool/"; done
   cp -p "$creds/worker-$GPU_ID.nk" "$creds/gpu/"
   # The scheduler, the GPU worker and the search stand-in run as nobody (65534): their
   # files are theirs. The folder itself stays the operator's, mode 0700.
@@ -89,12 +91,18 @@ prepare() {
     else chmod 0644 "$creds/$f"; fi
   done
   if [ "$(id -u)" = 0 ]; then chown 65534:65534 "$creds/gpu"; else chmod 0755 "$creds/gpu"; fi
-  mkdir -p "$FLEET_DIR/config" "$FLEET_DIR/effects"
-  chmod 0777 "$FLEET_DIR/effects"
+  mkdir -p "$FLEET_DIR/config" "$FLEET_DIR/effects/sandbox"
+  chmod 0777 "$FLEET_DIR/effects" "$FLEET_DIR/effects/sandbox"
+  # Only the fault suite gives sandboxes a shared folder (for the marks its execs leave);
+  # a fleet for real rollouts mounts nothing into them.
+  local mounts=""
+  if [ -n "${TANGRAM_FLEET_EFFECTS:-}" ]; then
+    mounts="mounts = [\"$FLEET_DIR/effects/sandbox:/effects:rw\"]"
+  fi
   local c=$root/deploy/compose
   cp "$c/nats.conf" "$FLEET_DIR/config/nats.conf"
   sed "s|@POLICY@|${TANGRAM_FLEET_POLICY:-tangram}|" "$c/scheduler.toml" > "$FLEET_DIR/config/scheduler.toml"
-  sed -e "s|@CPU_MEM_MB@|${TANGRAM_FLEET_CPU_MEM_MB:-4096}|" -e "s|@FLEET_DIR@|$FLEET_DIR|" \
+  sed -e "s|@CPU_MEM_MB@|${TANGRAM_FLEET_CPU_MEM_MB:-4096}|" -e "s|@SANDBOX_MOUNTS@|$mounts|" \
     -e "s|@ID_PREFIX@|$P|" \
     "$c/cpu-worker.toml" > "$FLEET_DIR/config/cpu-worker.toml"
   local services="" s
@@ -140,8 +148,9 @@ print(len(cpu), sys.argv[1] + "gpu-1" in ids, ",".join(sorted(ids)))' "$P" 2>/de
 
 # The CPU worker containers, oldest first: "<container> <worker id>" per line.
 cpu_containers() {
-  local c
-  for c in $(compose ps -q cpu-worker); do
+  local c ids
+  ids=$(compose ps -q cpu-worker) || die "listing the CPU worker containers failed"
+  for c in $ids; do
     local num id
     num=$(docker inspect -f '{{index .Config.Labels "com.docker.compose.container-number"}}' "$c")
     id=$(docker exec "$c" /usr/local/bin/tangram probe 127.0.0.1:9475 /healthz 2>/dev/null \
@@ -186,15 +195,20 @@ case "$cmd" in
   scale)
     n=${1:?scale N}
     [ "$n" -le "$POOL" ] || die "$n CPU workers asked, the pool has $POOL ids (TANGRAM_FLEET_POOL)"
-    mapfile -t rows < <(cpu_containers)
+    listing=$(cpu_containers)
+    rows=()
+    [ -n "$listing" ] && mapfile -t rows <<<"$listing"
     removed=()
     if [ "${#rows[@]}" -gt "$n" ]; then
-      # Compose removes the highest-numbered containers: drain their workers first.
+      # The newest containers go: each is drained, then stopped and removed here (not left
+      # to compose, whose choice of which to remove differs between versions).
       for row in "${rows[@]:$n}"; do
-        id=${row#* }
-        [ "$id" = "?" ] && continue
+        c=${row%% *} id=${row#* }
+        [ "$id" = "?" ] && die "container $c does not say which worker it is (not ready?); not removing it undrained"
         echo "draining $id ..."
         op drain "$id" --deadline-s "${TANGRAM_FLEET_DRAIN_S:-120}"
+        docker stop -t 40 "$c" >/dev/null
+        docker rm "$c" >/dev/null
         removed+=("$id")
       done
     fi

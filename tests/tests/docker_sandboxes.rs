@@ -20,6 +20,12 @@ async fn a_trajectorys_new_sandbox_opens_while_its_old_one_is_being_removed() ->
     assert_ne!(new.id, old.id);
     assert!(docker.is_running(&new.id).await, "the new sandbox runs");
     assert!(!docker.is_running(&old.id).await, "the old one is gone");
+    // Deterministically: a second sandbox of the same trajectory, made while the first
+    // still runs, leaves the first alone (each is removed by its own id).
+    let again = docker.create("j", "t", &open, "0").await?;
+    assert!(docker.is_running(&new.id).await, "the first is untouched");
+    assert!(docker.is_running(&again.id).await);
     docker.remove(&new.id).await?;
+    docker.remove(&again.id).await?;
     Ok(())
 }

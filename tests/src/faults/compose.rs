@@ -110,6 +110,7 @@ impl ComposeFleet {
             .env("TANGRAM_FLEET_LOG", FLEET_LOG)
             .env("TANGRAM_FLEET_DRAIN_S", "5")
             .env("TANGRAM_FLEET_REBUILD", "1")
+            .env("TANGRAM_FLEET_EFFECTS", "1")
             .env("TANGRAM_IMAGE_TAG", "fleet-test")
             .env(
                 "TANGRAM_BIN_DIR",
@@ -247,7 +248,11 @@ pub async fn run(fleet: &ComposeFleet, fault: FleetFault, size: Size) -> anyhow:
         .lines()
         .map(str::to_string)
         .collect();
-    let effects = Effects::read(&effects.join("log"), &effects.join("replica.log"), api);
+    let effects = Effects::read(
+        &effects.join("sandbox/log"),
+        &effects.join("replica.log"),
+        api,
+    );
     let mut report = check::classify(fault.name(), &effects, &control, finished.submitted).await?;
     if !report.clean() {
         report.evidence = fleet.log_lines_naming(&report.flagged, 200);

@@ -221,7 +221,7 @@ impl DockerSandboxes {
         static OPENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = OPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!(
-            "tangram-{}-{job}-{trajectory}-{:x}{n:x}",
+            "tangram-{}-{job}-{trajectory}-{:x}-{n:x}",
             self.worker,
             std::process::id()
         );
@@ -281,16 +281,33 @@ impl DockerSandboxes {
             host_config: Some(host_config),
             ..Default::default()
         };
-        let created = self
+        let created = match self
             .docker
             .create_container(
                 Some(CreateContainerOptions {
-                    name: Some(name),
+                    name: Some(name.clone()),
                     ..Default::default()
                 }),
                 body,
             )
-            .await?;
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                // The engine may have made it before the answer was lost: by its name.
+                let _ = self
+                    .docker
+                    .remove_container(
+                        &name,
+                        Some(RemoveContainerOptions {
+                            force: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+                return Err(e.into());
+            }
+        };
         let id = created.id;
         if let Err(e) = self
             .docker

@@ -887,7 +887,10 @@ fn a_lost_worker_coming_back_ends_the_wait_for_it() {
         r.service = "no-such-service".into();
     }
     let (_, fx) = h.arrive(other);
-    assert!(rejected(&fx).is_empty(), "waits while the worker may return: {fx:?}");
+    assert!(
+        rejected(&fx).is_empty(),
+        "waits while the worker may return: {fx:?}"
+    );
     h.now += 1_000;
     let fx = h.step(Event::Heartbeat(Box::new(gpu_heartbeat("i2"))));
     let r = rejected(&fx);
