@@ -18,7 +18,13 @@ const ACTIONS: usize = 240;
 async fn the_compose_fleet_loses_and_doubles_nothing_through_five_faults() -> anyhow::Result<()> {
     let fleet = tokio::task::spawn_blocking(|| ComposeFleet::up("fleettest")).await??;
     // The main job's rollout runs against it as a user would run it.
-    let out = fleet.script(&["rollout", "--trajectories", "4", "--turns", "2"])?;
+    let out = match fleet.script(&["rollout", "--trajectories", "4", "--turns", "2"]) {
+        Ok(out) => out,
+        Err(e) => anyhow::bail!(
+            "{e:#}\n--- the fleet's logs, last lines:\n{}",
+            fleet.log_tail(120)
+        ),
+    };
     let expected = out
         .lines()
         .find_map(|l| l.split("passed; ").nth(1)?.split(' ').next())
@@ -34,7 +40,10 @@ async fn the_compose_fleet_loses_and_doubles_nothing_through_five_faults() -> an
         println!("{}", serde_json::to_string(&report)?);
         let unexpected = unexpected_outcomes(fault, &report.outcomes);
         if !report.clean() || report.total.acked < ACTIONS * 9 / 10 || !unexpected.is_empty() {
-            unclean.push(format!("unexpected outcomes {unexpected:?}: {report:#?}"));
+            unclean.push(format!(
+                "unexpected outcomes {unexpected:?}: {report:#?}\n--- the fleet's logs, last lines:\n{}",
+                fleet.log_tail(60)
+            ));
         }
     }
     assert!(unclean.is_empty(), "{}", unclean.join("\n"));

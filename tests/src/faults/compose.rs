@@ -183,6 +183,17 @@ impl ComposeFleet {
             .to_string())
     }
 
+    /// The last `n` lines of each container's log that are not debug lines.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self
+            .script(&["logs", "--tail", &n.to_string()])
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.contains("DEBUG"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The fleet's log lines that name one of `ids`.
     fn log_lines_naming(&self, ids: &[String], max: usize) -> Vec<String> {
         let text = self.script(&["logs"]).unwrap_or_default();
