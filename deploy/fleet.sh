@@ -9,6 +9,7 @@
 #   bash deploy/fleet.sh status        tangram status, and the containers
 #   bash deploy/fleet.sh scale N       N CPU workers; going down drains the ones removed
 #   bash deploy/fleet.sh drain ID      drain one worker (tangram drain), leave it cordoned
+#   bash deploy/fleet.sh uncordon ID   lift a worker's cordon or drain
 #   bash deploy/fleet.sh env           the variables a shell needs to use the fleet
 #   bash deploy/fleet.sh logs [SVC]    the containers' logs
 #   bash deploy/fleet.sh compose ...   docker-compose on the fleet's project (kill, start...)
@@ -220,6 +221,9 @@ case "$cmd" in
   drain)
     op drain "${1:?drain WORKER_ID}" "${@:2}"
     ;;
+  uncordon)
+    op uncordon "${1:?uncordon WORKER_ID}"
+    ;;
   env)
     print_env
     ;;
@@ -238,7 +242,7 @@ case "$cmd" in
     echo "fleet $PROJECT is down (credentials kept in $FLEET_DIR/creds)"
     ;;
   *)
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     [ -z "$cmd" ] || exit 64
     ;;
 esac

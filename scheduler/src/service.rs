@@ -32,10 +32,19 @@ const EVENT_CHANNEL: usize = 4096;
 /// Terms failed on NATS in a row before the process gives up and exits.
 const MAX_FAILED_TERMS: u32 = 8;
 
-/// How long a scheduler whose `n`th term in a row failed waits before campaigning again:
-/// 1 s, doubling, at most 30 s (about two and a half minutes before it exits).
-fn term_retry(n: u32) -> Duration {
-    Duration::from_secs((1u64 << n.saturating_sub(1).min(5)).min(30))
+/// Counts a term that failed on NATS and waits before the next campaign: 1 s, doubling, at
+/// most 30 s. The error is returned (the process exits) once MAX_FAILED_TERMS fail in a
+/// row, about two and a half minutes.
+async fn term_failed(failed: &mut u32, e: anyhow::Error) -> anyhow::Result<()> {
+    *failed += 1;
+    if *failed >= MAX_FAILED_TERMS {
+        return Err(e.context(format!("{failed} terms in a row failed")));
+    }
+    error!(error = %format!("{e:#}"), "standing by after a failed term");
+    crate::metrics::term_failed();
+    let wait = Duration::from_secs((1u64 << failed.saturating_sub(1).min(5)).min(30));
+    tokio::time::sleep(wait).await;
+    Ok(())
 }
 /// Stored-result lookups in flight at once on the intake (their answers are taken in order).
 const LOOKUPS: usize = 64;
@@ -106,13 +115,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 // The bucket is unreachable (a cluster moving its leaders): give the lease up
                 // and campaign again after a pause, rather than exiting.
                 lease::release(held).await;
-                failed_terms += 1;
-                if failed_terms >= MAX_FAILED_TERMS {
-                    return Err(e.context(format!("{failed_terms} terms in a row failed")));
-                }
-                error!(error = %format!("{e:#}"), "taking the next epoch; standing by");
-                crate::metrics::term_failed();
-                tokio::time::sleep(term_retry(failed_terms)).await;
+                term_failed(&mut failed_terms, e.context("taking the next epoch")).await?;
                 continue;
             }
         };
@@ -149,15 +152,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             // while the cluster elects stream leaders): the lease was released when the term
             // ended; stand by and campaign again, so that one slow election does not leave
             // the fleet without a scheduler where nothing restarts it.
-            Err(e) => {
-                failed_terms += 1;
-                if failed_terms >= MAX_FAILED_TERMS {
-                    return Err(e.context(format!("{failed_terms} terms in a row failed")));
-                }
-                error!(epoch, error = %format!("{e:#}"), "the term ended on an error; standing by");
-                crate::metrics::term_failed();
-                tokio::time::sleep(term_retry(failed_terms)).await;
-            }
+            Err(e) => term_failed(&mut failed_terms, e.context(format!("term {epoch}"))).await?,
         }
     }
     // Drain: unsubscribe (no more deliveries to this process) and flush. Bounded: NATS may be

@@ -20,6 +20,21 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .cloned()
 }
 
+/// The faults `--faults a,b` names, else all of them.
+fn faults<F: Copy>(
+    args: &[String],
+    all: &[F],
+    parse: fn(&str) -> Option<F>,
+) -> anyhow::Result<Vec<F>> {
+    match flag(args, "--faults") {
+        None => Ok(all.to_vec()),
+        Some(list) => list
+            .split(',')
+            .map(|n| parse(n.trim()).ok_or_else(|| anyhow::anyhow!("no fault {n:?}")))
+            .collect(),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -29,13 +44,7 @@ async fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "--fleet") {
         return fleet(&args, actions, trajectories).await;
     }
-    let faults: Vec<Fault> = match flag(&args, "--faults") {
-        None => Fault::ALL.to_vec(),
-        Some(list) => list
-            .split(',')
-            .map(|n| Fault::parse(n.trim()).ok_or_else(|| anyhow::anyhow!("no fault {n:?}")))
-            .collect::<anyhow::Result<_>>()?,
-    };
+    let faults = faults(&args, &Fault::ALL, Fault::parse)?;
     let per = actions / faults.len().max(1);
     let mut reports: Vec<Report> = Vec::new();
     for f in &faults {
@@ -50,15 +59,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn fleet(args: &[String], actions: usize, trajectories: usize) -> anyhow::Result<()> {
-    let faults: Vec<FleetFault> = match flag(args, "--faults") {
-        None => FleetFault::ALL.to_vec(),
-        Some(list) => list
-            .split(',')
-            .map(|n| {
-                FleetFault::parse(n.trim()).ok_or_else(|| anyhow::anyhow!("no fleet fault {n:?}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
-    };
+    let faults = faults(args, &FleetFault::ALL, FleetFault::parse)?;
     let per = actions / faults.len().max(1);
     eprintln!("bringing up the fleet ...");
     let fleet = tokio::task::spawn_blocking(|| ComposeFleet::up("faults")).await??;

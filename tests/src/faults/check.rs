@@ -65,6 +65,24 @@ pub struct Report {
 }
 
 impl Report {
+    /// The report with the run's times: when the fault struck and ended, the whole run,
+    /// its longest stall (all from the workload's start).
+    pub(super) fn timed(
+        self,
+        started: tokio::time::Instant,
+        struck_at: std::time::Duration,
+        recovered_at: std::time::Duration,
+        longest_stall: std::time::Duration,
+    ) -> Self {
+        Self {
+            struck_at_s: struck_at.as_secs_f64(),
+            recovered_at_s: recovered_at.as_secs_f64(),
+            total_s: started.elapsed().as_secs_f64(),
+            longest_stall_s: longest_stall.as_secs_f64(),
+            ..self
+        }
+    }
+
     /// True when nothing was lost or duplicated.
     pub fn clean(&self) -> bool {
         self.total.lost == 0 && self.total.duplicated == 0

@@ -266,15 +266,9 @@ pub async fn run(fleet: &ComposeFleet, fault: FleetFault, size: Size) -> anyhow:
     );
     let mut report = check::classify(fault.name(), &effects, &control, finished.submitted).await?;
     if !report.clean() {
-        report.evidence = fleet.log_lines_naming(&report.flagged, 200);
+        report.evidence = fleet.log_lines_naming(&report.flagged, super::EVIDENCE_LINES);
     }
-    Ok(Report {
-        struck_at_s: struck_at.as_secs_f64(),
-        recovered_at_s: recovered_at.as_secs_f64(),
-        total_s: started.elapsed().as_secs_f64(),
-        longest_stall_s: finished.longest_stall.as_secs_f64(),
-        ..report
-    })
+    Ok(report.timed(started, struck_at, recovered_at, finished.longest_stall))
 }
 
 async fn strike(fleet: &ComposeFleet, control: &Client, fault: FleetFault) -> anyhow::Result<()> {
@@ -328,7 +322,7 @@ async fn strike(fleet: &ComposeFleet, control: &Client, fault: FleetFault) -> an
                 control
                     .wait_for_workers(&[id.as_str()], Duration::from_secs(60))
                     .await?;
-                uncordon(fleet, &id)?;
+                fleet.script(&["uncordon", &id])?;
             }
         }
         FleetFault::ScaleOutAndIn => {
@@ -337,22 +331,5 @@ async fn strike(fleet: &ComposeFleet, control: &Client, fault: FleetFault) -> an
             fleet.script(&["scale", &CPU_WORKERS.to_string()])?;
         }
     }
-    Ok(())
-}
-
-fn uncordon(fleet: &ComposeFleet, id: &str) -> anyhow::Result<()> {
-    let out = Command::new(crate::built_binary("tangram"))
-        .args(["uncordon", id])
-        .env("TANGRAM_NATS_URL", &fleet.url)
-        .env(
-            "TANGRAM_NKEY_FILE",
-            fleet.dir.path().join("creds/operator.nk"),
-        )
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "tangram uncordon {id}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     Ok(())
 }

@@ -105,7 +105,7 @@ impl Size {
 
 /// Runs the workload against a fresh fleet while `fault` strikes; returns the counts.
 /// Log lines kept as evidence for a run that lost or duplicated something.
-const EVIDENCE_LINES: usize = 200;
+pub(super) const EVIDENCE_LINES: usize = 200;
 
 pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     let mut fleet = Fleet::start(fault.name()).await?;
@@ -141,13 +141,7 @@ pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     if !report.clean() {
         report.evidence = fleet.log_lines_naming(&report.flagged, EVIDENCE_LINES);
     }
-    Ok(Report {
-        struck_at_s: struck_at.as_secs_f64(),
-        recovered_at_s: recovered_at.as_secs_f64(),
-        total_s: started.elapsed().as_secs_f64(),
-        longest_stall_s: finished.longest_stall.as_secs_f64(),
-        ..report
-    })
+    Ok(report.timed(started, struck_at, recovered_at, finished.longest_stall))
 }
 
 async fn strike(

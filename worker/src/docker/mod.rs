@@ -295,16 +295,7 @@ impl DockerSandboxes {
             Ok(c) => c,
             Err(e) => {
                 // The engine may have made it before the answer was lost: by its name.
-                let _ = self
-                    .docker
-                    .remove_container(
-                        &name,
-                        Some(RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
+                let _ = force_remove(&self.docker, &name).await;
                 return Err(e.into());
             }
         };
