@@ -15,8 +15,11 @@ const SERVER_CONF: &str = include_str!("../../nats/server.conf");
 const REPLICA_PY: &str = include_str!("../../services/reference-replica/replica.py");
 const SEARCH_PY: &str = include_str!("../../services/search-standin/search.py");
 
-/// Options of `tangram up`.
-#[derive(Debug, clap::Args)]
+/// Options of `tangram up`. Each is a flag, an environment variable, and a key of the
+/// `[up]` table of the config file (`--config`, or `tangram.toml`): flags and environment
+/// variables win over the file, the file over the defaults.
+#[derive(Debug, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UpArgs {
     /// Where the cluster keeps its state, logs and pid files.
     #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
@@ -26,44 +29,128 @@ pub struct UpArgs {
     pub nats_port: u16,
     /// Schedulers: the first to start leads, the others stand by and take over within
     /// about 2.3 s of its death.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    #[arg(long, env = "TANGRAM_UP_SCHEDULERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub schedulers: u32,
     /// CPU workers (each grants all of this machine's cores; on a small machine they share them).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "TANGRAM_UP_WORKERS", default_value_t = 2)]
     pub workers: u32,
     /// Memory each CPU worker reserves for sandboxes, MiB.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, env = "TANGRAM_UP_WORKER_MEM_MB", default_value_t = 4096)]
     pub worker_mem_mb: u64,
     /// GPUs the GPU worker declares when NVML finds none (0: no GPU worker).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "TANGRAM_UP_GPUS", default_value_t = 2)]
     pub gpus: u32,
     /// Reward services the GPU worker serves with reference replicas, comma-separated.
-    #[arg(long, default_value = "judge,teacher-code,teacher-style")]
+    #[arg(
+        long,
+        env = "TANGRAM_UP_SERVICES",
+        default_value = "judge,teacher-code,teacher-style"
+    )]
     pub services: String,
     /// Scheduling policy.
     #[arg(long, env = "TANGRAM_SCHEDULER_POLICY", default_value = "tangram")]
     pub policy: String,
     /// Cores per trajectory sandbox under `--policy static`.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "TANGRAM_UP_STATIC_CORES", default_value_t = 1)]
     pub static_cores: u32,
     /// The search stand-in's rate limit, requests/s (the provider quota declared to Tangram).
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, env = "TANGRAM_UP_SEARCH_RATE", default_value_t = 20.0)]
     pub search_rate: f64,
     /// nats-server binary [default: tools/bin/nats-server above the working directory, then PATH].
     #[arg(long, env = "TANGRAM_NATS_SERVER")]
     pub nats_server: Option<PathBuf>,
     /// Seconds to wait for every component to report.
-    #[arg(long, default_value_t = 90)]
+    #[arg(long, env = "TANGRAM_UP_WAIT_S", default_value_t = 90)]
     pub wait_s: u64,
     /// Run NATS without users or permissions (anyone who reaches the port may do anything).
     /// By default every component, the CLI and rollouts authenticate with nkeys written to
     /// <state-dir>/creds/<role>.nk.
-    #[arg(long)]
+    #[arg(long, env = "TANGRAM_UP_NO_AUTH")]
     pub no_auth: bool,
     /// Jobs that get rollout credentials of their own (`creds/rollout-<job>.nk`: that job's
     /// actions and results only), comma-separated; `creds/rollout.nk` serves every job.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "TANGRAM_UP_ROLLOUT_JOBS", default_value = "")]
     pub rollout_jobs: String,
+    /// NATS monitoring port on 127.0.0.1 [default: 8222 beside the default client port 4222,
+    /// else a free one].
+    #[arg(long, env = "TANGRAM_UP_NATS_MONITOR_PORT")]
+    pub nats_monitor_port: Option<u16>,
+    /// Serve Prometheus metrics from the scheduler and every worker, on loopback (the
+    /// default; `up` prints the addresses and writes <state-dir>/prometheus.yml).
+    #[arg(long, overrides_with = "no_metrics")]
+    #[serde(default)]
+    pub metrics: bool,
+    /// Serve no metrics.
+    #[arg(long, env = "TANGRAM_UP_NO_METRICS")]
+    #[serde(default)]
+    pub no_metrics: bool,
+}
+
+/// The GPU worker's config file, as `up` writes it (the worker's own format, CONFIG.md).
+#[derive(Debug, Serialize)]
+struct GpuWorkerFile {
+    id: String,
+    nats_url: String,
+    sandboxes: bool,
+    heartbeat_ms: u64,
+    state_dir: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<String>,
+    gpu: GpuSection,
+    service: Vec<GpuService>,
+    provider: Vec<GpuProvider>,
+}
+
+#[derive(Debug, Serialize)]
+struct GpuSection {
+    nvml: String,
+    count: u32,
+}
+
+#[derive(Debug, Serialize)]
+struct GpuService {
+    name: String,
+    driver: String,
+    command: Vec<String>,
+    gpus: u32,
+    restore_ms: u64,
+    slots: u32,
+}
+
+#[derive(Debug, Serialize)]
+struct GpuProvider {
+    name: String,
+    base_url: String,
+    credential_file: PathBuf,
+    rate_per_s: f64,
+    burst: u32,
+    concurrency: u32,
+    timeout_ms: u64,
+    allow: Vec<String>,
+}
+
+/// A Prometheus scrape config for a cluster `up` started: one job per component kind, each
+/// target labelled with its component (`instance` stays the address).
+pub fn prometheus_config(metrics: &[(String, String)]) -> String {
+    let mut out = String::from(
+        "# Written by `tangram up`: scrapes this local cluster. The fleet's own config is\n# deploy/prometheus.yml.\nglobal:\n  scrape_interval: 5s\nscrape_configs:\n",
+    );
+    for (job, prefix) in [("tangram-scheduler", "scheduler"), ("tangram-worker", "")] {
+        let targets: Vec<&(String, String)> = metrics
+            .iter()
+            .filter(|(n, _)| n.starts_with("scheduler") == (prefix == "scheduler"))
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        out += &format!("  - job_name: {job}\n    static_configs:\n");
+        for (name, addr) in targets {
+            out += &format!(
+                "      - targets: [\"{addr}\"]\n        labels: {{component: \"{name}\"}}\n"
+            );
+        }
+    }
+    out
 }
 
 /// What `up` records for `down` and `status`.
@@ -80,6 +167,12 @@ pub struct Running {
     /// Where the credentials are, when NATS requires them.
     #[serde(default)]
     pub creds: Option<PathBuf>,
+    /// NATS monitoring endpoint (`host:port`).
+    #[serde(default)]
+    pub nats_monitor: Option<String>,
+    /// Component name → its metrics endpoint (`host:port`), when metrics are on.
+    #[serde(default)]
+    pub metrics: Vec<(String, String)>,
 }
 
 fn alive(pid: u32) -> bool {
@@ -92,32 +185,6 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-pub(crate) fn find_nats_server(explicit: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.clone());
-    }
-    let mut dir = std::env::current_dir()?;
-    loop {
-        let c = dir.join("tools/bin/nats-server");
-        if c.exists() {
-            return Ok(c);
-        }
-        if !dir.pop() {
-            break;
-        }
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        // target/<profile>/tangram -> repo root
-        if let Some(root) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
-            let c = root.join("tools/bin/nats-server");
-            if c.exists() {
-                return Ok(c);
-            }
-        }
-    }
-    Ok(PathBuf::from("nats-server"))
 }
 
 pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
@@ -224,10 +291,25 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     std::fs::write(state.join("bin/replica.py"), REPLICA_PY)?;
     std::fs::write(state.join("bin/search.py"), SEARCH_PY)?;
     let url = format!("nats://127.0.0.1:{}", a.nats_port);
+    let monitor_port = match a.nats_monitor_port {
+        Some(p) => p,
+        None if a.nats_port == 4222 => 8222,
+        None => free_port()?,
+    };
+    let metrics_on = !a.no_metrics;
+    let mut metrics: Vec<(String, String)> = Vec::new();
+    let mut metrics_addr = |name: &str| -> anyhow::Result<Vec<String>> {
+        if !metrics_on {
+            return Ok(Vec::new());
+        }
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        metrics.push((name.to_string(), addr.clone()));
+        Ok(vec!["--metrics-addr".into(), addr])
+    };
     let mut pids: Vec<(String, u32)> = Vec::new();
     let mut workers = Vec::new();
     let result = (|| -> anyhow::Result<Option<String>> {
-        let nats = find_nats_server(a.nats_server.as_ref())?;
+        let nats = crate::nats_server::find(a.nats_server.as_ref())?;
         pids.push((
             "nats".into(),
             spawn(
@@ -236,7 +318,8 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                 Command::new(&nats)
                     .args(["-c"])
                     .arg(state_abs.join("server.conf"))
-                    .args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string(), "-sd"])
+                    .args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string()])
+                    .args(["-m", &monitor_port.to_string(), "-sd"])
                     .arg(state_abs.join("nats")),
             )
             .with_context(|| {
@@ -273,6 +356,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                         .env("TANGRAM_NATS_URL", &url)
                         .envs(seed("scheduler"))
                         .args(["--id", &name])
+                        .args(metrics_addr(&name)?)
                         .args([
                             "--policy",
                             &a.policy,
@@ -295,6 +379,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                     Command::new(sibling("tangram-worker")?)
                         .env("TANGRAM_NATS_URL", &url)
                         .envs(seed(&format!("worker-{id}")))
+                        .args(metrics_addr(&id)?)
                         .args([
                             "--id",
                             &id,
@@ -338,27 +423,52 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             ));
             let surl = format!("http://127.0.0.1:{port}");
             search_url = Some(surl.clone());
-            let mut toml = format!(
-                "id = \"gpu-0\"\nnats_url = \"{url}\"\nsandboxes = false\nheartbeat_ms = 500\nstate_dir = \"{}\"\n\n[gpu]\nnvml = \"auto\"\ncount = {}\n",
-                state_abs.join("gpu-0").display(),
-                a.gpus
-            );
-            for s in a
+            let gpu_metrics = metrics_addr("gpu-0")?.pop();
+            let services: Vec<GpuService> = a
                 .services
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
-            {
-                toml += &format!(
-                    "\n[[service]]\nname = \"{s}\"\ndriver = \"reference\"\ncommand = [\"python3\", \"{}\", \"--service\", \"{{service}}\", \"--port\", \"{{port}}\"]\ngpus = 1\nrestore_ms = 20\nslots = 8\n",
-                    state_abs.join("bin/replica.py").display()
-                );
-            }
-            toml += &format!(
-                "\n[[provider]]\nname = \"search\"\nbase_url = \"{surl}\"\ncredential_file = \"{}\"\nrate_per_s = {}\nburst = 5\nconcurrency = 8\ntimeout_ms = 10000\nallow = [\"GET /search\"]\n",
-                state_abs.join("search.key").display(),
-                a.search_rate
-            );
+                .map(|s| GpuService {
+                    name: s.to_string(),
+                    driver: "reference".into(),
+                    command: vec![
+                        "python3".into(),
+                        state_abs.join("bin/replica.py").display().to_string(),
+                        "--service".into(),
+                        "{service}".into(),
+                        "--port".into(),
+                        "{port}".into(),
+                    ],
+                    gpus: 1,
+                    restore_ms: 20,
+                    slots: 8,
+                })
+                .collect();
+            let file = GpuWorkerFile {
+                id: "gpu-0".into(),
+                nats_url: url.clone(),
+                sandboxes: false,
+                heartbeat_ms: 500,
+                state_dir: state_abs.join("gpu-0"),
+                metrics_addr: gpu_metrics,
+                gpu: GpuSection {
+                    nvml: "auto".into(),
+                    count: a.gpus,
+                },
+                service: services,
+                provider: vec![GpuProvider {
+                    name: "search".into(),
+                    base_url: surl.clone(),
+                    credential_file: state_abs.join("search.key"),
+                    rate_per_s: a.search_rate,
+                    burst: 5,
+                    concurrency: 8,
+                    timeout_ms: 10_000,
+                    allow: vec!["GET /search".into()],
+                }],
+            };
+            let toml = toml::to_string(&file).context("writing the GPU worker's config")?;
             std::fs::write(state.join("gpu-0.toml"), toml)?;
             pids.push((
                 "gpu-0".into(),
@@ -376,6 +486,8 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         Ok(search_url)
     })();
     let record = |search_url: Option<String>| Running {
+        nats_monitor: Some(format!("127.0.0.1:{monitor_port}")),
+        metrics: metrics.clone(),
         nats_url: url.clone(),
         pids: pids.clone(),
         workers: workers.clone(),
@@ -424,6 +536,19 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                 }
                 if let Some(s) = &search_url {
                     println!("  provider search -> {s} ({} requests/s)", a.search_rate);
+                }
+                if !metrics.is_empty() {
+                    let prom = state.join("prometheus.yml");
+                    std::fs::write(&prom, prometheus_config(&metrics))?;
+                    println!(
+                        "  metrics: {} (scrape config: {})",
+                        metrics
+                            .iter()
+                            .map(|(n, a)| format!("{n} {a}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        prom.display()
+                    );
                 }
                 println!(
                     "  try: tangram status | tangram submit open --trajectory t1 | tangram down"
@@ -714,82 +839,49 @@ pub(crate) fn apply_config_file(
         None if Path::new("tangram.toml").exists() => PathBuf::from("tangram.toml"),
         None => return Ok(()),
     };
+    let config = |e: String| crate::errors::ConfigError(format!("{}: {e}", path.display()));
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| config(e.to_string()))?;
     let Some(up) = table.get("up") else {
         return Ok(());
     };
     let up = up
         .as_table()
-        .with_context(|| format!("{}: [up] must be a table", path.display()))?;
+        .ok_or_else(|| config("[up] must be a table".into()))?;
     let sub = matches.subcommand_matches("up").context("up's arguments")?;
-    let from_default = |id: &str| {
+    *a = layer(a, up, |id| {
         matches!(
             sub.value_source(id),
             None | Some(clap::parser::ValueSource::DefaultValue)
         )
-    };
-    const KEYS: [&str; 14] = [
-        "state_dir",
-        "nats_port",
-        "schedulers",
-        "workers",
-        "worker_mem_mb",
-        "gpus",
-        "services",
-        "policy",
-        "static_cores",
-        "search_rate",
-        "nats_server",
-        "wait_s",
-        "no_auth",
-        "rollout_jobs",
-    ];
-    for (key, value) in up {
-        let id = key.as_str();
-        if !KEYS.contains(&id) {
-            anyhow::bail!(
-                "{}: unknown key up.{id}; known: {}",
-                path.display(),
-                KEYS.join(", ")
-            );
+    })
+    .map_err(config)?;
+    Ok(())
+}
+
+/// The options with the file's `[up]` values laid over those that came from defaults (one
+/// serde round trip: every key of `UpArgs` is a key of the file, typed as the flag is).
+pub(crate) fn layer(
+    a: &UpArgs,
+    file: &toml::Table,
+    from_default: impl Fn(&str) -> bool,
+) -> Result<UpArgs, String> {
+    let mut merged = toml::Table::try_from(a).map_err(|e| e.to_string())?;
+    for (key, value) in file {
+        let mut with = merged.clone();
+        with.insert(key.clone(), value.clone());
+        if let Err(e) = UpArgs::deserialize(toml::Value::Table(with.clone())) {
+            let e = e.to_string();
+            return Err(if e.contains("unknown field") {
+                format!("unknown key up.{key}: {}", e.trim())
+            } else {
+                format!("up.{key}: {}", e.trim())
+            });
         }
-        if !from_default(id) {
-            continue;
-        }
-        let bad = || anyhow::anyhow!("{}: up.{key} has the wrong type ({value})", path.display());
-        let int = || value.as_integer().ok_or_else(bad);
-        match id {
-            "state_dir" => a.state_dir = PathBuf::from(value.as_str().ok_or_else(bad)?),
-            "nats_port" => a.nats_port = u16::try_from(int()?).map_err(|_| bad())?,
-            "schedulers" => {
-                a.schedulers = u32::try_from(int()?)
-                    .ok()
-                    .filter(|n| (1..=8).contains(n))
-                    .ok_or_else(|| {
-                        anyhow::anyhow!("{}: up.schedulers must be 1 to 8", path.display())
-                    })?
-            }
-            "workers" => a.workers = u32::try_from(int()?).map_err(|_| bad())?,
-            "worker_mem_mb" => a.worker_mem_mb = u64::try_from(int()?).map_err(|_| bad())?,
-            "gpus" => a.gpus = u32::try_from(int()?).map_err(|_| bad())?,
-            "services" => a.services = value.as_str().ok_or_else(bad)?.to_string(),
-            "policy" => a.policy = value.as_str().ok_or_else(bad)?.to_string(),
-            "static_cores" => a.static_cores = u32::try_from(int()?).map_err(|_| bad())?,
-            "search_rate" => {
-                a.search_rate = value
-                    .as_float()
-                    .or_else(|| value.as_integer().map(|i| i as f64))
-                    .ok_or_else(bad)?
-            }
-            "nats_server" => a.nats_server = Some(PathBuf::from(value.as_str().ok_or_else(bad)?)),
-            "wait_s" => a.wait_s = u64::try_from(int()?).map_err(|_| bad())?,
-            "no_auth" => a.no_auth = value.as_bool().ok_or_else(bad)?,
-            "rollout_jobs" => a.rollout_jobs = value.as_str().ok_or_else(bad)?.to_string(),
-            other => anyhow::bail!("{}: unknown key up.{other}", path.display()),
+        if from_default(key) {
+            merged = with;
         }
     }
-    Ok(())
+    UpArgs::deserialize(toml::Value::Table(merged)).map_err(|e| format!("[up]: {e}"))
 }

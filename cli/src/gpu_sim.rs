@@ -50,7 +50,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         let mode = match name {
             "tangram" => GpuMode::Pooled { gpus: args.gpus },
             "static" => GpuMode::Static { gpus_per_service: per_service },
-            other => bail!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
+            other => crate::usage!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
         };
         let label = match mode {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
@@ -59,7 +59,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         runs.push(simulate_gpu(&w, mode, &label));
     }
     if runs.is_empty() {
-        bail!("--policies is empty");
+        crate::usage!("--policies is empty");
     }
     let sums: Vec<Summary> = runs.iter().map(|r| r.0.summary()).collect();
     let base = &sums[0];
@@ -231,12 +231,12 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
         let mode = match name {
             "tangram" => QuotaMode::Pooled,
             "static" => QuotaMode::PerTrajectory,
-            other => bail!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
+            other => crate::usage!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
         };
         reports.push(simulate_api(&w, mode, name));
     }
     if reports.is_empty() {
-        bail!("--policies is empty");
+        crate::usage!("--policies is empty");
     }
     let sums: Vec<Summary> = reports.iter().map(SimReport::summary).collect();
     let base = &sums[0];

@@ -5,10 +5,16 @@ mod bench;
 mod cluster;
 mod cordon;
 mod creds;
+mod errors;
 mod gpu_sim;
+mod inspect;
+mod nats_server;
 mod pipeline;
 mod probe;
+mod progress;
+mod replay;
 mod report;
+mod streams;
 mod submit;
 mod svg;
 mod trace;
@@ -83,6 +89,15 @@ pub(crate) enum Command {
         #[arg(default_value = "/readyz")]
         path: String,
     },
+    /// One action's whole story from the retained streams: the action as stored, every
+    /// dispatch, its result, any dead-letter record, and a timeline with the ACT split.
+    Inspect(inspect::InspectArgs),
+    /// Recorded runs: list jobs, export one as a simulator trace, replay it into a cluster
+    /// with a diff report, list and re-submit dead letters.
+    Replay {
+        #[command(subcommand)]
+        what: replay::ReplayWhat,
+    },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
     /// Benchmarks.
@@ -130,6 +145,10 @@ pub(crate) struct SimulateArgs {
     /// baseline keeps 4 per service.
     #[arg(long, default_value_t = 10)]
     pub(crate) gpus: u32,
+    /// Cores each trajectory's sandbox holds under the `static` baseline (the paper's 4; a
+    /// replayed trace of a small cluster wants what `tangram up --static-cores` gave).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) static_cores: u32,
     /// GPU workloads: also run `tangram` at every pool size from 1 GPU up to the static
     /// baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
     #[arg(long)]
@@ -169,15 +188,12 @@ fn main() -> std::process::ExitCode {
         Err(e) => e.exit(),
     };
     if let Err(e) = cluster::apply_config_file(&mut cli.command, cli.config.as_deref(), &matches) {
-        eprintln!("tangram: {e:#}");
-        return std::process::ExitCode::from(64);
+        errors::report(&e);
+        return std::process::ExitCode::from(errors::EXIT_CONFIG);
     }
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tangram: {e:#}");
-            std::process::ExitCode::from(2)
-        }
+        Err(e) => std::process::ExitCode::from(errors::report(&e)),
     }
 }
 
@@ -213,6 +229,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Inspect(a) => inspect::inspect(a),
+        Command::Replay { what } => replay::replay(what),
         Command::Simulate(args) => simulate(args),
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },
@@ -244,7 +262,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             ),
             "mopd" => return gpu_sim::mopd(&args),
             "deepsearch" => return gpu_sim::deepsearch(&args),
-            other => bail!("unknown workload {other:?}; available: ai-coding, mopd, deepsearch"),
+            other => {
+                crate::usage!("unknown workload {other:?}; available: ai-coding, mopd, deepsearch")
+            }
         },
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
@@ -258,14 +278,16 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 format!("trace {}", path.display()),
             )
         }
-        _ => bail!("give --workload NAME or --trace FILE"),
+        _ => crate::usage!("give --workload NAME or --trace FILE"),
     };
     if let Some(path) = &args.cluster {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let (nodes, n) = trace::parse_cluster(&text)?;
         workload.nodes = nodes;
-        notes.extend(n);
+        if args.trace.is_none() {
+            notes.extend(n);
+        }
         if args.trace.is_some() {
             if let Ok((gpus, services)) = trace::parse_gpu_cluster(&text) {
                 workload.gpus = gpus;
@@ -296,16 +318,21 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect();
-    let mut policies = Vec::new();
+    let mut policies: Vec<Box<dyn tangram_core::Policy>> = Vec::new();
     for n in &names {
-        policies.push(
-            tangram_core::by_name(n).with_context(|| {
-                format!("unknown policy {n:?}; available: {}", NAMES.join(", "))
-            })?,
-        );
+        if *n == "static" {
+            policies.push(Box::new(tangram_core::policies::Static {
+                cores: args.static_cores,
+            }));
+            continue;
+        }
+        match tangram_core::by_name(n) {
+            Some(p) => policies.push(p),
+            None => crate::usage!("unknown policy {n:?}; available: {}", NAMES.join(", ")),
+        }
     }
     if policies.is_empty() {
-        bail!("--policies is empty");
+        crate::usage!("--policies is empty");
     }
     let mut reports = Vec::new();
     for p in &policies {
@@ -329,6 +356,15 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         }
     }
     let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
+    let expected = sim::actions_in(&workload);
+    for s in &sums {
+        if s.actions < expected {
+            notes.push(format!(
+                "{} ran {} of the {expected} actions: the rest never fitted (a demand larger than any node; for static, see --static-cores)",
+                s.name, s.actions
+            ));
+        }
+    }
     let base = &sums[0];
     let ratio = report::ratio;
     report::write_svg(&args.svg, &label, &reports)?;

@@ -295,9 +295,12 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
     let mut nodes = Vec::new();
     for g in c.nodes {
         let _ = (g.mem_mb, g.gpu);
-        nodes.extend(std::iter::repeat_n(g.cpu, g.count as usize));
+        // A GPU-only node (a GPU worker's host) runs no sandboxes: no trajectory goes there.
+        if g.cpu > 0 {
+            nodes.extend(std::iter::repeat_n(g.cpu, g.count as usize));
+        }
     }
-    if nodes.iter().all(|&c| c == 0) && c.services.is_empty() {
+    if nodes.is_empty() && c.services.is_empty() {
         bail!("the cluster has no CPU cores");
     }
     Ok((nodes, notes))
@@ -306,6 +309,16 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_only_node_takes_no_trajectories() {
+        let (nodes, _) = parse_cluster(
+            r#"{"nodes": [{"count": 1, "cpu": 2}, {"count": 1, "cpu": 0, "gpu": 1}],
+                "services": [{"name": "judge"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(nodes, [2]);
+    }
 
     #[test]
     fn the_documented_trace_line_parses_and_unsupported_kinds_are_explained() {

@@ -308,7 +308,10 @@ fn traces_mix_sandbox_reward_and_api_steps_on_one_cluster() {
         "--svg",
         svg.to_str().unwrap(),
     ]);
-    assert_eq!(code, 2);
+    assert_eq!(
+        code, 1,
+        "a bad cluster file is a runtime error, not a usage error"
+    );
     assert!(err.contains("search") && err.contains("providers"), "{err}");
 }
 

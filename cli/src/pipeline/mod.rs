@@ -135,7 +135,7 @@ impl Plan {
 /// Runs the benchmark for each sync setting asked for and prints the report.
 pub fn pipeline(a: PipelineArgs) -> anyhow::Result<()> {
     let plan = Plan::from(&a)?;
-    let nats = crate::cluster::find_nats_server(a.nats_server.as_ref())?;
+    let nats = crate::nats_server::find(a.nats_server.as_ref())?;
     let syncs: &[&str] = match a.sync.as_str() {
         "both" => &["default", "always"],
         "default" => &["default"],

@@ -1,0 +1,629 @@
+//! `tangram inspect <action-id>`: one action's whole story from the retained streams: the
+//! action as stored, every dispatch, the result (or results: more than one is a defect and is
+//! said so), any dead-letter record, and a timeline with the ACT split.
+
+use crate::streams::{self, Record, Scan};
+use anyhow::Context as _;
+use serde::Serialize;
+use tangram_shared::{subject, ActionResult, Dispatch, GpuRoute, Grant, Timing};
+
+/// The header dead-letter records carry the action id in (when it could be read).
+pub const HEADER_DLQ_ACTION: &str = "Tangram-Action-Id";
+
+/// `tangram inspect`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct InspectArgs {
+    /// The action id.
+    id: String,
+    /// The action's job, when known: narrows every lookup to that job's subjects.
+    #[arg(long)]
+    job: Option<String>,
+    /// Print the story as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    cluster: crate::cordon::ClusterArgs,
+}
+
+/// The action as stored on the actions stream.
+#[derive(Debug, Serialize)]
+pub struct StoredAction {
+    pub seq: u64,
+    pub subject: String,
+    pub stored_at_us: u64,
+    pub encoding: &'static str,
+    /// The message decoded as JSON (whatever it holds, even when it is not a valid action).
+    pub body: serde_json::Value,
+}
+
+/// One dispatch.
+#[derive(Debug, Serialize)]
+pub struct DispatchRecord {
+    pub seq: u64,
+    pub stored_at_us: u64,
+    pub worker: String,
+    pub epoch: u64,
+    pub attempt: u32,
+    pub instance: Option<String>,
+    pub grant: Grant,
+    pub gpu: Option<GpuRoute>,
+}
+
+/// One result.
+#[derive(Debug, Serialize)]
+pub struct ResultRecord {
+    pub seq: u64,
+    pub stored_at_us: u64,
+    pub result: ActionResult,
+}
+
+/// One dead-letter record naming the action.
+#[derive(Debug, Serialize)]
+pub struct DeadLetter {
+    pub seq: u64,
+    pub stored_at_us: u64,
+    pub code: String,
+    pub reason: String,
+    pub worker: Option<String>,
+    pub original_subject: Option<String>,
+}
+
+/// A moment in the action's life.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Moment {
+    pub at_us: u64,
+    pub what: String,
+}
+
+/// Everything the streams hold about one action.
+#[derive(Debug, Serialize)]
+pub struct Story {
+    pub id: String,
+    pub job: Option<String>,
+    pub action: Option<StoredAction>,
+    pub dispatches: Vec<DispatchRecord>,
+    pub results: Vec<ResultRecord>,
+    pub deadletters: Vec<DeadLetter>,
+    pub timeline: Vec<Moment>,
+    /// The result's ACT split (queued + overhead + exec), when there is a result.
+    pub act: Option<Timing>,
+    /// What looks wrong: no result, more than one, a result with no stored action.
+    pub notes: Vec<String>,
+}
+
+/// The job token of a result or action subject (`tangram.v1.<what>.<job>.<...>`).
+fn job_token(subject: &str) -> Option<&str> {
+    subject.split('.').nth(3)
+}
+
+/// Builds the story from the records the lookups found (pure: no I/O).
+pub fn build(
+    id: &str,
+    action: Option<&Record>,
+    dispatches: &[Record],
+    results: &[Record],
+    deadletters: &[Record],
+) -> Story {
+    let mut notes = Vec::new();
+    let action = action.map(|r| StoredAction {
+        seq: r.seq,
+        subject: r.subject.clone(),
+        stored_at_us: r.at_us,
+        encoding: r.encoding().content_type(),
+        body: r.decode::<serde_json::Value>().unwrap_or_else(|e| {
+            serde_json::Value::String(format!("(undecodable: {e:#}; {} bytes)", r.payload.len()))
+        }),
+    });
+    let dispatches: Vec<DispatchRecord> = dispatches
+        .iter()
+        .filter_map(|r| match r.decode::<Dispatch>() {
+            Ok(d) => Some(DispatchRecord {
+                seq: r.seq,
+                stored_at_us: r.at_us,
+                worker: r.subject.split('.').nth(3).unwrap_or("?").to_string(),
+                epoch: d.epoch,
+                attempt: d.attempt,
+                instance: d.instance,
+                grant: d.grant,
+                gpu: d.gpu,
+            }),
+            Err(e) => {
+                notes.push(format!("dispatch {}: {e:#}", r.seq));
+                None
+            }
+        })
+        .collect();
+    let results: Vec<ResultRecord> = results
+        .iter()
+        .filter_map(|r| match r.decode::<ActionResult>() {
+            Ok(result) => Some(ResultRecord {
+                seq: r.seq,
+                stored_at_us: r.at_us,
+                result,
+            }),
+            Err(e) => {
+                notes.push(format!("result {}: {e:#}", r.seq));
+                None
+            }
+        })
+        .collect();
+    let deadletters: Vec<DeadLetter> = deadletters
+        .iter()
+        .map(|r| DeadLetter {
+            seq: r.seq,
+            stored_at_us: r.at_us,
+            code: r.subject.rsplit('.').next().unwrap_or_default().to_string(),
+            reason: r
+                .header(subject::HEADER_DLQ_REASON)
+                .unwrap_or_default()
+                .to_string(),
+            worker: r.header(subject::HEADER_DLQ_WORKER).map(str::to_string),
+            original_subject: r.header(subject::HEADER_DLQ_SUBJECT).map(str::to_string),
+        })
+        .collect();
+
+    let mut timeline = Vec::new();
+    if let Some(a) = &action {
+        timeline.push(Moment {
+            at_us: a.stored_at_us,
+            what: format!("submitted on {}", a.subject),
+        });
+    }
+    for d in &dispatches {
+        timeline.push(Moment {
+            at_us: d.stored_at_us,
+            what: format!(
+                "dispatched to {} (epoch {}, attempt {}, {} cores{})",
+                d.worker,
+                d.epoch,
+                d.attempt,
+                d.grant.cores,
+                d.gpu.as_ref().map_or(String::new(), |g| format!(
+                    ", {} on group {} GPUs {}..{}{}",
+                    g.service,
+                    g.chunk.group,
+                    g.chunk.start,
+                    u32::from(g.chunk.start) + u32::from(g.chunk.len),
+                    if g.restore { ", restoring it" } else { "" }
+                ))
+            ),
+        });
+    }
+    for d in &deadletters {
+        timeline.push(Moment {
+            at_us: d.stored_at_us,
+            what: format!("dead-lettered: {} ({})", d.code, d.reason),
+        });
+    }
+    for r in &results {
+        let t = r.result.timing;
+        let finished_us = r.result.finished_at_ms.saturating_mul(1000);
+        if r.result.placement.is_some() && finished_us > 0 {
+            timeline.push(Moment {
+                at_us: finished_us.saturating_sub(t.exec_us + t.overhead_us),
+                what: format!(
+                    "started on {} (after {:.3} s queued)",
+                    r.result
+                        .placement
+                        .as_ref()
+                        .map_or("?", |p| p.worker.as_str()),
+                    t.queued_us as f64 / 1e6
+                ),
+            });
+        }
+        timeline.push(Moment {
+            at_us: r.stored_at_us,
+            what: format!("result stored: {}", outcome_text(&r.result)),
+        });
+    }
+    timeline.sort_by_key(|m| m.at_us);
+
+    let job = action
+        .as_ref()
+        .and_then(|a| job_token(&a.subject))
+        .or_else(|| results.first().map(|r| r.result.job.as_str()))
+        .map(str::to_string);
+    match results.len() {
+        0 if deadletters.is_empty() => notes.push(
+            "no result is stored: the action is queued or running, or its result expired".into(),
+        ),
+        0 => notes.push("no result is stored beside the dead-letter record".into()),
+        1 => {}
+        n => notes.push(format!(
+            "{n} results are stored for one action: a duplicate (please report it)"
+        )),
+    }
+    if action.is_none() {
+        notes.push("the action itself is not in the actions stream (expired, or never stored under this id)".into());
+    }
+    Story {
+        id: id.to_string(),
+        job,
+        act: results.first().map(|r| r.result.timing),
+        action,
+        dispatches,
+        results,
+        deadletters,
+        timeline,
+        notes,
+    }
+}
+
+/// An outcome in a few words.
+pub fn outcome_text(r: &ActionResult) -> String {
+    use tangram_shared::Outcome;
+    match &r.outcome {
+        Outcome::Completed { exit_code } => format!("completed, exit {exit_code}"),
+        Outcome::TimedOut => "timed out".into(),
+        Outcome::OutOfMemory { exit_code } => format!("out of memory, exit {exit_code}"),
+        Outcome::Rejected { code, reason } => format!("rejected {}: {reason}", code.as_str()),
+        Outcome::InfraError { code, reason } => format!("infra_error {code:?}: {reason}"),
+    }
+}
+
+/// Renders the story for a person.
+pub fn render(s: &Story) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "action {} (job {})",
+        s.id,
+        s.job.as_deref().unwrap_or("?")
+    );
+    if let Some(a) = &s.action {
+        let body = serde_json::to_string_pretty(&a.body).unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "\nstored as #{} on {} ({}):",
+            a.seq, a.subject, a.encoding
+        );
+        for line in body.lines() {
+            let _ = writeln!(o, "  {line}");
+        }
+    }
+    if !s.dispatches.is_empty() {
+        let _ = writeln!(o, "\ndispatches:");
+        let _ = writeln!(
+            o,
+            "  {:>6}  {:<16} {:>5} {:>7} {:>5} {:>8}  gpu",
+            "seq", "worker", "epoch", "attempt", "cores", "mem_mb"
+        );
+        for d in &s.dispatches {
+            let _ = writeln!(
+                o,
+                "  {:>6}  {:<16} {:>5} {:>7} {:>5} {:>8}  {}",
+                d.seq,
+                d.worker,
+                d.epoch,
+                d.attempt,
+                d.grant.cores,
+                d.grant.mem_mb,
+                d.gpu.as_ref().map_or("-".to_string(), |g| format!(
+                    "{} g{}:{}+{}{}",
+                    g.service,
+                    g.chunk.group,
+                    g.chunk.start,
+                    g.chunk.len,
+                    if g.restore { " restore" } else { "" }
+                ))
+            );
+        }
+    }
+    for r in &s.results {
+        let _ = writeln!(o, "\nresult #{}: {}", r.seq, outcome_text(&r.result));
+        if let Some(p) = &r.result.placement {
+            let _ = writeln!(
+                o,
+                "  ran on {} with {} cores {}",
+                p.worker, p.cores, p.cpuset
+            );
+        }
+        for (name, text) in [("stdout", &r.result.stdout), ("stderr", &r.result.stderr)] {
+            if !text.is_empty() {
+                let first: String = text.lines().take(5).collect::<Vec<_>>().join("\n    ");
+                let _ = writeln!(o, "  {name}: {first}");
+            }
+        }
+        if let Some(sc) = &r.result.scores {
+            let _ = writeln!(o, "  scores: {sc:?}");
+        }
+        if let Some(h) = &r.result.http {
+            let _ = writeln!(o, "  http {} ({} bytes)", h.status, h.body.len());
+        }
+    }
+    for d in &s.deadletters {
+        let _ = writeln!(
+            o,
+            "\ndead letter #{}: {}: {}{}",
+            d.seq,
+            d.code,
+            d.reason,
+            d.worker
+                .as_ref()
+                .map_or(String::new(), |w| format!(" (refused by {w})"))
+        );
+    }
+    if let Some(t) = s.act {
+        let _ = writeln!(
+            o,
+            "\nACT {:.3} s = queued {:.3} + overhead {:.3} + exec {:.3}",
+            t.act_us as f64 / 1e6,
+            t.queued_us as f64 / 1e6,
+            t.overhead_us as f64 / 1e6,
+            t.exec_us as f64 / 1e6
+        );
+    }
+    if let Some(first) = s.timeline.first() {
+        let _ = writeln!(o, "\ntimeline:");
+        for m in &s.timeline {
+            let _ = writeln!(
+                o,
+                "  +{:>9.3} s  {}",
+                m.at_us.saturating_sub(first.at_us) as f64 / 1e6,
+                m.what
+            );
+        }
+    }
+    for n in &s.notes {
+        let _ = writeln!(o, "\nnote: {n}");
+    }
+    o
+}
+
+/// Finds everything about one action.
+pub async fn lookup(
+    js: &async_nats::jetstream::Context,
+    id: &str,
+    job: Option<&str>,
+) -> anyhow::Result<Story> {
+    tangram_shared::ActionId::new(id).map_err(|e| anyhow::anyhow!("action id {id:?}: {e}"))?;
+    let job_or_any = job.unwrap_or("*");
+    let by = |filters: Vec<String>| Scan {
+        filters,
+        ..Default::default()
+    };
+    let results = streams::scan(
+        js,
+        subject::RESULTS_STREAM,
+        &by(vec![format!(
+            "{}.result.{job_or_any}.{id}",
+            subject::PREFIX
+        )]),
+    )
+    .await?;
+    let dispatches = streams::scan(
+        js,
+        subject::DISPATCH_STREAM,
+        &by(vec![format!("{}.dispatch.*.{id}", subject::PREFIX)]),
+    )
+    .await?;
+    // The action's own subject does not hold its id: match the idempotency header over the
+    // job's subjects (headers only), then fetch the one message.
+    let job = job
+        .map(str::to_string)
+        .or_else(|| {
+            results
+                .first()
+                .and_then(|r| job_token(&r.subject))
+                .map(str::to_string)
+        })
+        .or_else(|| {
+            dispatches
+                .first()
+                .and_then(|r| r.decode::<Dispatch>().ok())
+                .map(|d| d.action.job.to_string())
+        });
+    let headers = streams::scan(
+        js,
+        subject::ACTIONS_STREAM,
+        &Scan {
+            filters: vec![format!(
+                "{}.action.{}.>",
+                subject::PREFIX,
+                job.as_deref().unwrap_or("*")
+            )],
+            headers_only: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let action = match headers
+        .iter()
+        .find(|r| r.header(subject::HEADER_MSG_ID) == Some(id))
+    {
+        Some(h) => Some(
+            streams::get(js, subject::ACTIONS_STREAM, h.seq)
+                .await
+                .context("fetching the action")?,
+        ),
+        None => None,
+    };
+    let deadletters: Vec<Record> = streams::scan(
+        js,
+        subject::DEADLETTER_STREAM,
+        &Scan {
+            headers_only: true,
+            ..Default::default()
+        },
+    )
+    .await?
+    .into_iter()
+    .filter(|r| {
+        r.header(HEADER_DLQ_ACTION) == Some(id) || r.header(subject::HEADER_MSG_ID) == Some(id)
+    })
+    .collect();
+    Ok(build(
+        id,
+        action.as_ref(),
+        &dispatches,
+        &results,
+        &deadletters,
+    ))
+}
+
+/// `tangram inspect`.
+pub(crate) fn inspect(a: InspectArgs) -> anyhow::Result<()> {
+    let (url, creds) = a.cluster.resolve();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let story = rt.block_on(async {
+        let client = crate::errors::connect(&url, "tangram-inspect", &creds).await?;
+        let js = async_nats::jetstream::new(client);
+        lookup(&js, &a.id, a.job.as_deref()).await
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&story)?);
+    } else {
+        print!("{}", render(&story));
+    }
+    if story.action.is_none() && story.results.is_empty() && story.dispatches.is_empty() {
+        anyhow::bail!("nothing about {} is in the streams", a.id);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::HeaderMap;
+    use tangram_shared::codec::{encode, Encoding};
+    use tangram_shared::{
+        Action, ActionId, ActionSpec, JobId, Outcome, Placement, SandboxExec, TrajectoryId,
+        WorkerId,
+    };
+
+    fn rec(seq: u64, subject: &str, at_us: u64, payload: Vec<u8>) -> Record {
+        let mut headers = HeaderMap::new();
+        headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Json.content_type());
+        Record {
+            seq,
+            subject: subject.into(),
+            at_us,
+            headers,
+            payload: payload.into(),
+        }
+    }
+
+    fn action() -> Action {
+        Action {
+            id: ActionId::new("a1").unwrap(),
+            job: JobId::new("j").unwrap(),
+            trajectory: TrajectoryId::new("t").unwrap(),
+            timeout_ms: 1000,
+            spec: ActionSpec::SandboxExec(SandboxExec {
+                argv: vec!["true".into()],
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_story_orders_its_timeline_and_flags_a_duplicate_result() {
+        let a = action();
+        let d = Dispatch {
+            epoch: 3,
+            attempt: 1,
+            action: a.clone(),
+            grant: Grant {
+                cores: 2,
+                mem_mb: 0,
+            },
+            submitted_at_us: 1_000_000,
+            result_encoding: Encoding::Json,
+            gpu: None,
+            instance: Some("i1".into()),
+        };
+        let mut r = ActionResult::new(
+            a.id.clone(),
+            a.job.clone(),
+            Outcome::Completed { exit_code: 0 },
+            3_000,
+        )
+        .for_action(&a, 1);
+        r.timing = Timing::new(500_000, 100_000, 1_000_000);
+        r.placement = Some(Placement {
+            worker: WorkerId::new("w1").unwrap(),
+            cores: 2,
+            cpuset: "0-1".into(),
+        });
+        let stored = rec(
+            7,
+            "tangram.v1.action.j.sandbox_exec",
+            1_000_000,
+            encode(&a, Encoding::Json).unwrap(),
+        );
+        let disp = rec(
+            9,
+            "tangram.v1.dispatch.w1.a1",
+            1_400_000,
+            encode(&d, Encoding::Json).unwrap(),
+        );
+        let res = rec(
+            11,
+            "tangram.v1.result.j.a1",
+            3_010_000,
+            encode(&r, Encoding::Json).unwrap(),
+        );
+        let s = build("a1", Some(&stored), &[disp], std::slice::from_ref(&res), &[]);
+        assert_eq!(s.job.as_deref(), Some("j"));
+        assert_eq!(s.dispatches[0].worker, "w1");
+        assert_eq!(s.dispatches[0].grant.cores, 2);
+        let whats: Vec<_> = s
+            .timeline
+            .iter()
+            .map(|m| m.what.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(whats, ["submitted", "dispatched", "started", "result"]);
+        assert_eq!(
+            s.timeline[2].at_us,
+            3_000_000 - 1_100_000,
+            "started = finished - exec - overhead"
+        );
+        assert_eq!(s.act.unwrap().act_us, 1_600_000);
+        assert!(s.notes.is_empty(), "{:?}", s.notes);
+        let text = render(&s);
+        assert!(
+            text.contains("ACT 1.600 s = queued 0.500 + overhead 0.100 + exec 1.000"),
+            "{text}"
+        );
+
+        let dup = build("a1", Some(&stored), &[], &[res.clone(), res], &[]);
+        assert!(
+            dup.notes.iter().any(|n| n.contains("duplicate")),
+            "{:?}",
+            dup.notes
+        );
+    }
+
+    #[test]
+    fn a_story_without_action_or_result_says_so_and_keeps_undecodable_bodies() {
+        let junk = rec(
+            1,
+            "tangram.v1.action.j.sandbox_exec",
+            5,
+            b"{not json".to_vec(),
+        );
+        let mut dl = rec(2, "tangram.v1.deadletter.undecodable", 6, Vec::new());
+        dl.headers.insert(subject::HEADER_DLQ_REASON, "bad body");
+        let s = build("a1", Some(&junk), &[], &[], &[dl]);
+        assert!(s
+            .action
+            .as_ref()
+            .unwrap()
+            .body
+            .as_str()
+            .unwrap()
+            .contains("undecodable"));
+        assert_eq!(s.deadletters[0].code, "undecodable");
+        assert_eq!(s.deadletters[0].reason, "bad body");
+        assert!(
+            s.notes.iter().any(|n| n.contains("dead-letter")),
+            "{:?}",
+            s.notes
+        );
+        let none = build("a1", None, &[], &[], &[]);
+        assert_eq!(none.notes.len(), 2, "{:?}", none.notes);
+    }
+}
