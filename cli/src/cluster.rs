@@ -78,7 +78,7 @@ pub struct UpArgs {
     /// Serve Prometheus metrics from the scheduler and every worker, on loopback (the
     /// default; `up` prints the addresses and writes <state-dir>/prometheus.yml).
     #[arg(long, overrides_with = "no_metrics")]
-    #[serde(default)]
+    #[serde(default, skip_serializing)]
     pub metrics: bool,
     /// Serve no metrics.
     #[arg(long, env = "TANGRAM_UP_NO_METRICS")]
@@ -831,8 +831,10 @@ pub(crate) fn apply_config_file(
     explicit: Option<&Path>,
     matches: &clap::ArgMatches,
 ) -> anyhow::Result<()> {
-    let crate::Command::Up(a) = cmd else {
-        return Ok(());
+    let (a, name) = match cmd {
+        crate::Command::Up(a) => (a, "up"),
+        crate::Command::CheckConfig(c) => (&mut c.up, "check-config"),
+        _ => return Ok(()),
     };
     let path = match explicit {
         Some(p) => p.to_path_buf(),
@@ -849,7 +851,7 @@ pub(crate) fn apply_config_file(
     let up = up
         .as_table()
         .ok_or_else(|| config("[up] must be a table".into()))?;
-    let sub = matches.subcommand_matches("up").context("up's arguments")?;
+    let sub = matches.subcommand_matches(name).context("up's arguments")?;
     *a = layer(a, up, |id| {
         matches!(
             sub.value_source(id),

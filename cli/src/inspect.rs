@@ -464,6 +464,8 @@ pub async fn lookup(
 
 /// `tangram inspect`.
 pub(crate) fn inspect(a: InspectArgs) -> anyhow::Result<()> {
+    tangram_shared::ActionId::new(a.id.clone())
+        .map_err(|e| crate::errors::UsageError(format!("action id {:?}: {e}", a.id)))?;
     let (url, creds) = a.cluster.resolve();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -566,7 +568,13 @@ mod tests {
             3_010_000,
             encode(&r, Encoding::Json).unwrap(),
         );
-        let s = build("a1", Some(&stored), &[disp], std::slice::from_ref(&res), &[]);
+        let s = build(
+            "a1",
+            Some(&stored),
+            &[disp],
+            std::slice::from_ref(&res),
+            &[],
+        );
         assert_eq!(s.job.as_deref(), Some("j"));
         assert_eq!(s.dispatches[0].worker, "w1");
         assert_eq!(s.dispatches[0].grant.cores, 2);

@@ -2,6 +2,7 @@
 //! simulate policies, benchmark the scheduling core and the action path.
 
 mod bench;
+mod check_config;
 mod cluster;
 mod cordon;
 mod creds;
@@ -56,6 +57,12 @@ pub(crate) enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Redraw every N seconds (2 when no value is given) until interrupted.
+        #[arg(long, num_args = 0..=1, default_missing_value = "2", value_name = "SECONDS")]
+        watch: Option<f64>,
+        /// With --watch: stop after this many reports.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
         #[command(flatten)]
         cluster: cordon::ClusterArgs,
     },
@@ -100,6 +107,14 @@ pub(crate) enum Command {
     },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
+    /// Print a shell completion script: `tangram completions bash > /etc/bash_completion.d/tangram`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Check a configuration and print it as it takes effect (file, environment variables
+    /// and defaults merged), with secrets redacted: `up`'s own, or a scheduler's or worker's.
+    CheckConfig(check_config::CheckArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -201,10 +216,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => cluster::up(args),
         Command::Down { state_dir } => cluster::down(&state_dir),
-        Command::Status { json, cluster } => {
+        Command::Status {
+            json,
+            watch,
+            count,
+            cluster,
+        } => {
             let (url, creds) = cluster.resolve();
-            cluster::status(&url, &creds, json)
+            match watch {
+                None => cluster::status(&url, &creds, json),
+                Some(every) => watch_status(&url, &creds, json, every, count),
+            }
         }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "tangram",
+                &mut script,
+            );
+            use std::io::Write as _;
+            // A closed pipe (`| head`) is not an error worth a message.
+            let _ = std::io::stdout().write_all(&script);
+            Ok(())
+        }
+        Command::CheckConfig(a) => check_config::check(a),
         Command::Submit(args) => {
             let state = std::env::var_os("TANGRAM_STATE_DIR")
                 .map(PathBuf::from)
@@ -241,6 +278,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Relay { nats_url, hop },
         } => pipeline::relay(&nats_url, hop),
+    }
+}
+
+/// `tangram status --watch`: the report redrawn every `every` seconds; a failed fetch is
+/// shown and retried, not fatal.
+fn watch_status(
+    url: &str,
+    creds: &tangram_nats::auth::Credentials,
+    json: bool,
+    every: f64,
+    count: Option<u64>,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    if !(every.is_finite() && every >= 0.1) {
+        crate::usage!("--watch takes a period of at least 0.1 s");
+    }
+    let clear = std::io::stdout().is_terminal() && !json;
+    let mut shown = 0u64;
+    loop {
+        if clear {
+            print!("\x1b[2J\x1b[H");
+        }
+        if let Err(e) = cluster::status(url, creds, json) {
+            println!("(status unavailable: {})", errors::causes(&e).join(": "));
+        }
+        shown += 1;
+        if count.is_some_and(|c| shown >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(every));
     }
 }
 

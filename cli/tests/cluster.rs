@@ -99,8 +99,34 @@ fn up_submit_status_down_on_a_real_local_cluster() {
         &elsewhere,
         &["status", "--nats-url", &format!("nats://127.0.0.1:{port}")],
     );
-    assert_ne!(code, 0);
+    assert_eq!(code, 1, "a runtime failure exits 1: {err}");
     assert!(err.contains("requires credentials"), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+
+    // `status --watch` redraws; --count bounds it.
+    let (code, out, err) = tangram(
+        &state,
+        &["status", "--watch", "0.2", "--count", "2", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let reports: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(reports.len(), 2, "{out}");
+    assert!(reports[1]["uptime_s"].as_f64() >= reports[0]["uptime_s"].as_f64());
+    // The metrics `up` turned on answer.
+    let running: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("running.json")).unwrap())
+            .unwrap();
+    let metrics = running["metrics"].as_array().unwrap();
+    assert!(metrics.iter().any(|m| m[0] == "scheduler"), "{running}");
+    let addr = metrics[0][1].as_str().unwrap();
+    let (code, _, err) = tangram(&state, &["probe", addr, "/metrics"]);
+    assert_eq!(code, 0, "{addr}/metrics: {err}");
+    assert!(std::fs::read_to_string(state.join("prometheus.yml"))
+        .unwrap()
+        .contains(addr));
 
     let (code, out, err) = tangram(&state, &["submit", "open", "--trajectory", "t1", "--json"]);
     assert_eq!(code, 0, "{out}{err}");

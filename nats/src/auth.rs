@@ -39,7 +39,7 @@ pub struct Credentials {
 }
 
 /// The `[nats]` table of a config file (and the matching flags): credentials as written.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCredentials {
     /// nkey seed file (`--nkey-file`, `TANGRAM_NKEY_FILE`).
@@ -474,8 +474,43 @@ pub fn server_authorization(users: &[User]) -> String {
     out
 }
 
+/// Replaces every value whose key names a secret (`token`, `secret`, `password`, `seed`,
+/// `key`, `credential`, but not a `*_file` or `*_env` that only says where one is) with
+/// `"<redacted>"`, at any depth: for printing a configuration.
+pub fn redact(value: &mut serde_json::Value) {
+    const SECRET: [&str; 6] = ["token", "secret", "password", "seed", "key", "credential"];
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                let k = k.to_ascii_lowercase();
+                let names_a_place =
+                    k.ends_with("_file") || k.ends_with("_env") || k.ends_with("_dir");
+                if !names_a_place && SECRET.iter().any(|s| k.contains(s)) && !v.is_null() {
+                    *v = serde_json::Value::String("<redacted>".into());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn redact_hides_secrets_at_any_depth_and_keeps_where_they_are() {
+        let mut v = serde_json::json!({"nats": {"nkey_file": "/etc/x.nk", "token": "abc"},
+            "provider": [{"name": "s", "credential_file": "/k", "headers": {"api_key": "zz"}}]});
+        redact(&mut v);
+        assert_eq!(v["nats"]["token"], "<redacted>");
+        assert_eq!(v["nats"]["nkey_file"], "/etc/x.nk");
+        assert_eq!(v["provider"][0]["credential_file"], "/k");
+        assert_eq!(v["provider"][0]["headers"]["api_key"], "<redacted>");
+        assert_eq!(v["provider"][0]["name"], "s");
+    }
     use super::*;
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::Duration;
 pub const NAMES: [&str; 4] = ["actions", "results", "dispatch", "deadletter"];
 
 /// Replicas and limits for the streams (`[streams]` in the scheduler's config).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
 pub struct StreamSettings {
     /// Replicas of every stream: 1 on a single server, 3 (or 5) on a cluster. Default 1.
     pub replicas: Option<usize>,
@@ -26,7 +26,7 @@ pub struct StreamSettings {
 }
 
 /// Limits of one stream; absent fields keep the bundled values.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamLimits {
     /// Bytes the stream may hold.

@@ -48,6 +48,10 @@ struct Args {
     /// NATS credentials and TLS.
     #[command(flatten)]
     nats: tangram_nats::auth::CredentialFlags,
+    /// Print the configuration as it takes effect (file, `TANGRAM_SCHEDULER_*` variables and
+    /// flags merged; secrets redacted) and exit: 0 when it is valid, 64 when not.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -71,8 +75,26 @@ fn main() -> ExitCode {
         ..Default::default()
     };
     // flags and env (clap merges those two) > file > defaults.
-    let config = match load_file(args.config.as_ref()).and_then(|file| file.merge(flags).validate())
-    {
+    let merged = load_file(args.config.as_ref()).map(|file| file.merge(flags));
+    if args.check_config {
+        return match merged {
+            Ok(raw) => {
+                print!("{}", tangram_scheduler::config::effective(&raw));
+                match raw.validate() {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("tangram-scheduler: invalid configuration: {e}");
+                        ExitCode::from(64)
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("tangram-scheduler: invalid configuration: {e}");
+                ExitCode::from(64)
+            }
+        };
+    }
+    let config = match merged.and_then(RawConfig::validate) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("tangram-scheduler: invalid configuration: {e}");

@@ -21,7 +21,7 @@ pub use sandbox::{
 };
 
 /// How cores are granted to and taken from a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GrantMode {
     /// Write the container's cgroup files directly (the default: measured faster).
@@ -31,7 +31,7 @@ pub enum GrantMode {
 }
 
 /// The file as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Worker id, unique in the fleet.
@@ -76,7 +76,7 @@ pub struct RawConfig {
 }
 
 /// The `[gpu]` table.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGpu {
     /// `auto` (default), `off` or `required`.
@@ -168,6 +168,10 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
+    /// The file or an environment variable does not fit the schema (names the key and
+    /// where it was set).
+    #[error("{0}")]
+    Layered(String),
     /// A value is malformed or out of range.
     #[error("{field}: {why}")]
     Invalid {
@@ -199,7 +203,7 @@ impl ConfigError {
     pub fn kind(&self) -> ConfigErrorKind {
         match self {
             ConfigError::Read { .. } => ConfigErrorKind::Read,
-            ConfigError::Parse { .. } => ConfigErrorKind::Parse,
+            ConfigError::Parse { .. } | ConfigError::Layered(_) => ConfigErrorKind::Parse,
             ConfigError::Invalid { .. } => ConfigErrorKind::Invalid,
             ConfigError::Refused { .. } => ConfigErrorKind::Refused,
             ConfigError::Conflict { .. } => ConfigErrorKind::Conflict,
@@ -209,7 +213,7 @@ impl ConfigError {
     /// The key at fault, when one is.
     pub fn field(&self) -> Option<&'static str> {
         match self {
-            ConfigError::Read { .. } | ConfigError::Parse { .. } => None,
+            ConfigError::Read { .. } | ConfigError::Parse { .. } | ConfigError::Layered(_) => None,
             ConfigError::Invalid { field, .. }
             | ConfigError::Refused { field, .. }
             | ConfigError::Conflict { field, .. } => Some(field),
@@ -438,9 +442,74 @@ fn socket_addr(
     }
 }
 
+/// Prefix of the environment variables that set any key of the file:
+/// `TANGRAM_WORKER_<KEY>`, a nested key's parts joined by `__`
+/// (`TANGRAM_WORKER_NATS__NKEY_FILE`). Values read as TOML-like scalars, arrays (`[1, 2]`) or
+/// tables (`{a = 1}`), else as strings.
+pub const ENV_PREFIX: &str = "TANGRAM_WORKER_";
+
+/// The file (when given) with the environment variables laid over it, read through one
+/// layering library (figment): its errors name the key and where it was set.
+pub fn load_layered(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
+    use figment::providers::{Env, Format as _, Toml};
+    let mut f = figment::Figment::new();
+    if let Some(p) = path {
+        std::fs::metadata(p).map_err(|source| ConfigError::Read {
+            path: p.to_path_buf(),
+            source,
+        })?;
+        f = f.merge(Toml::file_exact(p));
+    }
+    f.merge(Env::prefixed(ENV_PREFIX).split("__").ignore(&["config"]))
+        .extract()
+        .map_err(|e| ConfigError::Layered(e.to_string()))
+}
+
+/// The configuration as it takes effect, as TOML, with secrets redacted (`--check-config`).
+pub fn effective(raw: &RawConfig) -> String {
+    let mut v = serde_json::to_value(raw).unwrap_or_default();
+    strip_nulls(&mut v);
+    tangram_nats::auth::redact(&mut v);
+    toml::to_string(&v).unwrap_or_else(|e| format!("# not printable as TOML: {e}\n{v}"))
+}
+
+fn strip_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_can_be_set_from_the_environment_over_the_file() {
+        // nextest runs each test in a process of its own: the variables stay here.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "nats_url = \"nats://file:1\"\nmetrics_addr = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        std::env::set_var(format!("{ENV_PREFIX}METRICS_ADDR"), "127.0.0.1:2");
+        std::env::set_var(format!("{ENV_PREFIX}NATS__NKEY_FILE"), "/x/seed.nk");
+        let raw = load_layered(Some(&file)).unwrap();
+        assert_eq!(raw.nats_url.as_deref(), Some("nats://file:1"));
+        assert_eq!(raw.metrics_addr.as_deref(), Some("127.0.0.1:2"));
+        let shown = effective(&raw);
+        assert!(shown.contains("nkey_file = \"/x/seed.nk\""), "{shown}");
+        std::env::set_var(format!("{ENV_PREFIX}NO_SUCH_KEY"), "1");
+        let e = load_layered(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("no_such_key"), "{e}");
+        std::env::remove_var(format!("{ENV_PREFIX}NO_SUCH_KEY"));
+    }
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         toml::from_str::<RawConfig>(text)

@@ -10,7 +10,7 @@ use tangram_shared::GpuInventory;
 use tracing::{info, warn};
 
 /// How the worker finds its GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NvmlMode {
     /// Use NVML when it loads; fall back to the declared inventory.

@@ -52,6 +52,11 @@ struct Args {
     /// NATS credentials and TLS.
     #[command(flatten)]
     nats: tangram_nats::auth::CredentialFlags,
+    /// Print the configuration as it takes effect (file, `TANGRAM_WORKER_*` variables and
+    /// flags merged; secrets redacted) and exit: 0 when it is valid, 64 when not. A pooled
+    /// worker's id is taken only when it starts.
+    #[arg(long)]
+    check_config: bool,
     /// Print the GPU inventory this worker would advertise (NVML, else the config's
     /// declared GPUs) as JSON, and exit.
     #[arg(long)]
@@ -82,10 +87,30 @@ fn main() -> ExitCode {
         nats: Some(args.nats.into()),
         ..Default::default()
     };
-    let file = match &args.config {
-        Some(p) => RawConfig::from_file(p),
-        None => Ok(RawConfig::default()),
-    };
+    let file = tangram_worker::config::load_layered(args.config.as_deref());
+    if args.check_config {
+        return match file.map(|f| f.merge(flags)) {
+            Ok(raw) => {
+                print!("{}", tangram_worker::config::effective(&raw));
+                let mut raw = raw;
+                if raw.pool.is_some() && raw.id.is_none() {
+                    // Checked with a stand-in: the real id is claimed from the pool at start.
+                    raw.id = Some("pool-check".into());
+                }
+                match raw.validate() {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("tangram-worker: invalid configuration: {e}");
+                        ExitCode::from(64)
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("tangram-worker: invalid configuration: {e}");
+                ExitCode::from(64)
+            }
+        };
+    }
     // flags and env (clap merges those two) > file > defaults. A pooled worker claims its
     // id first and holds the claim until it exits.
     let config = match file

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// `[pool]` in the worker's config.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPool {
     /// The folder holding the seeds (`worker-<id>.nk`).

@@ -32,7 +32,7 @@ pub trait ApiCaller: Send + Sync + std::fmt::Debug {
 }
 
 /// One `[[provider]]` entry of the worker's config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// Name `api` actions use.

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tangram_shared::SandboxOpen;
 
 /// Which runtime runs sandboxes (`sandbox_runtime` in the worker's config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeKind {
     /// Hardened Docker containers: the only runtime for real work.

@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 
 /// The `[sandbox]` table: container settings. The secure values are the defaults; the
 /// dangerous ones exist only so that asking for them gets a clear refusal.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSandbox {
     /// Default image for `sandbox_open` without one.

@@ -54,7 +54,7 @@ pub trait ReplicaDriver: Send + Sync + std::fmt::Debug {
 }
 
 /// The serving engine a service runs, which decides the lifecycle and scoring calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Driver {
     /// vLLM with `--enable-sleep-mode`: `/sleep?level=1`, `/wake_up`, `/is_sleeping`;
@@ -68,7 +68,7 @@ pub enum Driver {
 }
 
 /// One `[[service]]` entry of the worker's config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceConfig {
     /// Name reward actions use.
