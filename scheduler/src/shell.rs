@@ -420,7 +420,7 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
     headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
     if let Some(id) = &r.message.id {
         let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
-        headers.insert("Tangram-Action-Id", id.as_str());
+        headers.insert(subject::HEADER_DLQ_ACTION, id.as_str());
     }
     headers.insert(
         subject::HEADER_CONTENT_TYPE,

@@ -14,6 +14,7 @@ fn default_timeout_ms() -> u64 {
 
 /// One action, as published on `tangram.v1.action.<job>.<kind>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Action {
     /// Idempotency key; also sent as the `Nats-Msg-Id` header.
     pub id: ActionId,
@@ -23,6 +24,7 @@ pub struct Action {
     pub trajectory: TrajectoryId,
     /// Wall-clock limit for the execution itself, in milliseconds (queueing not included).
     #[serde(default = "default_timeout_ms")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
     /// What to do; its `kind` field selects the variant.
     pub spec: ActionSpec,
@@ -30,6 +32,7 @@ pub struct Action {
 
 /// The kind-specific part of an action, tagged by `kind`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ActionSpec {
     /// Create the trajectory's container. Holds memory, not cores.
@@ -46,6 +49,7 @@ pub enum ActionSpec {
 
 /// The kinds of action, as they appear in subjects, messages and metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     /// See [`ActionSpec::SandboxOpen`].
@@ -89,15 +93,18 @@ impl ActionKind {
 
 /// `sandbox_open`: create the trajectory's container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxOpen {
     /// Container image; the worker's default sandbox image when absent.
     #[serde(default)]
     pub image: Option<String>,
     /// Memory limit of the container, in MiB. Reserved on the worker while the sandbox lives.
     #[serde(default = "SandboxOpen::default_memory_mb")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 16)))]
     pub memory_mb: u64,
     /// Size of the writable tmpfs working directory `/work`, in MiB (counts against memory).
     #[serde(default = "SandboxOpen::default_workdir_mb")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub workdir_mb: u64,
     /// Environment set for every command run in the sandbox.
     #[serde(default)]
@@ -128,10 +135,12 @@ impl Default for SandboxOpen {
 /// scheduler routes it to a resident replica of the service, restoring one first when none
 /// is resident (Evict-on-Execution); the result carries one score per input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Reward {
     /// The service, as declared in the fleet's config.
     pub service: String,
     /// The texts to score, in order.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub inputs: Vec<String>,
     /// Options passed through to the service (engine-specific, e.g. `"model"`).
     #[serde(default)]
@@ -143,6 +152,7 @@ pub struct Reward {
 /// shares between jobs); a worker makes the call with the fleet's credentials, which
 /// rollouts never see.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Api {
     /// The provider, as declared in the fleet's config.
     pub provider: String,
@@ -205,10 +215,13 @@ impl Api {
 
 /// An elastic range of cores, inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CpuRange {
     /// Fewest cores the command can run with.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub min: u32,
     /// Most cores the command can use.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max: u32,
 }
 
@@ -223,8 +236,10 @@ impl Default for CpuRange {
 /// The command sees its core count as the `TANGRAM_CPUS` environment variable, and every
 /// `{cpus}` in `argv` is replaced by it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxExec {
     /// Program and arguments; not run through a shell.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub argv: Vec<String>,
     /// Elastic core range.
     #[serde(default)]
@@ -243,6 +258,7 @@ pub struct SandboxExec {
 
 /// `sandbox_close`: remove the trajectory's container. No fields.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxClose {}
 
 /// What an action needs from a worker while it runs.

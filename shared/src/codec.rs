@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// Wire encoding of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Encoding {
     /// `application/msgpack`, the default.

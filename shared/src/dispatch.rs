@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// What the scheduler granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Grant {
     /// Cores to grant for the run (0 for actions that hold none).
     pub cores: u32,
@@ -19,6 +20,7 @@ pub struct Grant {
 /// Workers refuse dispatches whose `epoch` is older than the newest they have seen, so a
 /// deposed scheduler cannot start work.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Dispatch {
     /// The scheduler's epoch, increasing across scheduler restarts.
     pub epoch: u64,
@@ -45,6 +47,7 @@ pub struct Dispatch {
 
 /// The scheduler's Evict-on-Execution decision for one reward action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct GpuRoute {
     /// The service.
     pub service: String,
@@ -59,6 +62,7 @@ pub struct GpuRoute {
 
 /// A replica to evict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Evict {
     /// Its service.
     pub service: String,

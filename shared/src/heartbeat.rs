@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// A sandbox a worker holds.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxRef {
     /// Owning job.
     pub job: JobId,
@@ -16,6 +17,7 @@ pub struct SandboxRef {
 
 /// Sent by every worker every `interval_ms`, and once with `draining = true` when it stops.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Heartbeat {
     /// The worker.
     pub worker: WorkerId,
@@ -63,6 +65,7 @@ pub struct Heartbeat {
 /// An external API provider as the scheduler needs to know it: its quota and what may be
 /// called.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderReport {
     /// Name `api` actions use.
     pub name: String,
@@ -134,6 +137,7 @@ impl ProviderReport {
 
 /// A worker's GPUs: NVLink groups of up to 8, as GPU indices.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct GpuInventory {
     /// Where the inventory came from: `nvml` or `declared`.
     pub source: String,
@@ -147,6 +151,7 @@ pub struct GpuInventory {
 
 /// Where a replica lives: GPUs `start .. start + len` of NVLink group `group`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ChunkRef {
     /// Group index in [`GpuInventory::groups`].
     pub group: u16,
@@ -158,6 +163,7 @@ pub struct ChunkRef {
 
 /// A model service a worker serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServiceReport {
     /// The name reward actions use.
     pub name: String,
@@ -174,6 +180,7 @@ pub struct ServiceReport {
 
 /// One deployed replica.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ReplicaReport {
     /// Its GPUs.
     pub chunk: ChunkRef,

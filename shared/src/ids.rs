@@ -7,6 +7,10 @@ use std::fmt;
 /// Longest identifier accepted, in bytes.
 pub const MAX_ID_LEN: usize = 128;
 
+/// The characters [`check_token`] allows, as a regular expression over the whole identifier
+/// (the `pattern` of every identifier in the JSON Schema; the length is checked apart).
+pub const TOKEN_PATTERN: &str = "^[A-Za-z0-9_-]+$";
+
 /// Why a string is not a valid identifier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
@@ -60,6 +64,18 @@ pub fn check_token(what: &'static str, value: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// The JSON Schema of an identifier: what [`check_token`] accepts.
+#[cfg(feature = "schema")]
+fn token_schema(what: &str) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": format!("Identifier ({what}): 1 to {MAX_ID_LEN} characters of [A-Za-z0-9_-], usable as a NATS subject token."),
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_ID_LEN,
+        "pattern": TOKEN_PATTERN,
+    })
+}
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $inner:ty) => {
         $(#[$doc])*
@@ -81,6 +97,17 @@ macro_rules! id_type {
             /// The identifier as a string slice.
             pub fn as_str(&self) -> &str {
                 &self.0
+            }
+        }
+
+        // Serde sees a plain string; the schema adds the rules `check` applies.
+        #[cfg(feature = "schema")]
+        impl schemars::JsonSchema for $name {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                token_schema($what)
             }
         }
 

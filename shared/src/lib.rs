@@ -16,6 +16,8 @@ pub mod heartbeat;
 pub mod ids;
 pub mod pacing;
 pub mod result;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod stats;
 pub mod status;
 pub mod subject;

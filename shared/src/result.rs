@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// trainer may learn from its result. `infra_error` means the infrastructure failed and the
 /// result says nothing about the model's work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
     /// The action ran to the end. For `sandbox_exec`, the command's exit code; 0 otherwise.
@@ -58,6 +59,7 @@ impl Outcome {
 
 /// Why an action was rejected. A small closed set: it doubles as a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RejectCode {
     /// The payload is not valid msgpack or JSON, or not an action.
@@ -105,6 +107,7 @@ impl RejectCode {
 
 /// Why the infrastructure failed an action. A small closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InfraCode {
     /// The container runtime returned an error.
@@ -160,6 +163,7 @@ impl From<Rejection> for Outcome {
 
 /// Where an action ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Placement {
     /// The worker.
     pub worker: WorkerId,
@@ -172,6 +176,7 @@ pub struct Placement {
 
 /// Where the time went, in microseconds. `act_us` = `queued_us + overhead_us + exec_us`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Timing {
     /// From the action's arrival in JetStream to the worker starting it.
     pub queued_us: u64,
@@ -198,6 +203,7 @@ impl Timing {
 
 /// The result of one action.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ActionResult {
     /// The action's id.
     pub id: ActionId,
@@ -245,6 +251,7 @@ pub struct ActionResult {
 
 /// An external API's reply to an `api` action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct HttpReply {
     /// HTTP status code.
     pub status: u16,
@@ -261,6 +268,7 @@ pub struct HttpReply {
 
 /// How a `reward` action used its service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServiceUse {
     /// The service.
     pub service: String,

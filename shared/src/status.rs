@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 /// The whole report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Status {
     /// The scheduler's epoch.
     pub epoch: u64,
@@ -45,6 +46,7 @@ pub struct Status {
 
 /// The queue of one action kind.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct QueueStatus {
     /// Actions waiting.
     pub depth: usize,
@@ -60,6 +62,7 @@ pub struct QueueStatus {
 
 /// One worker.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct WorkerStatus {
     /// Its id.
     pub id: String,
@@ -96,6 +99,7 @@ pub struct WorkerStatus {
 
 /// One GPU service.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServiceStatus {
     /// Name.
     pub name: String,
@@ -111,6 +115,7 @@ pub struct ServiceStatus {
 
 /// One provider.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ProviderStatus {
     /// Name.
     pub name: String,
@@ -128,6 +133,7 @@ pub struct ProviderStatus {
 
 /// ACT statistics over recent results, seconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ActStats {
     /// Results counted.
     pub count: usize,
@@ -148,6 +154,7 @@ pub struct ActStats {
 /// An operator's cordon of a worker, as stored under `cordon.<worker>` in the scheduler's
 /// bucket (JSON). Deleting the key uncordons.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CordonRecord {
     /// Drained, not only cordoned: at this time (Unix milliseconds) the worker's remaining
     /// sandboxes are closed, and commands sent to them are rejected (`no_sandbox`).
@@ -163,6 +170,7 @@ pub struct CordonRecord {
 
 /// The leader lease, as stored under [`crate::subject::LEADER_KEY`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LeaderRecord {
     /// The scheduler's id (host and pid unless configured).
     pub id: String,
@@ -182,6 +190,7 @@ pub struct LeaderRecord {
 
 /// A standby scheduler, as announced under `standby.<id>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct StandbyRecord {
     /// The scheduler's id.
     pub id: String,

@@ -113,13 +113,28 @@ pub const HEARTBEAT_ALL: &str = "tangram.v1.heartbeat.*";
 pub fn deadletter(code: RejectCode) -> String {
     format!("{PREFIX}.deadletter.{}", code.as_str())
 }
-/// Subject of a worker's record of a dispatch it refused: `tangram.v1.deadletter.<reason>`
-/// (`stale_epoch`, `unknown_epoch`).
+/// Subject of a worker's record of a dispatch it refused: `tangram.v1.deadletter.<reason>`,
+/// one of [`DISPATCH_REFUSALS`].
 pub fn deadletter_refused(reason: &str) -> String {
     format!("{PREFIX}.deadletter.{reason}")
 }
+/// A worker's refusal of a dispatch from a scheduler that has been superseded.
+pub const REFUSED_STALE_EPOCH: &str = "stale_epoch";
+/// A worker's refusal of a dispatch of an epoch no scheduler has held.
+pub const REFUSED_UNKNOWN_EPOCH: &str = "unknown_epoch";
+/// A worker's refusal of a dispatch addressed to one of its instances that was fenced.
+pub const REFUSED_FENCED_INSTANCE: &str = "fenced_instance";
+/// Every reason a worker refuses a dispatch for: the `<code>` of its dead-letter record
+/// beside the [`RejectCode`]s of the scheduler's. Never a result.
+pub const DISPATCH_REFUSALS: [&str; 3] = [
+    REFUSED_STALE_EPOCH,
+    REFUSED_UNKNOWN_EPOCH,
+    REFUSED_FENCED_INSTANCE,
+];
 /// Header naming the worker that refused a dispatch.
 pub const HEADER_DLQ_WORKER: &str = "Tangram-Worker";
+/// Dead-letter header: the action's id, when one could be read.
+pub const HEADER_DLQ_ACTION: &str = "Tangram-Action-Id";
 /// Wildcard over every dead-letter record.
 pub const DEADLETTER_ALL: &str = "tangram.v1.deadletter.>";
 

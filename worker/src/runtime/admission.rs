@@ -7,7 +7,7 @@ use crate::metrics as m;
 use crate::runtime::intake::Delivery;
 use std::collections::{HashSet, VecDeque};
 use tangram_shared::codec::{self, Encoding};
-use tangram_shared::{ActionId, ActionResult, Dispatch, InfraCode, Timing};
+use tangram_shared::{subject, ActionId, ActionResult, Dispatch, InfraCode, Timing};
 use tracing::{debug, warn};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
@@ -211,23 +211,38 @@ impl Worker {
                 let detail = format!(
                     "dispatch addressed to instance {instance} refused: the scheduler declared that instance lost and settled its actions"
                 );
-                self.refuse("fenced_instance", &detail, delivery.payload(), &dispatch)
-                    .await;
+                self.refuse(
+                    subject::REFUSED_FENCED_INSTANCE,
+                    &detail,
+                    delivery.payload(),
+                    &dispatch,
+                )
+                .await;
             }
             Verdict::AlreadyRunning => return None,
             Verdict::StaleEpoch { epoch, newest } => {
                 let detail = format!(
                     "dispatch of epoch {epoch} refused: the scheduler of epoch {newest} has taken over"
                 );
-                self.refuse("stale_epoch", &detail, delivery.payload(), &dispatch)
-                    .await;
+                self.refuse(
+                    subject::REFUSED_STALE_EPOCH,
+                    &detail,
+                    delivery.payload(),
+                    &dispatch,
+                )
+                .await;
             }
             Verdict::UnknownEpoch { epoch, stored } => {
                 let detail = format!(
                     "dispatch of epoch {epoch} refused: no scheduler has held it (the stored epoch is {stored}); a forged dispatch?"
                 );
-                self.refuse("unknown_epoch", &detail, delivery.payload(), &dispatch)
-                    .await;
+                self.refuse(
+                    subject::REFUSED_UNKNOWN_EPOCH,
+                    &detail,
+                    delivery.payload(),
+                    &dispatch,
+                )
+                .await;
             }
             Verdict::AlreadyFinished => debug!(action = %id, "finished dispatch dropped"),
             Verdict::LostByEarlierInstance => {

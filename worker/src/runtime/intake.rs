@@ -151,7 +151,7 @@ impl ResultSink for JetStreamResults {
             headers.insert(subject::HEADER_DLQ_CODE, r.reason);
             headers.insert(subject::HEADER_DLQ_REASON, r.detail);
             headers.insert(subject::HEADER_DLQ_WORKER, r.worker);
-            headers.insert("Tangram-Action-Id", r.action);
+            headers.insert(subject::HEADER_DLQ_ACTION, r.action);
             headers.insert(
                 subject::HEADER_CONTENT_TYPE,
                 Encoding::Msgpack.content_type(),
