@@ -107,7 +107,10 @@ pub fn register(defs: &[MetricDef], component: &'static str, version: &'static s
         }
     }
     match option_env!("TANGRAM_GIT_SHA") {
-        Some(sha) => gauge!(BUILD_INFO, "version" => version, "git_sha" => sha, "component" => component).set(1.0),
+        Some(sha) => {
+            gauge!(BUILD_INFO, "version" => version, "git_sha" => sha, "component" => component)
+                .set(1.0)
+        }
         None => gauge!(BUILD_INFO, "version" => version, "component" => component).set(1.0),
     }
 }

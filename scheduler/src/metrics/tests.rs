@@ -36,7 +36,10 @@ fn every_metric_name_in_the_source_is_in_the_table() {
     // The build-info name lives in the shared crate.
     found.insert(BUILD_INFO.to_string());
     let missing: Vec<_> = found.difference(&declared).collect();
-    assert!(missing.is_empty(), "names used but not declared: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "names used but not declared: {missing:?}"
+    );
     assert!(found.len() > 40, "the scan found the names: {found:?}");
 }
 
@@ -57,7 +60,11 @@ fn names_are_unique_and_say_their_type_and_unit() {
             MetricUnit::Bytes => assert!(d.name.ends_with("_bytes"), "{}", d.name),
             _ => {}
         }
-        assert!(!d.labels.contains(&"job"), "{}: job is Prometheus's", d.name);
+        assert!(
+            !d.labels.contains(&"job"),
+            "{}: job is Prometheus's",
+            d.name
+        );
         if d.kind == MetricType::Histogram {
             assert!(
                 BUCKETS.iter().any(|(n, _)| *n == d.name),
@@ -74,10 +81,7 @@ fn act_renders_by_kind_and_phase_in_buckets_up_to_an_hour() {
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
         register();
-        act(
-            ActionKind::SandboxOpen,
-            Timing::new(1_000, 1_600_000, 0),
-        );
+        act(ActionKind::SandboxOpen, Timing::new(1_000, 1_600_000, 0));
         dispatched("sandbox_exec", 0.002);
         api_admitted("search", "job-a");
         leader(true, 7);

@@ -35,7 +35,10 @@ fn every_metric_name_in_the_source_is_in_the_table() {
     // The build-info name lives in the shared crate.
     found.insert(BUILD_INFO.to_string());
     let missing: Vec<_> = found.difference(&declared).collect();
-    assert!(missing.is_empty(), "names used but not declared: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "names used but not declared: {missing:?}"
+    );
     assert!(found.len() > 15, "the scan found the names: {found:?}");
 }
 
@@ -56,7 +59,11 @@ fn names_are_unique_and_say_their_type_and_unit() {
             MetricUnit::Bytes => assert!(d.name.ends_with("_bytes"), "{}", d.name),
             _ => {}
         }
-        assert!(!d.labels.contains(&"job"), "{}: job is Prometheus's", d.name);
+        assert!(
+            !d.labels.contains(&"job"),
+            "{}: job is Prometheus's",
+            d.name
+        );
         if d.kind == MetricType::Histogram {
             assert!(
                 BUCKETS.iter().any(|(n, _)| *n == d.name),
@@ -94,7 +101,8 @@ fn overhead_and_exec_render_by_kind_in_buckets_that_reach_their_range() {
         "an open executes nothing"
     );
     assert!(
-        text.lines().any(|l| l.starts_with("tangram_build_info{") && l.contains("component=\"worker\"")),
+        text.lines()
+            .any(|l| l.starts_with("tangram_build_info{") && l.contains("component=\"worker\"")),
         "{text}"
     );
 }
@@ -110,7 +118,10 @@ fn a_declared_inventory_exports_its_count_and_no_use() {
     };
     metrics::with_local_recorder(&recorder, || gpu_inventory(Some(&declared)));
     let text = handle.render();
-    assert!(text.contains("tangram_worker_gpus{source=\"declared\"} 2"), "{text}");
+    assert!(
+        text.contains("tangram_worker_gpus{source=\"declared\"} 2"),
+        "{text}"
+    );
     for name in [GPU_UTIL, GPU_MEM_USED, GPU_MEM_TOTAL] {
         assert!(!text.contains(name), "{name} without a driver:\n{text}");
     }
