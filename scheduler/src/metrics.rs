@@ -1,217 +1,168 @@
-//! The scheduler's metrics: every name in one place, base units, explicit buckets, bounded
-//! labels (kind, code, outcome: never an id).
+//! The scheduler's metrics: every name in one table ([`DEFS`], which `docs/METRICS.md`
+//! mirrors), base units, explicit buckets, bounded labels (kind, code, outcome, service,
+//! provider, worker: never an action id). The recording functions are in `record`.
 
-use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use std::net::SocketAddr;
+use tangram_shared::metric::{MetricDef, MetricType, MetricUnit, BUILD_INFO};
 
-/// Actions received, by kind (`unknown` when undecodable).
+mod record;
+pub(crate) use record::*;
+
 pub const ACTIONS_RECEIVED: &str = "tangram_scheduler_actions_received_total";
-/// Actions rejected, by code.
 pub const ACTIONS_REJECTED: &str = "tangram_scheduler_actions_rejected_total";
-/// Duplicate submissions dropped.
 pub const ACTIONS_DUPLICATE: &str = "tangram_scheduler_actions_duplicate_total";
-/// Checks for a stored result at intake, by outcome: `skipped` (the in-memory filter ruled
-/// one out), `stored` or `absent` (the server was asked).
+pub const ACTION_REDELIVERIES: &str = "tangram_scheduler_action_redeliveries_total";
 pub const RESULT_LOOKUPS: &str = "tangram_scheduler_result_lookups_total";
-/// Dispatches published, by kind.
 pub const DISPATCHED: &str = "tangram_scheduler_dispatched_total";
-/// Results seen, by outcome.
 pub const RESULTS: &str = "tangram_scheduler_results_total";
-/// Actions queued now.
 pub const QUEUE_DEPTH: &str = "tangram_scheduler_queue_depth";
-/// Actions dispatched and not yet finished.
 pub const RUNNING: &str = "tangram_scheduler_running";
-/// Workers alive.
 pub const WORKERS_ALIVE: &str = "tangram_scheduler_workers_alive";
-/// Workers declared lost.
 pub const WORKERS_LOST: &str = "tangram_scheduler_workers_lost_total";
-/// Gauge: workers cordoned or being drained by an operator.
+pub const HEARTBEAT_AGE: &str = "tangram_scheduler_worker_heartbeat_age_seconds";
+pub const POOL_CORES: &str = "tangram_scheduler_pool_cores";
+pub const POOL_MEMORY: &str = "tangram_scheduler_pool_memory_bytes";
 pub const CORDONED: &str = "tangram_scheduler_cordoned_workers";
-/// Gauge: fields in which the stored streams differ from the configuration at start (left
-/// as stored; the log names them).
 pub const STREAM_DRIFT: &str = "tangram_scheduler_stream_config_drift";
-/// Counter: fence records written (a worker instance declared lost must rejoin anew).
 pub const WORKERS_FENCED: &str = "tangram_scheduler_workers_fenced_total";
-/// Counter: heartbeats ignored because their worker instance was fenced.
 pub const FENCED_HEARTBEATS: &str = "tangram_scheduler_fenced_heartbeats_total";
-/// Counter: gaps in this scheduler's reach of NATS after which worker graces were restarted
-/// instead of declaring workers lost.
 pub const NATS_GAPS: &str = "tangram_scheduler_nats_gaps_total";
-/// Time spent in one call of the decision engine (one burst of events and its cycle).
 pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
-/// Time from arrival to dispatch publish acknowledged.
 pub const QUEUE_SECONDS: &str = "tangram_scheduler_queue_wait_seconds";
-/// Reward actions routed, by service and whether the route restores the replica.
+pub const ACT_SECONDS: &str = "tangram_scheduler_act_seconds";
+pub const ACT_PHASE_SECONDS: &str = "tangram_scheduler_act_phase_seconds";
 pub const GPU_ROUTES: &str = "tangram_scheduler_gpu_routes_total";
-/// Replicas the scheduler decided to evict, by the service that needed the room.
 pub const GPU_EVICTIONS: &str = "tangram_scheduler_gpu_evictions_total";
-/// A provider's adaptive rate in force, requests per second.
 pub const PROVIDER_RATE: &str = "tangram_scheduler_provider_effective_rate";
-/// A provider's requests in flight.
 pub const PROVIDER_INFLIGHT: &str = "tangram_scheduler_provider_inflight";
-/// A provider's requests waiting for quota.
 pub const PROVIDER_WAITING: &str = "tangram_scheduler_provider_waiting";
-/// Api actions admitted, by provider and job.
 pub const API_ADMITTED: &str = "tangram_scheduler_api_admitted_total";
-/// Running actions taken over from an earlier leader (listed in a heartbeat, or found
-/// dispatched when their message came back), by kind.
 pub const ADOPTED: &str = "tangram_scheduler_adopted_total";
-/// 1 while this scheduler holds the leader lease, 0 while it stands by.
 pub const LEADER: &str = "tangram_scheduler_leader";
-/// Terms this scheduler has begun as leader (takeovers and first starts).
+pub const EPOCH: &str = "tangram_scheduler_epoch";
 pub const TERMS: &str = "tangram_scheduler_leader_terms_total";
-/// Terms that ended on a NATS error (starting or running them) rather than a lost lease.
 pub const TERMS_FAILED: &str = "tangram_scheduler_leader_terms_failed_total";
-/// Actions queued now, by kind.
 pub const QUEUE_DEPTH_BY_KIND: &str = "tangram_scheduler_queue_depth_by_kind";
-/// How long the oldest queued action of a kind has waited, seconds.
 pub const QUEUE_OLDEST: &str = "tangram_scheduler_queue_oldest_wait_seconds";
-/// The wait a new action of a kind would see now (queue depth over the last minute's
-/// throughput), seconds; what a rollout framework reads to slow generation.
 pub const QUEUE_ESTIMATE: &str = "tangram_scheduler_queue_estimated_wait_seconds";
-/// Actions stored in the stream and not yet delivered to the scheduler.
 pub const STREAM_BACKLOG: &str = "tangram_scheduler_stream_backlog";
-/// Action messages held in memory (queued or being dispatched), and their bytes.
+pub const DEADLETTERS: &str = "tangram_scheduler_deadletter_messages";
 pub const HELD_ACTIONS: &str = "tangram_scheduler_held_actions";
-/// Bytes of action messages held in memory.
 pub const HELD_BYTES: &str = "tangram_scheduler_held_bytes";
-/// Times the intake paused because the held actions reached `max_queued_actions` or
-/// `max_queued_bytes` (the stream kept the rest).
 pub const INTAKE_PAUSED: &str = "tangram_scheduler_intake_paused_total";
-/// GPUs known in the fleet and GPUs held by resident replicas.
 pub const GPUS: &str = "tangram_scheduler_gpus";
 
-const CYCLE_BUCKETS: &[f64] = &[1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2];
-const QUEUE_BUCKETS: &[f64] = &[1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 30.0];
+use MetricType::{Counter as C, Gauge as G, Histogram as H};
+use MetricUnit::{Bytes as B, Count as N, Info, PerSecond, Seconds as S};
 
-/// Starts the Prometheus exporter on `addr`.
+const fn def(
+    name: &'static str,
+    kind: MetricType,
+    labels: &'static [&'static str],
+    unit: MetricUnit,
+    help: &'static str,
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind,
+        labels,
+        unit,
+        help,
+    }
+}
+
+/// Every metric the scheduler emits.
+#[rustfmt::skip]
+pub const DEFS: &[MetricDef] = &[
+    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha only when the build was given one."),
+    def(ACTIONS_RECEIVED, C, &["kind"], N, "Actions received, by kind (unknown when undecodable)."),
+    def(ACTIONS_REJECTED, C, &["code"], N, "Actions rejected at intake or placement, by reject code; each leaves a dead letter."),
+    def(ACTIONS_DUPLICATE, C, &[], N, "Resubmissions of an action already known, dropped."),
+    def(ACTION_REDELIVERIES, C, &[], N, "Action messages JetStream delivered more than once (an earlier leader or this one did not ack in time)."),
+    def(RESULT_LOOKUPS, C, &["outcome"], N, "Checks for a stored result at intake: skipped (ruled out in memory), stored, absent or failed."),
+    def(DISPATCHED, C, &["kind"], N, "Dispatches stored, by kind."),
+    def(RESULTS, C, &["outcome", "code"], N, "Results seen, by outcome and failure code (none unless rejected or an infrastructure error)."),
+    def(QUEUE_DEPTH, G, &[], N, "Actions queued now."),
+    def(RUNNING, G, &[], N, "Actions dispatched and not yet finished."),
+    def(WORKERS_ALIVE, G, &[], N, "Workers heard from within their grace."),
+    def(WORKERS_LOST, C, &[], N, "Workers declared lost after going silent past their grace."),
+    def(HEARTBEAT_AGE, G, &["worker"], S, "Since each live worker's last heartbeat; NaN once the worker has left the fleet."),
+    def(POOL_CORES, G, &["state"], N, "Cores of the live workers: total, and booked by running actions."),
+    def(POOL_MEMORY, G, &["state"], B, "Sandbox memory of the live workers: total, and booked by open sandboxes."),
+    def(CORDONED, G, &[], N, "Workers cordoned or being drained by an operator."),
+    def(STREAM_DRIFT, G, &[], N, "Fields in which the stored streams differ from the configuration at start (left as stored; the log names them)."),
+    def(WORKERS_FENCED, C, &[], N, "Fence records written: a worker instance declared lost must rejoin anew."),
+    def(FENCED_HEARTBEATS, C, &[], N, "Heartbeats ignored because their worker instance was fenced."),
+    def(NATS_GAPS, C, &[], N, "Gaps in this scheduler's reach of NATS after which worker graces were restarted instead of declaring workers lost."),
+    def(CYCLE_SECONDS, H, &[], S, "One call of the decision engine: a burst of events and its planning cycle."),
+    def(QUEUE_SECONDS, H, &["kind"], S, "From an action's arrival to its dispatch being stored, by kind."),
+    def(ACT_SECONDS, H, &["kind"], S, "Action completion time (queued + overhead + exec) of each first result, by kind."),
+    def(ACT_PHASE_SECONDS, H, &["kind", "phase"], S, "The parts of ACT, by kind and phase: queued, overhead, exec."),
+    def(GPU_ROUTES, C, &["service", "restore"], N, "Reward actions routed, by service and whether the route restores a replica."),
+    def(GPU_EVICTIONS, C, &["service"], N, "Replicas the scheduler decided to evict, by the service that needed the room."),
+    def(PROVIDER_RATE, G, &["provider"], PerSecond, "A provider's adaptive request rate in force."),
+    def(PROVIDER_INFLIGHT, G, &["provider"], N, "A provider's requests in flight."),
+    def(PROVIDER_WAITING, G, &["provider"], N, "A provider's requests waiting for quota."),
+    def(API_ADMITTED, C, &["provider", "rl_job"], N, "Api actions admitted, by provider and RL job (at most 256 jobs, later ones as other)."),
+    def(ADOPTED, C, &["kind"], N, "Running actions taken over from an earlier leader, by kind."),
+    def(LEADER, G, &[], N, "1 while this scheduler holds the leader lease, 0 while it stands by."),
+    def(EPOCH, G, &[], N, "The epoch of this scheduler's current or last term as leader (0 before its first)."),
+    def(TERMS, C, &[], N, "Terms this scheduler has begun as leader."),
+    def(TERMS_FAILED, C, &[], N, "Terms that ended on a NATS error rather than a lost lease."),
+    def(QUEUE_DEPTH_BY_KIND, G, &["kind"], N, "Actions queued now, by kind."),
+    def(QUEUE_OLDEST, G, &["kind"], S, "How long the oldest queued action of a kind has waited."),
+    def(QUEUE_ESTIMATE, G, &["kind"], S, "The wait a new action of a kind would see now (depth over recent throughput)."),
+    def(STREAM_BACKLOG, G, &[], N, "Actions stored in the stream and not yet delivered to the scheduler."),
+    def(DEADLETTERS, G, &[], N, "Records stored in the dead-letter stream (rejections and refused dispatches)."),
+    def(HELD_ACTIONS, G, &[], N, "Action messages held in memory (queued or being dispatched)."),
+    def(HELD_BYTES, G, &[], B, "Bytes of the action messages held in memory."),
+    def(INTAKE_PAUSED, C, &[], N, "Times the intake paused at max_queued_actions or max_queued_bytes (the stream kept the rest)."),
+    def(GPUS, G, &["state"], N, "GPUs known in the fleet (total) and held by resident replicas (resident)."),
+];
+
+const CYCLE_BUCKETS: &[f64] = &[
+    1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0,
+];
+/// Queue waits: sub-millisecond when idle, minutes when a fleet is saturated.
+const QUEUE_BUCKETS: &[f64] = &[
+    1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 900.0,
+];
+/// ACT and its parts: a millisecond close to a sandbox's lifetime, an exec up to the
+/// default `max_timeout` (one hour).
+const ACT_BUCKETS: &[f64] = &[
+    1e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0,
+];
+
+/// The bucket set of every histogram.
+pub const BUCKETS: &[(&str, &[f64])] = &[
+    (CYCLE_SECONDS, CYCLE_BUCKETS),
+    (QUEUE_SECONDS, QUEUE_BUCKETS),
+    (ACT_SECONDS, ACT_BUCKETS),
+    (ACT_PHASE_SECONDS, ACT_BUCKETS),
+];
+
+/// The exporter's builder with every histogram's buckets.
+fn builder() -> anyhow::Result<PrometheusBuilder> {
+    let mut b = PrometheusBuilder::new();
+    for (name, buckets) in BUCKETS {
+        b = b.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+    }
+    Ok(b)
+}
+
+/// Starts the Prometheus exporter on `addr` and registers every metric.
 pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(Matcher::Full(CYCLE_SECONDS.into()), CYCLE_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(QUEUE_SECONDS.into()), QUEUE_BUCKETS)?
-        .install()?;
+    builder()?.with_http_listener(addr).install()?;
+    register();
     Ok(())
 }
 
-pub(crate) fn result_lookup(outcome: &'static str) {
-    counter!(RESULT_LOOKUPS, "outcome" => outcome).increment(1);
+/// Registers [`DEFS`] with the installed recorder (descriptions, build info, zeros).
+pub fn register() {
+    tangram_shared::metric::register(DEFS, "scheduler", env!("CARGO_PKG_VERSION"));
 }
 
-pub(crate) fn received(kind: &'static str) {
-    counter!(ACTIONS_RECEIVED, "kind" => kind).increment(1);
-}
-pub(crate) fn rejected(code: &'static str) {
-    counter!(ACTIONS_REJECTED, "code" => code).increment(1);
-}
-pub(crate) fn duplicate() {
-    counter!(ACTIONS_DUPLICATE).increment(1);
-}
-pub(crate) fn dispatched(kind: &'static str, queued_s: f64) {
-    counter!(DISPATCHED, "kind" => kind).increment(1);
-    histogram!(QUEUE_SECONDS).record(queued_s);
-}
-pub(crate) fn result(outcome: &'static str) {
-    counter!(RESULTS, "outcome" => outcome).increment(1);
-}
-pub(crate) fn nats_gap() {
-    counter!(NATS_GAPS).increment(1);
-}
-pub(crate) fn worker_lost() {
-    counter!(WORKERS_LOST).increment(1);
-}
-pub(crate) fn cordons(workers: usize) {
-    gauge!(CORDONED).set(workers as f64);
-}
-pub(crate) fn stream_drift(fields: usize) {
-    gauge!(STREAM_DRIFT).set(fields as f64);
-}
-pub(crate) fn worker_fenced() {
-    counter!(WORKERS_FENCED).increment(1);
-}
-pub(crate) fn fenced_heartbeat() {
-    counter!(FENCED_HEARTBEATS).increment(1);
-}
-pub(crate) fn cycle_seconds(seconds: f64) {
-    histogram!(CYCLE_SECONDS).record(seconds);
-}
-pub(crate) fn gauges(queued: usize, running: usize, alive: usize) {
-    gauge!(QUEUE_DEPTH).set(queued as f64);
-    gauge!(RUNNING).set(running as f64);
-    gauge!(WORKERS_ALIVE).set(alive as f64);
-}
-pub(crate) fn queues(
-    queues: &std::collections::BTreeMap<String, tangram_shared::status::QueueStatus>,
-) {
-    // Every kind is set, so a kind whose queue emptied reads 0 rather than its last depth.
-    for kind in tangram_shared::ActionKind::ALL {
-        let q = queues.get(kind.as_str()).cloned().unwrap_or_default();
-        let k = kind.as_str();
-        gauge!(QUEUE_DEPTH_BY_KIND, "kind" => k).set(q.depth as f64);
-        gauge!(QUEUE_OLDEST, "kind" => k).set(q.oldest_wait_s);
-        gauge!(QUEUE_ESTIMATE, "kind" => k).set(q.est_wait_s.unwrap_or(q.oldest_wait_s));
-    }
-}
-pub(crate) fn held(count: usize, bytes: u64) {
-    gauge!(HELD_ACTIONS).set(count as f64);
-    gauge!(HELD_BYTES).set(bytes as f64);
-}
-pub(crate) fn intake_paused() {
-    counter!(INTAKE_PAUSED).increment(1);
-}
-pub(crate) fn backlog(n: u64) {
-    gauge!(STREAM_BACKLOG).set(n as f64);
-}
-pub(crate) fn gpu_route(service: &str, restore: bool, evictions: usize) {
-    counter!(GPU_ROUTES, "service" => service.to_string(), "restore" => if restore { "true" } else { "false" }).increment(1);
-    if evictions > 0 {
-        counter!(GPU_EVICTIONS, "service" => service.to_string()).increment(evictions as u64);
-    }
-}
-pub(crate) fn gpus(total: u32, resident: u32) {
-    gauge!(GPUS, "state" => "total").set(total as f64);
-    gauge!(GPUS, "state" => "resident").set(resident as f64);
-}
-pub(crate) fn provider(name: &str, rate: f64, inflight: u32, waiting: usize) {
-    gauge!(PROVIDER_RATE, "provider" => name.to_string()).set(rate);
-    gauge!(PROVIDER_INFLIGHT, "provider" => name.to_string()).set(inflight as f64);
-    gauge!(PROVIDER_WAITING, "provider" => name.to_string()).set(waiting as f64);
-}
-/// Job label values the metrics keep at most; later jobs are counted as `other`, so a fleet
-/// that runs many short jobs does not grow the exporter without bound.
-const MAX_JOB_LABELS: usize = 256;
-
-fn job_label(job: &str) -> String {
-    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if seen.contains(job) {
-        job.to_string()
-    } else if seen.len() < MAX_JOB_LABELS {
-        seen.insert(job.to_string());
-        job.to_string()
-    } else {
-        "other".to_string()
-    }
-}
-
-pub(crate) fn api_admitted(provider: &str, job: &str) {
-    counter!(API_ADMITTED, "provider" => provider.to_string(), "job" => job_label(job))
-        .increment(1);
-}
-
-pub(crate) fn leader(leading: bool) {
-    gauge!(LEADER).set(if leading { 1.0 } else { 0.0 });
-    if leading {
-        counter!(TERMS).increment(1);
-    }
-}
-
-pub(crate) fn term_failed() {
-    counter!(TERMS_FAILED).increment(1);
-}
-
-pub(crate) fn adopted(kind: &'static str) {
-    counter!(ADOPTED, "kind" => kind).increment(1);
-}
+#[cfg(test)]
+mod tests;

@@ -122,7 +122,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         held.record.epoch = epoch;
         info!(epoch, "leading");
         *role.lock().unwrap_or_else(|e| e.into_inner()) = ("leader", epoch);
-        crate::metrics::leader(true);
+        crate::metrics::leader(true, epoch);
         // The term ends on shutdown or when the lease is lost; the fence stops dispatches
         // the moment renewals stop succeeding, before a standby can take over.
         let term = shutdown.child_token();
@@ -137,7 +137,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let led = lead(&client, &js, &store, &config, epoch, fence, term.clone()).await;
         term.cancel();
         let _ = holder.await;
-        crate::metrics::leader(false);
+        crate::metrics::leader(false, epoch);
         *role.lock().unwrap_or_else(|e| e.into_inner()) = ("standby", epoch);
         if shutdown.is_cancelled() {
             led?;
@@ -351,12 +351,16 @@ async fn lead(
         let consumer = actions.clone();
         let stop = shutdown.clone();
         let gate = gate.clone();
+        let js = js.clone();
         tasks.spawn(async move {
             let mut every = tokio::time::interval(BACKLOG_EVERY);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = every.tick() => { backlog(&consumer, &gate).await; }
+                    _ = every.tick() => {
+                        backlog(&consumer, &gate).await;
+                        deadletters(&js).await;
+                    }
                 }
             }
         });
@@ -519,6 +523,9 @@ async fn admit(
     let info = msg.info().ok();
     let delivery = info.as_ref().map_or(0, |i| i.stream_sequence);
     let first_delivery = info.as_ref().is_some_and(|i| i.delivered == 1);
+    if info.as_ref().is_some_and(|i| i.delivered > 1) {
+        crate::metrics::action_redelivered();
+    }
     let submitted_at_us = info
         .as_ref()
         .map(|i| (i.published.unix_timestamp_nanos() / 1000) as u64)
@@ -625,6 +632,19 @@ async fn backlog(consumer: &jetstream::consumer::PullConsumer, gate: &Gate) -> O
             warn!(error = %e, "reading the actions consumer for a status answer");
             None
         }
+    }
+}
+
+/// Records stored in the dead-letter stream, for the metrics (left as last read when the
+/// stream cannot be asked).
+async fn deadletters(js: &jetstream::Context) {
+    let read = async {
+        let mut stream = js.get_stream(subject::DEADLETTER_STREAM).await.ok()?;
+        Some(stream.info().await.ok()?.state.messages)
+    };
+    match tokio::time::timeout(Duration::from_secs(1), read).await {
+        Ok(Some(n)) => crate::metrics::deadletters(n),
+        _ => tracing::debug!("the dead-letter stream could not be read for the metrics"),
     }
 }
 

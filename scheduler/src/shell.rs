@@ -359,7 +359,9 @@ fn observe(o: Observation) {
         Observation::Duplicate => m::duplicate(),
         Observation::Rejected(code) => m::rejected(code),
         Observation::Dispatched { kind, queued_s } => m::dispatched(kind.as_str(), queued_s),
-        Observation::Result(outcome) => m::result(outcome),
+        Observation::Result { outcome, code } => m::result(outcome, code),
+        Observation::Act { kind, timing } => m::act(kind, timing),
+        Observation::Workers(live) => m::workers(&live),
         Observation::Adopted(kind) => {
             info!(
                 kind = kind.as_str(),

@@ -132,6 +132,35 @@ pub enum InfraCode {
     UnknownEpoch,
 }
 
+impl InfraCode {
+    /// The code's wire name (as serialized), also a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InfraCode::Runtime => "runtime",
+            InfraCode::WorkerLost => "worker_lost",
+            InfraCode::Service => "service",
+            InfraCode::Provider => "provider",
+            InfraCode::SandboxLost => "sandbox_lost",
+            InfraCode::Grant => "grant",
+            InfraCode::Shutdown => "shutdown",
+            InfraCode::StaleEpoch => "stale_epoch",
+            InfraCode::UnknownEpoch => "unknown_epoch",
+        }
+    }
+}
+
+impl Outcome {
+    /// The rejection or infrastructure code of a failure, `none` for the other outcomes: a
+    /// bounded metric label.
+    pub fn code_label(&self) -> &'static str {
+        match self {
+            Outcome::Rejected { code, .. } => code.as_str(),
+            Outcome::InfraError { code, .. } => code.as_str(),
+            _ => "none",
+        }
+    }
+}
+
 /// A rejection: a code and a reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code:?}: {reason}")]
@@ -315,5 +344,35 @@ impl ActionResult {
         self.kind = Some(action.kind());
         self.attempt = attempt;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn infra_code_labels_are_the_wire_names() {
+        use InfraCode::*;
+        for code in [
+            Runtime,
+            WorkerLost,
+            Service,
+            Provider,
+            SandboxLost,
+            Grant,
+            Shutdown,
+            StaleEpoch,
+            UnknownEpoch,
+        ] {
+            let wire = serde_json::to_value(code).unwrap();
+            assert_eq!(wire.as_str(), Some(code.as_str()));
+        }
+        let lost = Outcome::InfraError {
+            code: WorkerLost,
+            reason: String::new(),
+        };
+        assert_eq!(lost.code_label(), "worker_lost");
+        assert_eq!(Outcome::TimedOut.code_label(), "none");
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod api_server;
 pub mod faults;
+pub mod prometheus;
 
 use anyhow::{bail, Context as _};
 use async_nats::jetstream;

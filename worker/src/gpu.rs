@@ -98,6 +98,60 @@ pub fn discover(
     }))
 }
 
+/// One GPU's use at one moment, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSample {
+    /// NVML's device index.
+    pub index: u32,
+    /// Memory in use, bytes.
+    pub mem_used_bytes: u64,
+    /// Memory in all, bytes.
+    pub mem_total_bytes: u64,
+    /// Share of the last sample period in which a kernel ran, 0 to 1.
+    pub utilization: f64,
+}
+
+/// Where the worker reads its GPUs' use, for the metrics. Only a driver can answer: a
+/// declared inventory has no sampler, and nothing is made up for it.
+pub trait GpuSampler: Send + Sync + std::fmt::Debug {
+    /// Every GPU's use now.
+    fn sample(&self) -> Result<Vec<GpuSample>, GpuError>;
+}
+
+/// NVML, loaded once and asked on each sample.
+pub struct NvmlSampler(Nvml);
+
+impl std::fmt::Debug for NvmlSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NvmlSampler")
+    }
+}
+
+impl NvmlSampler {
+    /// Loads NVML.
+    pub fn open() -> Result<Self, GpuError> {
+        Ok(Self(Nvml::init()?))
+    }
+}
+
+impl GpuSampler for NvmlSampler {
+    fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
+        let mut out = Vec::new();
+        for index in 0..self.0.device_count()? {
+            let d = self.0.device_by_index(index)?;
+            let mem = d.memory_info()?;
+            let util = d.utilization_rates()?;
+            out.push(GpuSample {
+                index,
+                mem_used_bytes: mem.used,
+                mem_total_bytes: mem.total,
+                utilization: f64::from(util.gpu.min(100)) / 100.0,
+            });
+        }
+        Ok(out)
+    }
+}
+
 fn from_nvml() -> Result<GpuInventory, GpuError> {
     let nvml = Nvml::init()?;
     let count = nvml.device_count()?;

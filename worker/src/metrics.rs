@@ -1,107 +1,126 @@
-//! The worker's metrics: names in one place, base units, explicit buckets, bounded labels.
+//! The worker's metrics: every name in one table ([`DEFS`], which `docs/METRICS.md`
+//! mirrors), base units, explicit buckets, bounded labels (kind, outcome, service,
+//! provider, gpu index: never an action id). The recording functions are in `record`.
 
-use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use std::net::SocketAddr;
+use tangram_shared::metric::{MetricDef, MetricType, MetricUnit, BUILD_INFO};
 
-/// Actions finished, by kind and outcome.
+mod record;
+pub(crate) use record::*;
+
 pub const ACTIONS: &str = "tangram_worker_actions_total";
-/// Time to grant or park cores, by mode (`cgroup`, `docker`) and direction (`grant`, `park`).
+pub const DISPATCH_REDELIVERIES: &str = "tangram_worker_dispatch_redeliveries_total";
 pub const GRANT_SECONDS: &str = "tangram_worker_grant_duration_seconds";
-/// Command execution time.
 pub const EXEC_SECONDS: &str = "tangram_worker_exec_duration_seconds";
-/// Worker-side overhead per action.
 pub const OVERHEAD_SECONDS: &str = "tangram_worker_overhead_seconds";
-/// Sandboxes held now.
 pub const SANDBOXES: &str = "tangram_worker_sandboxes";
-/// Leftover containers removed at start.
 pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
-/// Dispatches refused, by reason (`stale_epoch`, `unknown_epoch`); each also leaves a
-/// dead-letter record.
 pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
-/// Times this worker found itself fenced (declared lost by the scheduler) and rejoined as a
-/// new instance.
 pub const FENCED: &str = "tangram_worker_fenced_total";
-/// Results of a fenced instance's actions not published (the scheduler settled them).
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
-/// Replica processes started, by service.
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
-/// Replica processes found dead, by service.
 pub const REPLICAS_CRASHED: &str = "tangram_worker_replicas_crashed_total";
-/// Replicas put to sleep to make room, by service.
 pub const EVICTIONS: &str = "tangram_worker_evictions_total";
-/// External API calls, by provider and status class (`2xx`, `429`, ...).
 pub const API_CALLS: &str = "tangram_worker_api_calls_total";
-/// External API call latency, by provider.
 pub const API_SECONDS: &str = "tangram_worker_api_call_duration_seconds";
-/// Time to restore (wake) a replica, by service.
 pub const RESTORE_SECONDS: &str = "tangram_worker_restore_duration_seconds";
+pub const GPUS: &str = "tangram_worker_gpus";
+pub const GPU_MEM_USED: &str = "tangram_worker_gpu_memory_used_bytes";
+pub const GPU_MEM_TOTAL: &str = "tangram_worker_gpu_memory_total_bytes";
+pub const GPU_UTIL: &str = "tangram_worker_gpu_utilization_ratio";
 
-const FAST: &[f64] = &[
-    5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+use MetricType::{Counter as C, Gauge as G, Histogram as H};
+use MetricUnit::{Bytes as B, Count as N, Info, Ratio, Seconds as S};
+
+const fn def(
+    name: &'static str,
+    kind: MetricType,
+    labels: &'static [&'static str],
+    unit: MetricUnit,
+    help: &'static str,
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind,
+        labels,
+        unit,
+        help,
+    }
+}
+
+/// Every metric the worker emits.
+#[rustfmt::skip]
+pub const DEFS: &[MetricDef] = &[
+    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha only when the build was given one."),
+    def(ACTIONS, C, &["kind", "outcome"], N, "Actions finished, by kind and outcome."),
+    def(DISPATCH_REDELIVERIES, C, &[], N, "Dispatch messages JetStream delivered more than once (to this or an earlier instance)."),
+    def(GRANT_SECONDS, H, &["mode", "direction"], S, "Time to grant or park cores, by mode (cgroup, docker) and direction (grant, park)."),
+    def(EXEC_SECONDS, H, &["kind"], S, "Execution time of commands, reward calls and api calls, by kind."),
+    def(OVERHEAD_SECONDS, H, &["kind"], S, "Worker-side time around the execution (container create and start for an open, grants, waits), by kind."),
+    def(SANDBOXES, G, &[], N, "Sandboxes held now."),
+    def(LEFTOVERS, C, &[], N, "Leftover containers of an earlier instance removed at start."),
+    def(REFUSED, C, &["reason"], N, "Dispatches refused, by reason (stale_epoch, unknown_epoch); each leaves a dead letter."),
+    def(FENCED, C, &[], N, "Times this worker found itself fenced and rejoined as a new instance."),
+    def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
+    def(REPLICAS_STARTED, C, &["service"], N, "Replica processes started, by service."),
+    def(REPLICAS_CRASHED, C, &["service"], N, "Replica processes found dead, by service."),
+    def(EVICTIONS, C, &["service"], N, "Replicas put to sleep to make room, by service."),
+    def(API_CALLS, C, &["provider", "status"], N, "External API calls, by provider and status class (2xx, 3xx, 4xx, 429, 5xx)."),
+    def(API_SECONDS, H, &["provider"], S, "External API call latency, by provider."),
+    def(RESTORE_SECONDS, H, &["service"], S, "Time to restore (wake) a replica, by service."),
+    def(GPUS, G, &["source"], N, "GPUs this worker offers, by where the inventory came from (nvml or declared)."),
+    def(GPU_MEM_USED, G, &["gpu"], B, "Memory in use on each GPU, from NVML (absent without a driver)."),
+    def(GPU_MEM_TOTAL, G, &["gpu"], B, "Memory of each GPU, from NVML (absent without a driver)."),
+    def(GPU_UTIL, G, &["gpu"], Ratio, "Share of the last sample period each GPU ran a kernel, from NVML (absent without a driver)."),
 ];
+
+/// Grants: microseconds by cgroup write, milliseconds through Docker.
+const GRANT: &[f64] = &[
+    5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.5,
+];
+/// Overhead: sub-millisecond for an exec's grant, seconds for a cold sandbox open.
+const OVERHEAD: &[f64] = &[
+    1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+];
+/// Execution: a millisecond up to the default `max_timeout` (one hour).
+const EXEC: &[f64] = &[
+    1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+/// Restores and API calls: milliseconds to minutes.
 const SLOW: &[f64] = &[
     1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-/// Starts the Prometheus exporter on `addr`.
+/// The bucket set of every histogram.
+pub const BUCKETS: &[(&str, &[f64])] = &[
+    (GRANT_SECONDS, GRANT),
+    (OVERHEAD_SECONDS, OVERHEAD),
+    (EXEC_SECONDS, EXEC),
+    (RESTORE_SECONDS, SLOW),
+    (API_SECONDS, SLOW),
+];
+
+/// The exporter's builder with every histogram's buckets.
+fn builder() -> anyhow::Result<PrometheusBuilder> {
+    let mut b = PrometheusBuilder::new();
+    for (name, buckets) in BUCKETS {
+        b = b.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+    }
+    Ok(b)
+}
+
+/// Starts the Prometheus exporter on `addr` and registers every metric.
 pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(Matcher::Full(GRANT_SECONDS.into()), FAST)?
-        .set_buckets_for_metric(Matcher::Full(OVERHEAD_SECONDS.into()), FAST)?
-        .set_buckets_for_metric(Matcher::Full(EXEC_SECONDS.into()), SLOW)?
-        .set_buckets_for_metric(Matcher::Full(RESTORE_SECONDS.into()), SLOW)?
-        .set_buckets_for_metric(Matcher::Full(API_SECONDS.into()), SLOW)?
-        .install()?;
+    builder()?.with_http_listener(addr).install()?;
+    register();
     Ok(())
 }
 
-pub(crate) fn action(kind: &'static str, outcome: &'static str, overhead_s: f64, exec_s: f64) {
-    counter!(ACTIONS, "kind" => kind, "outcome" => outcome).increment(1);
-    histogram!(OVERHEAD_SECONDS).record(overhead_s);
-    if kind == "sandbox_exec" || kind == "reward" {
-        histogram!(EXEC_SECONDS).record(exec_s);
-    }
+/// Registers [`DEFS`] with the installed recorder (descriptions, build info, zeros).
+pub fn register() {
+    tangram_shared::metric::register(DEFS, "worker", env!("CARGO_PKG_VERSION"));
 }
-pub(crate) fn grant(mode: &'static str, direction: &'static str, seconds: f64) {
-    histogram!(GRANT_SECONDS, "mode" => mode, "direction" => direction).record(seconds);
-}
-pub(crate) fn sandboxes(n: usize) {
-    gauge!(SANDBOXES).set(n as f64);
-}
-pub(crate) fn leftovers(n: usize) {
-    counter!(LEFTOVERS).increment(n as u64);
-}
-pub(crate) fn fenced() {
-    counter!(FENCED).increment(1);
-}
-pub(crate) fn fenced_result() {
-    counter!(FENCED_RESULTS).increment(1);
-}
-pub(crate) fn refused(reason: &'static str) {
-    counter!(REFUSED, "reason" => reason).increment(1);
-}
-pub(crate) fn replica_started(service: &str) {
-    counter!(REPLICAS_STARTED, "service" => service.to_string()).increment(1);
-}
-pub(crate) fn replica_crashed(service: &str) {
-    counter!(REPLICAS_CRASHED, "service" => service.to_string()).increment(1);
-}
-pub(crate) fn eviction(service: &str) {
-    counter!(EVICTIONS, "service" => service.to_string()).increment(1);
-}
-pub(crate) fn restore(service: &str, seconds: f64) {
-    histogram!(RESTORE_SECONDS, "service" => service.to_string()).record(seconds);
-}
-pub(crate) fn api_call(provider: &str, status: u16, seconds: f64) {
-    let class = match status {
-        429 => "429",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    counter!(API_CALLS, "provider" => provider.to_string(), "status" => class).increment(1);
-    histogram!(API_SECONDS, "provider" => provider.to_string()).record(seconds);
-}
+
+#[cfg(test)]
+mod tests;

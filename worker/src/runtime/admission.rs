@@ -168,6 +168,9 @@ impl Worker {
     /// On [`Verdict::Run`], also the instance generation it was admitted in (see
     /// [`Worker::era`]).
     pub(crate) async fn admit(&self, delivery: &dyn Delivery) -> Option<(Dispatch, u64)> {
+        if delivery.redelivered() {
+            m::dispatch_redelivered();
+        }
         let dispatch = match codec::decode::<Dispatch>(delivery.payload(), Encoding::Msgpack) {
             Ok(d) => d,
             Err(e) => {

@@ -30,6 +30,34 @@ pub(super) async fn heartbeats(
     }
 }
 
+/// Reads the GPUs' use every `period` for the metrics, until `stop`. An NVML call takes
+/// microseconds, so it is made in place; a failed reading is logged once and retried.
+pub(super) async fn gpu_samples(
+    sampler: Arc<dyn crate::gpu::GpuSampler>,
+    period: std::time::Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(period);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        match sampler.sample() {
+            Ok(samples) => {
+                failing = false;
+                m::gpu_samples(&samples);
+            }
+            Err(e) if !failing => {
+                failing = true;
+                warn!(error = %e, "reading GPU use from NVML");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 pub(super) async fn send_heartbeat(
     worker: &Worker,
     client: &async_nats::Client,

@@ -196,6 +196,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None
     };
     let inventory = crate::gpu::discover(&NvmlDiscovery, config.nvml, &config.gpu_groups)?;
+    m::gpu_inventory(inventory.as_ref());
+    // Use is read only where a driver reported the GPUs; a declared inventory has none.
+    let sampler = match &inventory {
+        Some(inv) if inv.source == "nvml" => match crate::gpu::NvmlSampler::open() {
+            Ok(s) => Some(Arc::new(s) as Arc<dyn crate::gpu::GpuSampler>),
+            Err(e) => {
+                warn!(error = %e, "NVML answered the inventory but not the sampler: no GPU use metrics");
+                None
+            }
+        },
+        _ => None,
+    };
     let services: Option<Arc<dyn ReplicaDriver>> = match (&inventory, config.services.is_empty()) {
         (_, true) => None,
         (None, false) => anyhow::bail!(
@@ -248,6 +260,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         fence::watch(worker.clone(), background_stop.clone())
             .instrument(tracing::info_span!("fence")),
     );
+    if let Some(sampler) = sampler {
+        background.spawn(
+            heartbeat::gpu_samples(sampler, worker.config.heartbeat, background_stop.clone())
+                .instrument(tracing::info_span!("gpu_samples")),
+        );
+    }
     if let Some(svc) = worker.services.clone() {
         let stop = background_stop.clone();
         background.spawn(

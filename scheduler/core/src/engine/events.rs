@@ -2,7 +2,9 @@
 
 use crate::elastic::ElasticModel;
 use tangram_shared::codec::Encoding;
-use tangram_shared::{Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, WorkerId};
+use tangram_shared::{
+    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, Timing, WorkerId,
+};
 
 /// The time of an event: a monotonic millisecond clock for decisions, and wall-clock time for
 /// the timestamps written into results.
@@ -169,6 +171,23 @@ pub struct Reject {
     pub result: Option<ActionResult>,
 }
 
+/// One live worker, as the metrics read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerGauge {
+    /// Its id.
+    pub worker: WorkerId,
+    /// Since its last heartbeat, seconds.
+    pub heartbeat_age_s: f64,
+    /// Cores it grants.
+    pub cores: u32,
+    /// Cores booked by what runs there.
+    pub cores_booked: u32,
+    /// Memory for sandboxes, MiB.
+    pub mem_mb: u64,
+    /// Memory open sandboxes reserve, MiB.
+    pub mem_booked_mb: u64,
+}
+
 /// Metrics the engine reports; the service owns their names.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observation {
@@ -185,8 +204,24 @@ pub enum Observation {
         /// Arrival to dispatch stored, seconds.
         queued_s: f64,
     },
-    /// A result was seen, by outcome label.
-    Result(&'static str),
+    /// A result was seen, by outcome label and failure code (`none` unless rejected or an
+    /// infrastructure error).
+    Result {
+        /// [`tangram_shared::Outcome::label`].
+        outcome: &'static str,
+        /// [`tangram_shared::Outcome::code_label`].
+        code: &'static str,
+    },
+    /// The first result of an action of a known kind, with where its time went (every
+    /// outcome: a failure's time counts as much as a success's).
+    Act {
+        /// Kind.
+        kind: ActionKind,
+        /// Queued, overhead and execution, as the worker measured them.
+        timing: Timing,
+    },
+    /// The live workers, in id order (with the queues, at most once a second).
+    Workers(Vec<WorkerGauge>),
     /// A running action taken over from an earlier leader.
     Adopted(ActionKind),
     /// A worker was declared lost.

@@ -30,7 +30,7 @@ use lifecycle::{Entry, Sandbox, SandboxKey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Limits, Timing, WorkerId};
 
-pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject};
+pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject, WorkerGauge};
 pub use intake::{check, BadMessage, RawMessage};
 
 /// How the engine is set up.
@@ -260,6 +260,9 @@ impl Engine {
             self.queues_observed_ms = Some(now.ms);
             self.out
                 .push(Effect::Observe(Observation::Queues(self.queues(now))));
+            let workers = self.worker_gauges(now);
+            self.out
+                .push(Effect::Observe(Observation::Workers(workers)));
         }
         if let Some(at) = self.next_wake(now) {
             self.out.push(Effect::WakeAt(at));

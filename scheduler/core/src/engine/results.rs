@@ -154,9 +154,23 @@ impl Engine {
         }
     }
 
+    /// A first result: its ACT goes to the metrics, and a completion's to the status report.
+    fn observe_act(&mut self, r: &ActionResult, now: Now) {
+        let Some(kind) = r.kind else { return };
+        self.out.push(Effect::Observe(Observation::Act {
+            kind,
+            timing: r.timing,
+        }));
+        if matches!(r.outcome, Outcome::Completed { .. }) {
+            self.push_recent(kind, r.timing, now);
+        }
+    }
+
     pub(crate) fn on_result(&mut self, r: ActionResult, now: Now) {
-        self.out
-            .push(Effect::Observe(Observation::Result(r.outcome.label())));
+        self.out.push(Effect::Observe(Observation::Result {
+            outcome: r.outcome.label(),
+            code: r.outcome.code_label(),
+        }));
         let Some(queued) = self
             .actions
             .get(&r.id)
@@ -165,15 +179,11 @@ impl Engine {
             // A late or repeated result of a settled action (or of one this engine never
             // saw): nothing is booked for it.
             if !self.settled_set.contains(&r.id) {
-                if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
-                    self.push_recent(kind, r.timing, now);
-                }
+                self.observe_act(&r, now);
             }
             return;
         };
-        if let (Some(kind), Outcome::Completed { .. }) = (r.kind, &r.outcome) {
-            self.push_recent(kind, r.timing, now);
-        }
+        self.observe_act(&r, now);
         if queued {
             // Dispatched by an earlier scheduler that stopped before acking the action: the
             // worker ran it; running it again would be a second effect.

@@ -7,6 +7,25 @@ use tangram_shared::status::*;
 use tangram_shared::Timing;
 
 impl Engine {
+    /// The live workers' liveness and bookings, for the metrics.
+    pub(crate) fn worker_gauges(&self, now: Now) -> Vec<super::WorkerGauge> {
+        let snapshot = self.snapshot();
+        self.workers
+            .iter()
+            .map(|(id, w)| {
+                let view = snapshot.worker(id);
+                super::WorkerGauge {
+                    worker: id.clone(),
+                    heartbeat_age_s: now.ms.saturating_sub(w.last_seen_ms) as f64 / 1e3,
+                    cores: w.hb.cores,
+                    cores_booked: view.map_or(0, |v| v.total_cores - v.free_cores),
+                    mem_mb: w.hb.mem_mb,
+                    mem_booked_mb: view.map_or(0, |v| v.total_mem_mb - v.free_mem_mb),
+                }
+            })
+            .collect()
+    }
+
     /// The status report as of `now`.
     pub fn status(&self, now: Now) -> Status {
         let started = self.started_ms.unwrap_or(now.ms);

@@ -3,6 +3,7 @@
 
 mod adopt;
 mod intake;
+mod observe;
 mod props;
 mod transitions;
 

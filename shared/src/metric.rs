@@ -1,0 +1,116 @@
+//! The shape of a metric definition. Each component declares its metrics once, as a table of
+//! these (`metrics.rs` of the scheduler and of the worker), registers that table with its
+//! recorder at start, and `docs/METRICS.md` is checked against the same tables. Plain data:
+//! the recorder and the exporter stay in the components.
+
+/// The Prometheus type of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricType {
+    /// Only goes up (names end in `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in explicit buckets.
+    Histogram,
+}
+
+impl MetricType {
+    /// The Prometheus name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricType::Counter => "counter",
+            MetricType::Gauge => "gauge",
+            MetricType::Histogram => "histogram",
+        }
+    }
+}
+
+/// What a metric's value counts, in base units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricUnit {
+    /// Things or events.
+    Count,
+    /// Seconds.
+    Seconds,
+    /// Bytes.
+    Bytes,
+    /// Events per second.
+    PerSecond,
+    /// A fraction from 0 to 1.
+    Ratio,
+    /// No quantity: the value is 1 and the labels carry the information.
+    Info,
+}
+
+impl MetricUnit {
+    /// The unit as the reference page writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricUnit::Count => "count",
+            MetricUnit::Seconds => "seconds",
+            MetricUnit::Bytes => "bytes",
+            MetricUnit::PerSecond => "per_second",
+            MetricUnit::Ratio => "ratio",
+            MetricUnit::Info => "info",
+        }
+    }
+}
+
+/// One metric: its name, type, label names, unit and meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricDef {
+    /// Full Prometheus name (`tangram_` prefix, unit suffix, `_total` for counters).
+    pub name: &'static str,
+    /// Type.
+    pub kind: MetricType,
+    /// Label names, each with a bounded set of values.
+    pub labels: &'static [&'static str],
+    /// Unit of the value.
+    pub unit: MetricUnit,
+    /// What it means, one sentence.
+    pub help: &'static str,
+}
+
+/// The build of a process, as `tangram_build_info` labels it: the crate version, and the
+/// commit when the build was given one (`TANGRAM_GIT_SHA` at compile time).
+pub const BUILD_INFO: &str = "tangram_build_info";
+
+/// Describes every metric of `defs` to the installed recorder, sets `tangram_build_info` for
+/// `component` (its `version` the caller's crate version), and starts each unlabelled
+/// counter and gauge at 0, so that its series exists (and `rate` works) before the first
+/// event. Called once, right after the recorder is installed.
+#[cfg(feature = "recorder")]
+pub fn register(defs: &[MetricDef], component: &'static str, version: &'static str) {
+    use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+    for d in defs {
+        let unit = match d.unit {
+            MetricUnit::Seconds => Some(Unit::Seconds),
+            MetricUnit::Bytes => Some(Unit::Bytes),
+            MetricUnit::Count => Some(Unit::Count),
+            MetricUnit::PerSecond => Some(Unit::CountPerSecond),
+            MetricUnit::Ratio | MetricUnit::Info => None,
+        };
+        match (d.kind, unit) {
+            (MetricType::Counter, Some(u)) => describe_counter!(d.name, u, d.help),
+            (MetricType::Counter, None) => describe_counter!(d.name, d.help),
+            (MetricType::Gauge, Some(u)) => describe_gauge!(d.name, u, d.help),
+            (MetricType::Gauge, None) => describe_gauge!(d.name, d.help),
+            (MetricType::Histogram, Some(u)) => describe_histogram!(d.name, u, d.help),
+            (MetricType::Histogram, None) => describe_histogram!(d.name, d.help),
+        }
+        if d.labels.is_empty() {
+            match d.kind {
+                MetricType::Counter => counter!(d.name).absolute(0),
+                MetricType::Gauge => gauge!(d.name).set(0.0),
+                MetricType::Histogram => {}
+            }
+        }
+    }
+    match option_env!("TANGRAM_GIT_SHA") {
+        Some(sha) => {
+            gauge!(BUILD_INFO, "version" => version, "git_sha" => sha, "component" => component)
+                .set(1.0)
+        }
+        None => gauge!(BUILD_INFO, "version" => version, "component" => component).set(1.0),
+    }
+}
