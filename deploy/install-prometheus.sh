@@ -23,6 +23,11 @@ if ! command -v apt-get >/dev/null; then
   exit 1
 fi
 candidate=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+if [ "$candidate" != "$PROMETHEUS_VERSION" ] && [ "$(id -u)" = 0 ]; then
+  # A fresh machine may have no package lists yet.
+  apt-get update -q >/dev/null 2>&1 || true
+  candidate=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
+fi
 if [ "$candidate" != "$PROMETHEUS_VERSION" ]; then
   echo "apt offers prometheus ${candidate:-none}, not the pinned $PROMETHEUS_VERSION;" \
     "run apt-get update, or change the pin after checking the new version" >&2
