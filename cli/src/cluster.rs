@@ -508,6 +508,10 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     )?;
     // Wait until the scheduler answers and knows every worker.
     let deadline = Instant::now() + Duration::from_secs(a.wait_s);
+    let spinner = crate::progress::Spinner::start(format!(
+        "waiting for the scheduler and {} workers to report",
+        workers.len()
+    ));
     loop {
         if let Some((name, _)) = pids.iter().find(|(_, p)| !alive(*p)) {
             let log = tail(&state.join("logs").join(format!("{name}.log")), 15);
@@ -517,7 +521,12 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         let operator = credentials(None, &state_abs);
         if let Ok(st) = fetch_status(&url, &operator, Duration::from_secs(2)) {
             let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
+            spinner.set_count(
+                workers.iter().filter(|w| seen.contains(&w.as_str())).count() as u64,
+                workers.len() as u64,
+            );
             if workers.iter().all(|w| seen.contains(&w.as_str())) {
+                drop(spinner);
                 println!("tangram is up: {url} (state, logs: {})", state.display());
                 println!(
                     "  scheduler policy {}; workers: {}",

@@ -402,7 +402,10 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         crate::usage!("--policies is empty");
     }
     let mut reports = Vec::new();
-    for p in &policies {
+    let spinner = progress::Spinner::start("simulating");
+    for (i, p) in policies.iter().enumerate() {
+        spinner.set_message(format!("simulating {}", p.name()));
+        spinner.set_count(i as u64, policies.len() as u64);
         if args.elasticity != "learned" {
             reports.push(sim::simulate_with(
                 &workload,
@@ -422,6 +425,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             ));
         }
     }
+    spinner.finish();
     let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
     let expected = sim::actions_in(&workload);
     for s in &sums {

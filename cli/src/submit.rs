@@ -290,12 +290,15 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
         .enable_all()
         .build()?;
     let creds = crate::cluster::credentials(a.nkey_file.clone(), state);
+    let spinner = crate::progress::Spinner::start(format!("{} submitted; waiting for its result", action.id));
     let r = rt.block_on(submit_and_wait(
         &url,
         &creds,
         &action,
         Duration::from_secs_f64(a.wait_s),
-    ))?;
+    ));
+    spinner.finish();
+    let r = r?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
