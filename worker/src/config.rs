@@ -358,7 +358,8 @@ impl RawConfig {
         }
         let metrics_addr = socket_addr("metrics_addr", self.metrics_addr.as_deref())?;
         let health_addr = socket_addr("health_addr", self.health_addr.as_deref())?;
-        let sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
+        let mut sandbox = validate_sandbox(self.sandbox.unwrap_or_default())?;
+        sandbox.cluster = nats_url.clone();
         let gpu = self.gpu.unwrap_or_default();
         let gpu_groups = match (gpu.groups, gpu.count) {
             (Some(_), Some(_)) => {

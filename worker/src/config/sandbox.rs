@@ -53,6 +53,11 @@ pub struct SandboxConfig {
     pub mounts: Vec<String>,
     /// The OCI runtime, when one is named (checked against the daemon's at start).
     pub runtime: Option<String>,
+    /// The cluster this worker serves (its NATS URL), labelled on its sandboxes: a worker
+    /// treats as leftovers of its own only sandboxes of its id *and* cluster, so two clusters
+    /// sharing a Docker daemon and a worker id (two `tangram up`s on one host) do not remove
+    /// each other's live sandboxes. Set by the worker's config, not read from the file.
+    pub cluster: String,
 }
 
 /// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
@@ -156,6 +161,7 @@ pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigE
         output_limit_bytes: raw.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT),
         mounts,
         runtime: raw.runtime,
+        cluster: String::new(),
     })
 }
 

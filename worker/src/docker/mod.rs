@@ -34,6 +34,8 @@ mod runtime;
 
 /// Labels every sandbox carries.
 pub const LABEL_WORKER: &str = "tangram.worker";
+/// Label naming the cluster (NATS URL) a sandbox's worker served.
+pub const LABEL_CLUSTER: &str = "tangram.cluster";
 /// Owning job.
 pub const LABEL_JOB: &str = "tangram.job";
 /// Owning trajectory.
@@ -227,6 +229,7 @@ impl DockerSandboxes {
         );
         let labels = HashMap::from([
             (LABEL_WORKER.to_string(), self.worker.clone()),
+            (LABEL_CLUSTER.to_string(), self.config.cluster.clone()),
             (LABEL_JOB.to_string(), job.to_string()),
             (LABEL_TRAJECTORY.to_string(), trajectory.to_string()),
         ]);
@@ -565,11 +568,18 @@ impl DockerSandboxes {
         }
     }
 
-    /// Containers labelled with this worker's id.
+    /// Containers labelled with this worker's id and cluster (or with no cluster label:
+    /// sandboxes of versions before it).
     pub async fn leftovers(&self) -> Result<Vec<Leftover>, DockerError> {
         let list = labelled(&self.docker, LABEL_WORKER, &self.worker).await?;
         Ok(list
             .into_iter()
+            .filter(|c| {
+                same_cluster(
+                    c.labels.as_ref().and_then(|l| l.get(LABEL_CLUSTER)),
+                    &self.config.cluster,
+                )
+            })
             .filter_map(|c| {
                 Some(Leftover {
                     id: c.id?,
@@ -578,6 +588,12 @@ impl DockerSandboxes {
             })
             .collect())
     }
+}
+
+/// Whether a sandbox labelled `label` belongs to the cluster `ours` (an unlabelled one is
+/// from an older worker, which could only have been ours).
+fn same_cluster(label: Option<&String>, ours: &str) -> bool {
+    label.is_none_or(|l| l == ours)
 }
 
 /// Monotonic microseconds since `t`.
@@ -621,4 +637,19 @@ pub(crate) async fn labelled(
             ..Default::default()
         }))
         .await?)
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    #[test]
+    fn a_sandbox_of_another_cluster_with_the_same_worker_id_is_not_a_leftover() {
+        let other = "nats://127.0.0.1:4333".to_string();
+        let ours = "nats://127.0.0.1:4222";
+        assert!(!super::same_cluster(Some(&other), ours));
+        assert!(super::same_cluster(Some(&ours.to_string()), ours));
+        assert!(
+            super::same_cluster(None, ours),
+            "pre-label sandboxes stay ours"
+        );
+    }
 }
