@@ -24,12 +24,7 @@ pub(crate) fn check(a: CheckArgs) -> anyhow::Result<()> {
         (Some(f), _) => ("tangram-scheduler", f),
         (None, Some(f)) => ("tangram-worker", f),
         (None, None) => {
-            let mut v = serde_json::to_value(&a.up)?;
-            if let serde_json::Value::Object(m) = &mut v {
-                m.retain(|_, x| !x.is_null());
-            }
-            tangram_nats::auth::redact(&mut v);
-            print!("[up]\n{}", toml::to_string(&v)?);
+            print!("[up]\n{}", tangram_nats::layers::effective(&a.up));
             return Ok(());
         }
     };

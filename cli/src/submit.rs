@@ -290,7 +290,8 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
         .enable_all()
         .build()?;
     let creds = crate::cluster::credentials(a.nkey_file.clone(), state);
-    let spinner = crate::progress::Spinner::start(format!("{} submitted; waiting for its result", action.id));
+    let spinner =
+        crate::progress::Spinner::start(format!("{} submitted; waiting for its result", action.id));
     let r = rt.block_on(submit_and_wait(
         &url,
         &creds,

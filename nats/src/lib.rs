@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod layers;
 pub mod streams;
 
 use async_nats::jetstream::{self, consumer, stream};

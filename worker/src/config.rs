@@ -452,37 +452,16 @@ pub const ENV_PREFIX: &str = "TANGRAM_WORKER_";
 /// The file (when given) with the environment variables laid over it, read through one
 /// layering library (figment): its errors name the key and where it was set.
 pub fn load_layered(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
-    use figment::providers::{Env, Format as _, Toml};
-    let mut f = figment::Figment::new();
-    if let Some(p) = path {
-        std::fs::metadata(p).map_err(|source| ConfigError::Read {
-            path: p.to_path_buf(),
-            source,
-        })?;
-        f = f.merge(Toml::file_exact(p));
-    }
-    f.merge(Env::prefixed(ENV_PREFIX).split("__").ignore(&["config"]))
-        .extract()
-        .map_err(|e| ConfigError::Layered(e.to_string()))
+    use tangram_nats::layers::{layered, LayerError};
+    layered(path, ENV_PREFIX).map_err(|e| match e {
+        LayerError::Read { path, source } => ConfigError::Read { path, source },
+        LayerError::Layered(why) => ConfigError::Layered(why),
+    })
 }
 
 /// The configuration as it takes effect, as TOML, with secrets redacted (`--check-config`).
 pub fn effective(raw: &RawConfig) -> String {
-    let mut v = serde_json::to_value(raw).unwrap_or_default();
-    strip_nulls(&mut v);
-    tangram_nats::auth::redact(&mut v);
-    toml::to_string(&v).unwrap_or_else(|e| format!("# not printable as TOML: {e}\n{v}"))
-}
-
-fn strip_nulls(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.retain(|_, x| !x.is_null());
-            m.values_mut().for_each(strip_nulls);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
-        _ => {}
-    }
+    tangram_nats::layers::effective(raw)
 }
 
 #[cfg(test)]

@@ -87,6 +87,21 @@ pub fn entry(r: &Record) -> Entry {
     }
 }
 
+/// One dead-letter record, with its payload.
+async fn fetch(
+    url: &str,
+    creds: &tangram_nats::auth::Credentials,
+    seq: u64,
+) -> anyhow::Result<Record> {
+    let client = crate::errors::connect(url, "tangram-replay", creds).await?;
+    streams::get(
+        &async_nats::jetstream::new(client),
+        subject::DEADLETTER_STREAM,
+        seq,
+    )
+    .await
+}
+
 /// Whether an entry passes the filters.
 fn keep(e: &Entry, code: Option<&str>, job: Option<&str>) -> bool {
     code.is_none_or(|c| e.code == c)
@@ -157,15 +172,7 @@ pub(crate) fn deadletter(what: DeadletterWhat) -> anyhow::Result<()> {
         }
         DeadletterWhat::Show { seq, cluster } => {
             let (url, creds) = cluster.resolve();
-            let r = rt.block_on(async {
-                let client = crate::errors::connect(&url, "tangram-replay", &creds).await?;
-                streams::get(
-                    &async_nats::jetstream::new(client),
-                    subject::DEADLETTER_STREAM,
-                    seq,
-                )
-                .await
-            })?;
+            let r = rt.block_on(fetch(&url, &creds, seq))?;
             let e = entry(&r);
             println!("{}", serde_json::to_string_pretty(&e)?);
             match r.decode::<serde_json::Value>() {
@@ -200,15 +207,7 @@ pub(crate) fn deadletter(what: DeadletterWhat) -> anyhow::Result<()> {
                 );
             }
             let (url, creds) = cluster.resolve();
-            let record = rt.block_on(async {
-                let client = crate::errors::connect(&url, "tangram-replay", &creds).await?;
-                streams::get(
-                    &async_nats::jetstream::new(client),
-                    subject::DEADLETTER_STREAM,
-                    seq,
-                )
-                .await
-            })?;
+            let record = rt.block_on(fetch(&url, &creds, seq))?;
             // The old id already has its result (the rejection), and the actions stream
             // would drop a second message under it inside the duplicate window: the
             // correction gets an id of its own.

@@ -11,9 +11,14 @@ use std::time::Duration;
 use tangram_shared::status::Status;
 use tokio::time::Instant;
 
-const SERVER_CONF: &str = include_str!("../../nats/server.conf");
-const REPLICA_PY: &str = include_str!("../../services/reference-replica/replica.py");
-const SEARCH_PY: &str = include_str!("../../services/search-standin/search.py");
+mod files;
+
+pub(crate) use files::apply_config_file;
+use files::{prometheus_config, GpuProvider, GpuSection, GpuService, GpuWorkerFile};
+
+const SERVER_CONF: &str = include_str!("../../../nats/server.conf");
+const REPLICA_PY: &str = include_str!("../../../services/reference-replica/replica.py");
+const SEARCH_PY: &str = include_str!("../../../services/search-standin/search.py");
 
 /// Options of `tangram up`. Each is a flag, an environment variable, and a key of the
 /// `[up]` table of the config file (`--config`, or `tangram.toml`): flags and environment
@@ -84,73 +89,6 @@ pub struct UpArgs {
     #[arg(long, env = "TANGRAM_UP_NO_METRICS")]
     #[serde(default)]
     pub no_metrics: bool,
-}
-
-/// The GPU worker's config file, as `up` writes it (the worker's own format, CONFIG.md).
-#[derive(Debug, Serialize)]
-struct GpuWorkerFile {
-    id: String,
-    nats_url: String,
-    sandboxes: bool,
-    heartbeat_ms: u64,
-    state_dir: PathBuf,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metrics_addr: Option<String>,
-    gpu: GpuSection,
-    service: Vec<GpuService>,
-    provider: Vec<GpuProvider>,
-}
-
-#[derive(Debug, Serialize)]
-struct GpuSection {
-    nvml: String,
-    count: u32,
-}
-
-#[derive(Debug, Serialize)]
-struct GpuService {
-    name: String,
-    driver: String,
-    command: Vec<String>,
-    gpus: u32,
-    restore_ms: u64,
-    slots: u32,
-}
-
-#[derive(Debug, Serialize)]
-struct GpuProvider {
-    name: String,
-    base_url: String,
-    credential_file: PathBuf,
-    rate_per_s: f64,
-    burst: u32,
-    concurrency: u32,
-    timeout_ms: u64,
-    allow: Vec<String>,
-}
-
-/// A Prometheus scrape config for a cluster `up` started: one job per component kind, each
-/// target labelled with its component (`instance` stays the address).
-pub fn prometheus_config(metrics: &[(String, String)]) -> String {
-    let mut out = String::from(
-        "# Written by `tangram up`: scrapes this local cluster. The fleet's own config is\n# deploy/prometheus.yml.\nglobal:\n  scrape_interval: 5s\nscrape_configs:\n",
-    );
-    for (job, prefix) in [("tangram-scheduler", "scheduler"), ("tangram-worker", "")] {
-        let targets: Vec<&(String, String)> = metrics
-            .iter()
-            .filter(|(n, _)| n.starts_with("scheduler") == (prefix == "scheduler"))
-            .collect();
-        if targets.is_empty() {
-            continue;
-        }
-        out += &format!("  - job_name: {job}\n    static_configs:\n");
-        for (name, addr) in targets {
-            out += &format!(
-                "      - targets: [\"{addr}\"]\n        labels: {{component: \"{name}\"}}\n"
-            );
-        }
-    }
-    out
 }
 
 /// What `up` records for `down` and `status`.
@@ -522,7 +460,10 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         if let Ok(st) = fetch_status(&url, &operator, Duration::from_secs(2)) {
             let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
             spinner.set_count(
-                workers.iter().filter(|w| seen.contains(&w.as_str())).count() as u64,
+                workers
+                    .iter()
+                    .filter(|w| seen.contains(&w.as_str()))
+                    .count() as u64,
                 workers.len() as u64,
             );
             if workers.iter().all(|w| seen.contains(&w.as_str())) {
@@ -831,68 +772,4 @@ pub fn status(
         }
     }
     Ok(())
-}
-
-/// Lays the config file's `[up]` table under `up`'s options: a value from a flag or an
-/// environment variable wins, the file's comes next, then the built-in default.
-pub(crate) fn apply_config_file(
-    cmd: &mut crate::Command,
-    explicit: Option<&Path>,
-    matches: &clap::ArgMatches,
-) -> anyhow::Result<()> {
-    let (a, name) = match cmd {
-        crate::Command::Up(a) => (a, "up"),
-        crate::Command::CheckConfig(c) => (&mut c.up, "check-config"),
-        _ => return Ok(()),
-    };
-    let path = match explicit {
-        Some(p) => p.to_path_buf(),
-        None if Path::new("tangram.toml").exists() => PathBuf::from("tangram.toml"),
-        None => return Ok(()),
-    };
-    let config = |e: String| crate::errors::ConfigError(format!("{}: {e}", path.display()));
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let table: toml::Table = toml::from_str(&text).map_err(|e| config(e.to_string()))?;
-    let Some(up) = table.get("up") else {
-        return Ok(());
-    };
-    let up = up
-        .as_table()
-        .ok_or_else(|| config("[up] must be a table".into()))?;
-    let sub = matches.subcommand_matches(name).context("up's arguments")?;
-    *a = layer(a, up, |id| {
-        matches!(
-            sub.value_source(id),
-            None | Some(clap::parser::ValueSource::DefaultValue)
-        )
-    })
-    .map_err(config)?;
-    Ok(())
-}
-
-/// The options with the file's `[up]` values laid over those that came from defaults (one
-/// serde round trip: every key of `UpArgs` is a key of the file, typed as the flag is).
-pub(crate) fn layer(
-    a: &UpArgs,
-    file: &toml::Table,
-    from_default: impl Fn(&str) -> bool,
-) -> Result<UpArgs, String> {
-    let mut merged = toml::Table::try_from(a).map_err(|e| e.to_string())?;
-    for (key, value) in file {
-        let mut with = merged.clone();
-        with.insert(key.clone(), value.clone());
-        if let Err(e) = UpArgs::deserialize(toml::Value::Table(with.clone())) {
-            let e = e.to_string();
-            return Err(if e.contains("unknown field") {
-                format!("unknown key up.{key}: {}", e.trim())
-            } else {
-                format!("up.{key}: {}", e.trim())
-            });
-        }
-        if from_default(key) {
-            merged = with;
-        }
-    }
-    UpArgs::deserialize(toml::Value::Table(merged)).map_err(|e| format!("[up]: {e}"))
 }
