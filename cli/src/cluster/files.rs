@@ -50,7 +50,8 @@ pub(crate) struct GpuProvider {
 }
 
 /// A Prometheus scrape config for a cluster `up` started: one job per component kind, each
-/// target labelled with its component (`instance` stays the address).
+/// target labelled `deployment: local` as deploy/prometheus.yml does (no `component` label:
+/// `tangram_build_info` has its own).
 pub fn prometheus_config(metrics: &[(String, String)]) -> String {
     let mut out = String::from(
         "# Written by `tangram up`: scrapes this local cluster. The fleet's own config is\n# deploy/prometheus.yml.\nglobal:\n  scrape_interval: 5s\nscrape_configs:\n",
@@ -66,7 +67,7 @@ pub fn prometheus_config(metrics: &[(String, String)]) -> String {
         out += &format!("  - job_name: {job}\n    static_configs:\n");
         for (name, addr) in targets {
             out += &format!(
-                "      - targets: [\"{addr}\"]\n        labels: {{component: \"{name}\"}}\n"
+                "      - targets: [\"{addr}\"]  # {name}\n        labels: {{deployment: local}}\n"
             );
         }
     }

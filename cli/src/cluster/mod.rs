@@ -240,7 +240,18 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         if !metrics_on {
             return Ok(Vec::new());
         }
-        let addr = format!("127.0.0.1:{}", free_port()?);
+        // Beside the default NATS port, the ports deploy/prometheus.yml scrapes: the
+        // scheduler 9464, the workers from 9476 in start order; otherwise free ones.
+        let workers_before = metrics
+            .iter()
+            .filter(|(n, _)| !n.starts_with("scheduler"))
+            .count();
+        let port = match (a.nats_port, name) {
+            (4222, "scheduler") => 9464,
+            (4222, n) if !n.starts_with("scheduler") => 9476 + workers_before as u16,
+            _ => free_port()?,
+        };
+        let addr = format!("127.0.0.1:{port}");
         metrics.push((name.to_string(), addr.clone()));
         Ok(vec!["--metrics-addr".into(), addr])
     };
