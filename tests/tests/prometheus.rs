@@ -193,15 +193,22 @@ async fn every_series_the_dashboard_and_the_alerts_query_is_scraped() -> anyhow:
     })
     .await;
     assert!(scraped, "no series in Prometheus for {missing:?}");
-    // Every target is up, with its build.
-    let up = prom.query("up{deployment=\"test\"} == 1")?;
-    assert_eq!(up["result"].as_array().map(Vec::len), Some(3), "{up}");
-    let builds = prom.query("tangram_build_info")?;
-    assert_eq!(
-        builds["result"].as_array().map(Vec::len),
-        Some(3),
-        "{builds}"
-    );
+    // Every target is up, with its build. One scrape on a loaded two-core machine can
+    // miss its one-second timeout, so this waits for a round in which all three answer.
+    let mut last = (serde_json::Value::Null, serde_json::Value::Null);
+    let all_up = eventually(T, || {
+        let count = |q: &str, slot: &mut serde_json::Value| {
+            let v = prom.query(q).unwrap_or_default();
+            let n = v["result"].as_array().map(Vec::len);
+            *slot = v;
+            n
+        };
+        let up = count("up{deployment=\"test\"} == 1", &mut last.0);
+        let builds = count("tangram_build_info", &mut last.1);
+        up == Some(3) && builds == Some(3)
+    })
+    .await;
+    assert!(all_up, "up: {} builds: {}", last.0, last.1);
     // Every dashboard query is valid PromQL and the rules evaluate cleanly.
     for e in &dashboard {
         prom.query(e)
