@@ -149,7 +149,9 @@ class Model:
         return out
 
 
-def make_handler(model: Model, service: str, request_log=None):
+def make_handler(model: Model, service: str, request_log=None, exit_after_scores=None):
+    scored = [0]  # requests scored so far, for --exit-after-scores
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Keep-alive clients must not wait on Nagle's algorithm: a response written as headers
@@ -208,6 +210,11 @@ def make_handler(model: Model, service: str, request_log=None):
                         # fault suite counts these as the reward's effects.
                         with open(request_log, "a") as f:
                             f.write("".join(i.replace("\n", " ") + "\n" for i in inputs))
+                    scored[0] += 1
+                    if exit_after_scores is not None and scored[0] >= exit_after_scores:
+                        # Tests: die after the effect and before the answer, as a replica
+                        # killed mid-request does.
+                        os._exit(3)
                     self.reply(200, {"scores": scores, "device": model.device, "exec_s": time.monotonic() - t0})
                 else:
                     self.reply(404, {"error": "no such endpoint %s" % path})
@@ -238,13 +245,16 @@ def main():
     ap.add_argument("--awake", action="store_true", help="start resident instead of asleep")
     ap.add_argument("--no-parent-watch", action="store_true")
     ap.add_argument("--request-log", help="append every scored input to this file (tests)")
+    ap.add_argument("--exit-after-scores", type=int,
+                    help="exit, unanswered, right after scoring this many requests (tests)")
     args = ap.parse_args()
     model = Model(args.service, args.vocab, args.dim)
     if args.awake:
         model.wake()
     if not args.no_parent_watch:
         threading.Thread(target=watch_parent, daemon=True).start()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(model, args.service, args.request_log))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(model, args.service, args.request_log,
+                                                                   args.exit_after_scores))
     server.daemon_threads = True
     print(json.dumps({"event": "ready", "service": args.service, "port": server.server_address[1],
                       "cuda": HAVE_CUDA, "weights_mb": model.host_mb}), flush=True)

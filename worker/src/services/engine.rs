@@ -92,6 +92,14 @@ pub enum ReplicaError {
     },
 }
 
+impl ReplicaError {
+    /// True when the request certainly never reached the replica (the connection was not
+    /// made), so sending it again cannot make a second effect.
+    pub(super) fn never_sent(&self) -> bool {
+        matches!(self, Self::Http { source, .. } if source.is_connect())
+    }
+}
+
 /// One JSON request to a replica; a status other than 2xx is an error naming the call.
 pub(super) async fn exchange(
     http: &reqwest::Client,

@@ -206,7 +206,7 @@ pub enum ServiceError {
     Score {
         /// Which service.
         service: String,
-        /// 1 or 2: a replica that dies mid-request is restarted once.
+        /// 1, or 2 when the first attempt never reached the replica (it had died).
         attempt: u32,
         /// Why.
         #[source]
@@ -247,6 +247,10 @@ pub struct Services {
     configs: BTreeMap<String, ServiceConfig>,
     inventory: GpuInventory,
     replicas: Mutex<BTreeMap<(String, ChunkRef), Arc<Replica>>>,
+    /// One lock per (service, chunk): whoever finds no live replica there starts one while
+    /// holding it, so two requests (or a request and the health check) never both start one
+    /// and the second never replaces, and kills, the first mid-request.
+    launching: Mutex<BTreeMap<(String, ChunkRef), Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
     state_dir: PathBuf,
     worker: String,
@@ -269,6 +273,7 @@ impl Services {
             configs: configs.into_iter().map(|c| (c.name.clone(), c)).collect(),
             inventory,
             replicas: Mutex::new(BTreeMap::new()),
+            launching: Mutex::new(BTreeMap::new()),
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(2))
                 .pool_idle_timeout(Duration::from_secs(30))
@@ -379,9 +384,32 @@ impl Services {
             .cloned()
     }
 
+    /// The live replica of `service` on `chunk`, started first if there is none. Starts are
+    /// serialised per (service, chunk), and the check is repeated under the lock: of two
+    /// callers that both found none, the second gets the first's replica.
+    async fn ensure(&self, service: &str, chunk: ChunkRef) -> Result<Arc<Replica>, ReplicaError> {
+        if let Some(r) = self.replica(service, chunk).filter(|r| !r.exited()) {
+            return Ok(r);
+        }
+        let gate = self
+            .launching
+            .lock()
+            .expect("launching lock")
+            .entry((service.to_string(), chunk))
+            .or_default()
+            .clone();
+        let _held = gate.lock().await;
+        if let Some(r) = self.replica(service, chunk).filter(|r| !r.exited()) {
+            return Ok(r);
+        }
+        self.launch(service, chunk).await
+    }
+
     /// Serves one routed reward action: evicts what the route says, makes the replica
     /// resident (starting it first if the service has no process on that chunk), scores.
-    /// A replica that fails mid-request is restarted and the request retried once.
+    /// A request that never reached the replica (the connection was refused: it had died)
+    /// is retried once on a fresh one; a request that reached it is never sent twice, so a
+    /// replica dying mid-request gives a `service` infra error, not a second scoring.
     async fn serve_one(
         &self,
         route: &GpuRoute,
@@ -419,16 +447,13 @@ impl Services {
         let mut restored = false;
         let mut last_err = None;
         for attempt in 1..=2 {
-            let replica = match self.replica(&route.service, route.chunk) {
-                Some(r) if !r.exited() => r,
-                _ => self
-                    .launch(&route.service, route.chunk)
-                    .await
-                    .map_err(|source| ServiceError::Start {
-                        service: route.service.clone(),
-                        source: Box::new(source),
-                    })?,
-            };
+            let replica = self
+                .ensure(&route.service, route.chunk)
+                .await
+                .map_err(|source| ServiceError::Start {
+                    service: route.service.clone(),
+                    source: Box::new(source),
+                })?;
             {
                 let _g = replica.lifecycle.lock().await;
                 if !replica.is_awake() {
@@ -468,6 +493,7 @@ impl Services {
                 }
                 Err(source) => {
                     warn!(service = %route.service, error = %source, "scoring failed");
+                    let unsent = source.never_sent();
                     let err = ServiceError::Score {
                         service: route.service.clone(),
                         attempt,
@@ -477,8 +503,10 @@ impl Services {
                         replica.set_awake(false);
                         replica.set_healthy(false);
                         m::replica_crashed(&route.service);
+                    }
+                    if unsent {
                         last_err = Some(err);
-                        continue; // a fresh replica, once
+                        continue; // nothing was scored: a fresh (or the same) replica, once
                     }
                     return Err(err);
                 }
@@ -504,7 +532,7 @@ impl Services {
             if !ok && r.exited() {
                 warn!(service = %r.service, gpus = ?r.gpus, "replica died; starting a fresh one");
                 m::replica_crashed(&r.service);
-                if let Err(e) = self.launch(&r.service, r.chunk).await {
+                if let Err(e) = self.ensure(&r.service, r.chunk).await {
                     warn!(service = %r.service, error = %e, "restarting a replica failed");
                 }
             }
