@@ -241,6 +241,9 @@ pub struct Served {
     pub evicted: Vec<String>,
 }
 
+/// Held while a replica of one (service, chunk) is being started.
+type StartGate = Arc<tokio::sync::Mutex<()>>;
+
 /// The worker's services and replicas.
 #[derive(Debug)]
 pub struct Services {
@@ -250,7 +253,7 @@ pub struct Services {
     /// One lock per (service, chunk): whoever finds no live replica there starts one while
     /// holding it, so two requests (or a request and the health check) never both start one
     /// and the second never replaces, and kills, the first mid-request.
-    launching: Mutex<BTreeMap<(String, ChunkRef), Arc<tokio::sync::Mutex<()>>>>,
+    launching: Mutex<BTreeMap<(String, ChunkRef), StartGate>>,
     http: reqwest::Client,
     state_dir: PathBuf,
     worker: String,
