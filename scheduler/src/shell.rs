@@ -267,6 +267,11 @@ impl Shell {
                             .instrument(tracing::info_span!("fence")),
                     );
                 }
+                Effect::Regrant { .. } => {
+                    // Only malleable policies ask for re-sizes, and the config refuses them
+                    // in the service until workers apply them.
+                    warn!("a re-size was asked for by a policy the service does not run");
+                }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
                 Effect::Observe(o) => observe(o),
             }

@@ -18,6 +18,7 @@ pub mod quota;
 pub mod sim;
 pub mod sim_api;
 pub mod sim_gpu;
+pub mod v2;
 
 pub use elastic::{ElasticModel, Speedup};
 pub use engine::{Effect, Engine, EngineConfig, Event, Now};
@@ -28,6 +29,7 @@ pub use model::{
     WorkerView,
 };
 pub use policies::{by_name, Tangram};
+pub use v2::TangramV2;
 
 /// Runs the default policy (`tangram`).
 pub fn schedule(snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {

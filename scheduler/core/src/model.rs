@@ -222,6 +222,11 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn per_task_pools(&self) -> bool {
         false
     }
+    /// True when running elastic actions may be re-sized (widened when cores free up,
+    /// narrowed for arrivals): the engine then re-sizes after each cycle.
+    fn malleable(&self) -> bool {
+        false
+    }
     /// A boxed copy (the engine owns its policy; callers may hold theirs by reference).
     fn boxed(&self) -> Box<dyn Policy>;
 }

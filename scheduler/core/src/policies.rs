@@ -9,8 +9,9 @@ use crate::model::{
 use tangram_shared::Grant;
 
 /// Every policy name, in the order the simulator lists them.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "tangram",
+    "tangram-v2",
     "static",
     "per-task",
     "fifo-dop-1",
@@ -26,6 +27,7 @@ pub const NAMES: [&str; 10] = [
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     Some(match name {
         "tangram" => Box::new(Tangram::default()),
+        "tangram-v2" => Box::new(crate::v2::TangramV2::default()),
         "static" => Box::new(Static { cores: 4 }),
         "fifo-dop-1" => Box::new(FixedDop {
             name: "fifo-dop-1",

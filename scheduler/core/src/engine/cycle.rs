@@ -113,6 +113,12 @@ impl Engine {
             let grant = Grant::default();
             self.launch(Launch { id, worker, grant }, 0, None, Some(provider), now);
         }
+        if self.policy.malleable() {
+            for (id, worker, grant) in self.resize(now) {
+                let counted = grant.cores;
+                self.launch(Launch { id, worker, grant }, counted, None, None, now);
+            }
+        }
         // Launched and rejected actions leave the queue (once per cycle, not once each).
         let actions = &self.actions;
         self.queue.retain(|id| {

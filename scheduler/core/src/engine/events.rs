@@ -123,6 +123,19 @@ pub enum Effect {
         /// The decision.
         dispatch: Box<Dispatch>,
     },
+    /// Change the cores of a dispatched exec (malleable policies): the worker widens or
+    /// narrows its cpuset and quota while it runs. Advisory: a worker that has finished the
+    /// action, or never got it, ignores it, and the result settles the booking as usual.
+    Regrant {
+        /// The worker.
+        worker: WorkerId,
+        /// The action.
+        id: ActionId,
+        /// The dispatch attempt it applies to.
+        attempt: u32,
+        /// The new grant (memory unchanged).
+        grant: tangram_shared::Grant,
+    },
     /// Store a dead-letter record of the message, then (when `addressable`) publish the
     /// rejection result, then ack the message.
     Reject(Box<Reject>),

@@ -21,6 +21,7 @@ mod events;
 pub mod intake;
 pub mod lifecycle;
 mod queue;
+pub mod resize;
 mod results;
 mod status;
 mod workers;
@@ -176,6 +177,8 @@ pub struct Engine {
     pub(crate) retrying: Vec<(u64, ActionId)>,
     /// Workers an operator cordoned or is draining.
     pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
+    /// Malleable policies: how far each elastic exec has got (see [`resize`]).
+    pub(crate) progress: HashMap<ActionId, resize::Progress>,
 }
 
 impl Engine {
@@ -225,6 +228,7 @@ impl Engine {
             out: Vec::new(),
             adopting: Default::default(),
             task_opens: HashMap::new(),
+            progress: HashMap::new(),
         }
     }
 

@@ -52,8 +52,13 @@ impl Engine {
             deadline_ms,
             unreported: 0,
         };
+        // A malleable policy may re-size an exec only once its dispatch is durable (a
+        // re-size must follow it on the worker's subject): plan again now.
         // Only now, with the dispatch durable, is the action acknowledged.
         let delivery = e.delivery;
+        if kind == ActionKind::SandboxExec && self.policy.malleable() {
+            self.dirty = true;
+        }
         self.out.push(Effect::Ack(delivery));
         self.out
             .push(Effect::Observe(Observation::Dispatched { kind, queued_s }));

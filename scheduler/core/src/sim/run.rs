@@ -82,8 +82,9 @@ enum Kind {
     Start(usize),
     /// Trajectory `t` submits its next step's action.
     Submit(usize),
-    /// A dispatched action completes on its worker.
-    Done(Box<ActionResult>),
+    /// A dispatched action completes on its worker, unless it was re-sized since (the
+    /// number is its [`Started::version`] when this completion was planned).
+    Done(Box<ActionResult>, u32),
     /// The engine asked to be woken.
     Tick,
 }
@@ -108,6 +109,24 @@ struct Started {
     at_ms: f64,
     cores: u32,
     overhead_ms: f64,
+    /// An exec's run, for re-sizing (malleable policies).
+    exec: Option<ExecRun>,
+    /// Bumped at each re-size: completions planned before it are stale.
+    version: u32,
+}
+
+/// A running exec: its true model and how far it has got.
+#[derive(Debug, Clone)]
+struct ExecRun {
+    model: ElasticModel,
+    /// Fraction of its work done before `since_ms`.
+    done: f64,
+    /// Since when it has had its current cores.
+    since_ms: f64,
+    /// Core-milliseconds held before `since_ms`.
+    core_ms: f64,
+    /// Its result, re-sent at the new completion time.
+    result: ActionResult,
 }
 
 struct Driver<'w> {
@@ -406,7 +425,14 @@ impl Driver<'_> {
                 let action = self.action(t, &format!("s{step_no}"), spec);
                 events.push(self.arrival(action, model));
             }
-            Kind::Done(r) => {
+            Kind::Done(r, version) => {
+                if self
+                    .started
+                    .get(&r.id)
+                    .is_some_and(|s| s.version != version)
+                {
+                    return; // re-sized since: its completion moved
+                }
                 let next = self.completed(&r, now);
                 events.push(Event::Result(r));
                 events.extend(next);
@@ -488,6 +514,7 @@ impl Driver<'_> {
                     Effect::FetchDispatch { id, .. } => {
                         follow.push(Event::AdoptFailed { id });
                     }
+                    Effect::Regrant { id, grant, .. } => self.resize(&id, grant.cores, now),
                     // Simulated workers never fail, so none is ever fenced.
                     Effect::Fence { .. }
                     | Effect::Ack(_)
@@ -533,6 +560,7 @@ impl Driver<'_> {
             cores: d.grant.cores,
             cpuset: String::new(),
         });
+        let mut exec_model = None;
         let (overhead_ms, exec_ms, cores) = match d.action.kind() {
             ActionKind::SandboxOpen => {
                 if self.static_cores.is_some() {
@@ -543,11 +571,12 @@ impl Driver<'_> {
             ActionKind::SandboxClose => (0.0, 0.0, 0),
             ActionKind::SandboxExec => {
                 let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
-                let exec = ElasticModel {
+                let model = ElasticModel {
                     t1_ms: a.t1_ms,
                     speedup: a.speedup.clone(),
-                }
-                .dur_ms(d.grant.cores);
+                };
+                let exec = model.dur_ms(d.grant.cores);
+                exec_model = Some(model);
                 (0.0, exec, d.grant.cores)
             }
             ActionKind::Reward => {
@@ -601,10 +630,44 @@ impl Driver<'_> {
                     at_ms: now,
                     cores,
                     overhead_ms,
+                    exec: exec_model.map(|model| ExecRun {
+                        model,
+                        done: 0.0,
+                        since_ms: now,
+                        core_ms: 0.0,
+                        result: result.clone(),
+                    }),
+                    version: 0,
                 },
             );
         }
-        self.push(now + overhead_ms + exec_ms, Kind::Done(Box::new(result)));
+        self.push(now + overhead_ms + exec_ms, Kind::Done(Box::new(result), 0));
+    }
+
+    /// A running exec gets `cores` from now on: its remaining work runs at the new size, and
+    /// its completion moves.
+    fn resize(&mut self, id: &ActionId, cores: u32, now: f64) {
+        let Some(s) = self.started.get_mut(id) else {
+            return; // finished already: a worker ignores a late re-size too
+        };
+        let Some(run) = s.exec.as_mut() else {
+            return;
+        };
+        let elapsed = (now - run.since_ms).max(0.0);
+        run.done = (run.done + elapsed / run.model.dur_ms(s.cores)).min(1.0);
+        run.core_ms += s.cores as f64 * elapsed;
+        run.since_ms = now;
+        s.cores = cores;
+        s.version += 1;
+        let left = (1.0 - run.done) * run.model.dur_ms(cores);
+        let mut result = run.result.clone();
+        if let Some(p) = result.placement.as_mut() {
+            p.cores = cores;
+        }
+        let exec_ms = now + left - s.at_ms - s.overhead_ms;
+        result.timing = Timing::new(0, (s.overhead_ms * 1e3) as u64, (exec_ms * 1e3) as u64);
+        let version = s.version;
+        self.push(now + left, Kind::Done(Box::new(result), version));
     }
 
     /// The driver's side of a completion: records, and the trajectory's next move (a close
@@ -635,7 +698,11 @@ impl Driver<'_> {
                 if step.action.call == SimCall::Cpu {
                     self.report.used_core_ms += step.action.t1_ms;
                     if self.static_cores.is_none() {
-                        self.report.reserved_core_ms += s.cores as f64 * exec_ms;
+                        // Re-sized execs held each size for part of their run.
+                        self.report.reserved_core_ms += match &s.exec {
+                            Some(run) => run.core_ms + s.cores as f64 * (now - run.since_ms),
+                            None => s.cores as f64 * exec_ms,
+                        };
                     }
                 }
                 let tr = &mut self.trajs[s.t];

@@ -5,6 +5,7 @@ mod adopt;
 mod intake;
 mod observe;
 mod props;
+mod resize;
 mod transitions;
 
 use std::collections::BTreeMap;

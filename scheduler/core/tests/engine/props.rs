@@ -53,9 +53,13 @@ struct World {
 }
 
 impl World {
-    fn new() -> Self {
+    fn new(policy: &str) -> Self {
+        let config = EngineConfig {
+            policy: policy.into(),
+            ..cfg()
+        };
         Self {
-            h: Harness::new(&WORKERS),
+            h: Harness::with(config, &WORKERS),
             alive: [true; 3],
             handed: vec![],
             running: vec![],
@@ -69,6 +73,17 @@ impl World {
             match e {
                 Effect::Dispatch { worker, dispatch } => {
                     self.handed.push((worker.to_string(), *dispatch))
+                }
+                // A re-size follows its dispatch on the worker's subject: it applies to the
+                // dispatch wherever that is (still in flight, or running).
+                Effect::Regrant {
+                    id, attempt, grant, ..
+                } => {
+                    for (_, d) in self.handed.iter_mut().chain(self.running.iter_mut()) {
+                        if d.action.id == id && d.attempt == attempt {
+                            d.grant = grant;
+                        }
+                    }
                 }
                 Effect::PublishResult { result, .. } => {
                     *self.ends.entry(result.id.clone()).or_default() += 1;
@@ -186,6 +201,16 @@ impl World {
             );
             prop_assert!(mem <= hb.mem_mb, "{id}: {mem} MiB booked of {}", hb.mem_mb);
         }
+        // As the workers see it: what they run, at the grants they were last told, fits.
+        for (name, cores, _) in WORKERS {
+            let held: u32 = self
+                .running
+                .iter()
+                .filter(|(w, _)| w == name)
+                .map(|(_, d)| d.grant.cores)
+                .sum();
+            prop_assert!(held <= cores, "{name} runs {held} cores of {cores}");
+        }
         Ok(())
     }
 
@@ -219,39 +244,57 @@ proptest! {
     fn capacity_holds_every_action_ends_once_and_nothing_outlives_its_worker(
         steps in prop::collection::vec(step(), 1..120)
     ) {
-        let mut world = World::new();
-        for s in steps {
-            world.apply(s);
-            world.check_capacity()?;
-        }
-        // Nothing stays placed on a worker that stopped reporting, once its grace is over.
-        world.apply(Step::Wait { ms: 5_000 });
-        for _ in 0..3 {
-            for w in 0..3 { world.apply(Step::Beat { w }); }
-            world.apply(Step::Wait { ms: 1_000 });
-        }
-        let dead: BTreeSet<String> = WORKERS
-            .iter()
-            .zip(world.alive)
-            .filter(|(_, a)| !a)
-            .map(|(w, _)| w.0.to_string())
-            .collect();
-        for (id, _) in world.h.engine.workers() {
-            prop_assert!(!dead.contains(id.as_str()), "{id} is dead but still in the cluster");
-        }
-        // Bring every worker back and let everything finish: every accepted action must
-        // end exactly once (a worker's result, a rejection, or a result published for it).
+        run("tangram", steps)?;
+    }
+
+    #[test]
+    fn re_sizing_running_actions_keeps_every_invariant(
+        steps in prop::collection::vec(step(), 1..120)
+    ) {
+        run("tangram-v2", steps)?;
+    }
+}
+
+/// One random run under `policy`, checked against every invariant.
+fn run(policy: &str, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let mut world = World::new(policy);
+    for s in steps {
+        world.apply(s);
+        world.check_capacity()?;
+    }
+    // Nothing stays placed on a worker that stopped reporting, once its grace is over.
+    world.apply(Step::Wait { ms: 5_000 });
+    for _ in 0..3 {
         for w in 0..3 {
-            if !world.alive[w] {
-                world.apply(Step::Restart { w });
-            }
+            world.apply(Step::Beat { w });
         }
-        world.drain();
-        for (id, n) in &world.ends {
-            let state = world.h.engine.state_of(id);
-            prop_assert!(state.is_none(), "{id} never settled: {state:?}");
-            prop_assert!(world.h.engine.is_settled(id));
-            prop_assert_eq!(*n, 1, "{} ended {} times", id, n);
+        world.apply(Step::Wait { ms: 1_000 });
+    }
+    let dead: BTreeSet<String> = WORKERS
+        .iter()
+        .zip(world.alive)
+        .filter(|(_, a)| !a)
+        .map(|(w, _)| w.0.to_string())
+        .collect();
+    for (id, _) in world.h.engine.workers() {
+        prop_assert!(
+            !dead.contains(id.as_str()),
+            "{id} is dead but still in the cluster"
+        );
+    }
+    // Bring every worker back and let everything finish: every accepted action must
+    // end exactly once (a worker's result, a rejection, or a result published for it).
+    for w in 0..3 {
+        if !world.alive[w] {
+            world.apply(Step::Restart { w });
         }
     }
+    world.drain();
+    for (id, n) in &world.ends {
+        let state = world.h.engine.state_of(id);
+        prop_assert!(state.is_none(), "{id} never settled: {state:?}");
+        prop_assert!(world.h.engine.is_settled(id));
+        prop_assert_eq!(*n, 1, "{} ended {} times", id, n);
+    }
+    Ok(())
 }
