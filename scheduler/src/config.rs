@@ -287,12 +287,6 @@ impl RawConfig {
                 ),
             ));
         }
-        if tangram_core::by_name(&policy).is_some_and(|p| p.malleable()) {
-            return Err(invalid(
-                "policy",
-                format!("{policy:?} re-sizes running actions, which workers do not apply yet; it runs in `tangram simulate` only"),
-            ));
-        }
         let job_weights = self.job_weights.unwrap_or_default();
         if let Some((job, w)) = job_weights
             .iter()

@@ -84,6 +84,44 @@ pub(crate) async fn run(
     }
 }
 
+/// Publishes a re-size of a running exec, once; the worker reads it after the dispatch it
+/// amends (same consumer). A lost one leaves the exec at its old size until it ends.
+pub(crate) async fn regrant(
+    js: jetstream::Context,
+    fence: Arc<Fence>,
+    worker: WorkerId,
+    r: tangram_shared::Regrant,
+) {
+    if !fence.holds() {
+        return;
+    }
+    let payload = match codec::encode(&r, Encoding::Msgpack) {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(action = %r.id, error = %e, "encoding a re-size");
+            return;
+        }
+    };
+    let mut headers = HeaderMap::new();
+    let id = format!("{}:{}:{}:regrant:{}", r.id, r.epoch, worker, r.seq);
+    headers.insert(subject::HEADER_MSG_ID, id.as_str());
+    headers.insert(
+        subject::HEADER_CONTENT_TYPE,
+        Encoding::Msgpack.content_type(),
+    );
+    let sent = js
+        .publish_with_headers(subject::regrant(&worker, &r.id), headers, payload.into())
+        .await;
+    match sent {
+        Ok(ack) => {
+            if let Err(e) = ack.await {
+                warn!(action = %r.id, error = %e, "re-size not stored");
+            }
+        }
+        Err(e) => warn!(action = %r.id, error = %e, "publishing a re-size"),
+    }
+}
+
 fn failed(id: ActionId, attempt: u32, error: String) -> Event {
     warn!(action = %id, attempt, %error, "dispatch not stored; it goes back to the queue");
     Event::DispatchFailed { id, attempt, error }

@@ -267,10 +267,13 @@ impl Shell {
                             .instrument(tracing::info_span!("fence")),
                     );
                 }
-                Effect::Regrant { .. } => {
-                    // Only malleable policies ask for re-sizes, and the config refuses them
-                    // in the service until workers apply them.
-                    warn!("a re-size was asked for by a policy the service does not run");
+                Effect::Regrant { worker, regrant } => {
+                    let js = self.js.clone();
+                    let fence = self.fence.clone();
+                    self.tasks.spawn(
+                        crate::dispatcher::regrant(js, fence, worker, regrant)
+                            .instrument(tracing::info_span!("regrant")),
+                    );
                 }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
                 Effect::Observe(o) => observe(o),

@@ -69,3 +69,23 @@ pub struct Evict {
     /// Its GPUs.
     pub chunk: ChunkRef,
 }
+
+/// A change to the cores of a dispatched `sandbox_exec` while it runs (malleable policies,
+/// `tangram-v2`), published on [`crate::subject::regrant`] after the dispatch is stored. The
+/// worker widens or narrows the exec's cpuset and CPU quota; one that no longer runs the
+/// action (or runs another attempt) ignores it. Memory is unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Regrant {
+    /// The scheduler's epoch (a worker refuses one older than the newest it knows).
+    pub epoch: u64,
+    /// The action.
+    pub id: crate::ActionId,
+    /// The dispatch attempt it amends.
+    pub attempt: u32,
+    /// The new grant.
+    pub grant: Grant,
+    /// A number increasing with each re-size of this attempt: a worker applies only one
+    /// newer than the last it applied.
+    pub seq: u64,
+}

@@ -28,7 +28,7 @@ pub use action::{
     SandboxExec, SandboxOpen,
 };
 pub use codec::{DecodeFailure, Encoding};
-pub use dispatch::{Dispatch, Evict, GpuRoute, Grant};
+pub use dispatch::{Dispatch, Evict, GpuRoute, Grant, Regrant};
 pub use heartbeat::{
     ChunkRef, GpuInventory, Heartbeat, ProviderReport, ReplicaReport, SandboxRef, ServiceReport,
 };

@@ -59,6 +59,10 @@ pub fn all() -> Vec<SchemaFile> {
             "dispatch.json",
             "A dispatch, from the scheduler on tangram.v1.dispatch.<worker>.<action-id> (msgpack).",
         ),
+        file::<crate::Regrant>(
+            "regrant.json",
+            "A re-size of a running exec (tangram-v2), on tangram.v1.dispatch.<worker>.<action-id>.regrant (msgpack).",
+        ),
         file::<Heartbeat>(
             "heartbeat.json",
             "A worker's heartbeat, on tangram.v1.heartbeat.<worker> (core NATS, msgpack).",

@@ -91,6 +91,13 @@ pub const RESULT_ALL: &str = "tangram.v1.result.>";
 pub fn dispatch(worker: &WorkerId, id: &ActionId) -> String {
     format!("{PREFIX}.dispatch.{worker}.{id}")
 }
+/// Subject of a re-size of a dispatched exec: `tangram.v1.dispatch.<worker>.<action-id>.regrant`.
+/// Under the worker's dispatch filter, so its consumer reads it after the dispatch it
+/// amends; a token below the dispatch's own subject, so a lookup of the dispatch never
+/// finds it.
+pub fn regrant(worker: &WorkerId, id: &ActionId) -> String {
+    format!("{PREFIX}.dispatch.{worker}.{id}.regrant")
+}
 /// Every dispatch to one worker: its consumer's filter, `tangram.v1.dispatch.<worker>.>`.
 pub fn dispatch_filter(worker: &WorkerId) -> String {
     format!("{PREFIX}.dispatch.{worker}.>")

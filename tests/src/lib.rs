@@ -330,6 +330,8 @@ pub struct Cluster {
         CancellationToken,
         tokio::task::JoinHandle<anyhow::Result<()>>,
     )>,
+    /// The scheduler's policy, when not the default.
+    policy: Option<String>,
     workers: Vec<(
         String,
         CancellationToken,
@@ -358,6 +360,25 @@ impl Cluster {
             nats,
             creds: None,
             scheduler: None,
+            policy: None,
+            workers: Vec::new(),
+        };
+        cluster.start_scheduler();
+        for w in workers {
+            cluster.start_worker(w.clone())?;
+        }
+        Ok(cluster)
+    }
+
+    /// [`Cluster::start`] with the scheduler running `policy`.
+    pub async fn start_with_policy(workers: &[WorkerSpec], policy: &str) -> anyhow::Result<Self> {
+        init_logging();
+        let nats = NatsServer::start();
+        let mut cluster = Self {
+            nats,
+            creds: None,
+            scheduler: None,
+            policy: Some(policy.into()),
             workers: Vec::new(),
         };
         cluster.start_scheduler();
@@ -396,6 +417,7 @@ impl Cluster {
             nats: NatsServer::start_with(&server_authorization(&users)),
             creds: Some(dir),
             scheduler: None,
+            policy: None,
             workers: Vec::new(),
         };
         cluster.start_scheduler();
@@ -423,6 +445,7 @@ impl Cluster {
             nats: NatsServer::start(),
             creds: None,
             scheduler: None,
+            policy: None,
             workers: Vec::new(),
         };
         for w in workers {
@@ -447,6 +470,9 @@ impl Cluster {
     pub fn start_scheduler(&mut self) {
         let mut config = tangram_scheduler::Config::with_nats_url(self.nats.url());
         config.credentials = self.credentials("scheduler");
+        if let Some(p) = &self.policy {
+            config.policy = p.clone();
+        }
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_scheduler::run(config, token.clone()));
         self.scheduler = Some((token, handle));

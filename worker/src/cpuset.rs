@@ -127,6 +127,11 @@ impl CoreAllocator {
         self.domains.len()
     }
 
+    /// Cores free now.
+    pub fn free(&self) -> usize {
+        self.domains.iter().map(BTreeSet::len).sum()
+    }
+
     /// Takes `n` free cores, or none.
     pub fn take(&mut self, n: usize) -> Option<Vec<u32>> {
         let free: usize = self.domains.iter().map(BTreeSet::len).sum();

@@ -19,6 +19,7 @@ pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
 pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
 pub const FENCED: &str = "tangram_worker_fenced_total";
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
+pub const REGRANTS: &str = "tangram_worker_regrants_total";
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
 pub const REPLICAS_CRASHED: &str = "tangram_worker_replicas_crashed_total";
 pub const EVICTIONS: &str = "tangram_worker_evictions_total";
@@ -63,6 +64,7 @@ pub const DEFS: &[MetricDef] = &[
     def(REFUSED, C, &["reason"], N, "Dispatches refused, by reason (stale_epoch, unknown_epoch); each leaves a dead letter."),
     def(FENCED, C, &[], N, "Times this worker found itself fenced and rejoined as a new instance."),
     def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
+    def(REGRANTS, C, &["direction"], N, "Running execs re-sized by a malleable policy (tangram-v2), by direction (widen, narrow)."),
     def(REPLICAS_STARTED, C, &["service"], N, "Replica processes started, by service."),
     def(REPLICAS_CRASHED, C, &["service"], N, "Replica processes found dead, by service."),
     def(EVICTIONS, C, &["service"], N, "Replicas put to sleep to make room, by service."),

@@ -117,6 +117,11 @@ impl Admissions {
             .collect()
     }
 
+    /// Whether an epoch is below the newest known (its scheduler was deposed).
+    pub(crate) fn is_older(&self, epoch: u64) -> bool {
+        epoch < self.known_epoch
+    }
+
     /// Whether a dispatch's epoch is above what is known (the store should be read first).
     pub(crate) fn is_newer(&self, epoch: u64) -> bool {
         epoch > self.known_epoch

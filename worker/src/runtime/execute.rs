@@ -164,14 +164,44 @@ impl Worker {
         };
         let _guard = s.lock.lock().await;
         let t0 = Instant::now();
-        let n = d.grant.cores.max(1) as usize;
-        let Some(cores) = self.state.lock().expect("state lock").cores.take(n) else {
-            result.outcome = infra(
-                InfraCode::Grant,
-                format!("{n} cores are not free on worker {}", self.config.id),
-            );
-            return;
+        let id = &d.action.id;
+        // Held through the first grant, so that a re-size read meanwhile is written after it.
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let first_write = gate.clone().lock_owned().await;
+        let taken = {
+            let mut st = self.state.lock().expect("state lock");
+            // A re-size that came before the exec took its cores sets its starting size.
+            let early = st.early.remove(id).filter(|r| r.attempt == d.attempt);
+            let n = early
+                .as_ref()
+                .map_or(d.grant.cores, |r| r.grant.cores)
+                .max(1) as usize;
+            let cores = st.cores.take(n);
+            if let Some(c) = &cores {
+                st.execs.insert(
+                    id.clone(),
+                    super::resize::Sizing {
+                        attempt: d.attempt,
+                        cores: c.clone(),
+                        sandbox: s.clone(),
+                        seq: early.map_or(0, |r| r.seq),
+                        gate: gate.clone(),
+                    },
+                );
+            }
+            cores.ok_or(n)
         };
+        let cores = match taken {
+            Ok(c) => c,
+            Err(n) => {
+                result.outcome = infra(
+                    InfraCode::Grant,
+                    format!("{n} cores are not free on worker {}", self.config.id),
+                );
+                return;
+            }
+        };
+        let n = cores.len();
         let list = cpuset::format(&cores);
         if let Some(p) = result.placement.as_mut() {
             p.cores = n as u32;
@@ -179,9 +209,9 @@ impl Worker {
         }
         let mut exec_us = 0;
         let outcome = async {
-            self.dk().grant(&s.handle, &list, n as i64 * PERIOD_US, true)
-                .await
-                .map_err(|e| sandbox_outcome(e, &format!("granting cores {list}")))?;
+            let granted = self.dk().grant(&s.handle, &list, n as i64 * PERIOD_US, true).await;
+            drop(first_write);
+            granted.map_err(|e| sandbox_outcome(e, &format!("granting cores {list}")))?;
             let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
             let mut env = vec![format!("TANGRAM_CPUS={n}")];
             env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -215,7 +245,11 @@ impl Worker {
             })
         }
         .await;
-        // Park again whatever happened, then give the cores back.
+        // Park again whatever happened, then give the cores back: those it holds now (a
+        // re-size may have changed them), once no re-size is being written.
+        let sizing = self.state.lock().expect("state lock").execs.remove(id);
+        let held = sizing.as_ref().map_or(cores, |z| z.cores.clone());
+        let _parking = gate.lock().await;
         if let Err(e) = self
             .dk()
             .grant(
@@ -232,7 +266,7 @@ impl Worker {
             .lock()
             .expect("state lock")
             .cores
-            .give_back(&cores);
+            .give_back(&held);
         result.outcome = outcome.unwrap_or_else(|o| o);
         if matches!(
             result.outcome,

@@ -13,6 +13,8 @@ pub(crate) type AckError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) trait Delivery: Send + Sync {
     /// The encoded dispatch.
     fn payload(&self) -> &[u8];
+    /// Its subject: a dispatch's, or a re-size's (`….regrant`).
+    fn subject(&self) -> &str;
     /// True when it was delivered before (to this or an earlier instance of the worker).
     fn redelivered(&self) -> bool;
     /// Its sequence in the dispatch stream (0 when unknown).
@@ -26,6 +28,9 @@ pub(crate) trait Delivery: Send + Sync {
 impl Delivery for jetstream::Message {
     fn payload(&self) -> &[u8] {
         &self.payload
+    }
+    fn subject(&self) -> &str {
+        self.subject.as_str()
     }
     fn redelivered(&self) -> bool {
         self.info().map(|i| i.delivered > 1).unwrap_or(false)

@@ -11,6 +11,7 @@ mod execute;
 mod fence;
 mod heartbeat;
 pub(crate) mod intake;
+mod resize;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +50,10 @@ pub(crate) struct State {
     pub(crate) cores: CoreAllocator,
     pub(crate) sandboxes: HashMap<SandboxKey, Arc<Sandbox>>,
     pub(crate) admissions: Admissions,
+    /// Execs running now, with the cores they hold (re-sizes change them).
+    pub(crate) execs: HashMap<tangram_shared::ActionId, resize::Sizing>,
+    /// Re-sizes for admitted execs not yet holding cores.
+    pub(crate) early: HashMap<tangram_shared::ActionId, tangram_shared::Regrant>,
 }
 
 /// One worker: its configuration, its seams, its state.
@@ -92,6 +97,8 @@ impl Worker {
                 cores,
                 sandboxes: HashMap::new(),
                 admissions: Admissions::default(),
+                execs: HashMap::new(),
+                early: HashMap::new(),
             }),
             config,
             sandboxes,
@@ -354,6 +361,10 @@ where
                 None => break,
             },
         };
+        if delivery.subject().ends_with(".regrant") {
+            worker.regrant(delivery.as_ref()).await;
+            continue;
+        }
         if let Some((dispatch, era)) = worker.admit(delivery.as_ref()).await {
             let span = tracing::info_span!("action", id = %dispatch.action.id, kind = dispatch.action.kind().as_str());
             actions.spawn(

@@ -35,6 +35,7 @@ type AckLog = Arc<Mutex<Vec<(String, Ack)>>>;
 
 struct FakeDelivery {
     tag: String,
+    subject: String,
     payload: Vec<u8>,
     redelivered: bool,
     acks: AckLog,
@@ -43,6 +44,9 @@ struct FakeDelivery {
 impl Delivery for FakeDelivery {
     fn payload(&self) -> &[u8] {
         &self.payload
+    }
+    fn subject(&self) -> &str {
+        &self.subject
     }
     fn redelivered(&self) -> bool {
         self.redelivered
@@ -205,6 +209,7 @@ impl Harness {
     async fn deliver(&self, tag: &str, d: &Dispatch, redelivered: bool) {
         let delivery = FakeDelivery {
             tag: tag.to_string(),
+            subject: format!("tangram.v1.dispatch.w.{}", d.action.id),
             payload: codec::encode(d, Encoding::Msgpack).unwrap(),
             redelivered,
             acks: self.acks.clone(),
@@ -484,6 +489,7 @@ async fn shutdown_stops_intake_lets_short_actions_finish_and_kills_the_rest_at_t
         .intake
         .send(Box::new(FakeDelivery {
             tag: "late".into(),
+            subject: "tangram.v1.dispatch.w.late".into(),
             payload: Vec::new(),
             redelivered: false,
             acks: h.acks.clone(),

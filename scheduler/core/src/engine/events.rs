@@ -129,12 +129,8 @@ pub enum Effect {
     Regrant {
         /// The worker.
         worker: WorkerId,
-        /// The action.
-        id: ActionId,
-        /// The dispatch attempt it applies to.
-        attempt: u32,
-        /// The new grant (memory unchanged).
-        grant: tangram_shared::Grant,
+        /// What to publish on [`tangram_shared::subject::regrant`].
+        regrant: tangram_shared::Regrant,
     },
     /// Store a dead-letter record of the message, then (when `addressable`) publish the
     /// rejection result, then ack the message.

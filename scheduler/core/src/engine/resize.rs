@@ -23,9 +23,20 @@ pub const MIN_GAIN: f64 = 0.02;
 pub const MIN_STEP_MS: f64 = 5.0;
 /// How strongly shorter remaining work is favoured (see [`weighted_remaining`]).
 pub const ALPHA: f64 = 1.0;
-/// An exec is never estimated as more than this far done: the model may be wrong, and one
-/// that overruns keeps a remaining time worth sizing for.
-const MOST_DONE: f64 = 0.95;
+/// The least remaining work an exec is estimated to have, as a fraction of its model's.
+const LEAST_LEFT: f64 = 0.05;
+
+/// The remaining work of an exec `done` (a fraction of its model's work, past 1 when it
+/// overran), as a fraction of its model's work. One that overran its model is expected to
+/// run half as long again as it has (durations are heavy-tailed: the longer something has
+/// run, the longer it is likely to go on).
+pub fn remaining_fraction(done: f64) -> f64 {
+    if done < 1.0 {
+        (1.0 - done).max(LEAST_LEFT)
+    } else {
+        0.5 * done
+    }
+}
 
 /// How far a running exec has got, as the engine estimates it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,11 +50,11 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// The fraction done at `now_ms` under `model`.
+    /// The fraction of its model's work done at `now_ms` (past 1 when it overran).
     pub fn done_at(&self, model: &ElasticModel, now_ms: u64) -> f64 {
         let elapsed = now_ms.saturating_sub(self.since_ms) as f64;
         let dur = model.dur_ms(self.cores).max(1e-3);
-        (self.done + elapsed / dur).min(MOST_DONE)
+        self.done + elapsed / dur
     }
 }
 
@@ -113,7 +124,7 @@ impl Engine {
                 min: range.min,
                 max: range.max,
                 remaining: ElasticModel {
-                    t1_ms: model.t1_ms * (1.0 - done),
+                    t1_ms: model.t1_ms * remaining_fraction(done),
                     speedup: model.speedup,
                 },
                 done,
@@ -143,7 +154,7 @@ impl Engine {
                 continue;
             };
             if s.state != super::lifecycle::SandboxState::Open
-                || !self.workers.get(&s.worker).is_some_and(|w| !w.hb.draining)
+                || self.workers.get(&s.worker).is_none_or(|w| w.hb.draining)
             {
                 continue;
             }
@@ -192,11 +203,11 @@ impl Engine {
             let units = held + free_cores;
             let mut mins: u32 = execs[..queued_from].iter().map(|s| s.min).sum();
             let mut keep = queued_from;
-            for i in queued_from..execs.len() {
-                if mins + execs[i].min > units || execs[i].mem_mb > free_mem {
+            for (i, s) in execs.iter().enumerate().skip(queued_from) {
+                if mins + s.min > units || s.mem_mb > free_mem {
                     break;
                 }
-                mins += execs[i].min;
+                mins += s.min;
                 keep = i + 1;
             }
             execs.truncate(keep);
@@ -223,9 +234,14 @@ impl Engine {
             };
             // Narrow first, then launch the queued ones into what that freed, then widen
             // into what is left, largest gain first.
+            // Making room for one that waits is worth any narrowing the allocation asks for.
+            let room_for_queued = execs
+                .iter()
+                .zip(&target)
+                .any(|(s, &to)| s.cores == 0 && to >= s.min);
             let mut spare = units - held;
             for (s, &to) in execs.iter().zip(&target) {
-                if s.cores > 0 && to < s.cores && worth(s, to) {
+                if s.cores > 0 && to < s.cores && (room_for_queued || worth(s, to)) {
                     spare += s.cores - to;
                     self.regrant(&w, s, to, now);
                 }
@@ -294,9 +310,13 @@ impl Engine {
             Some(d) => d.grant = grant,
             None => self.out.push(Effect::Regrant {
                 worker: worker.clone(),
-                id: s.id.clone(),
-                attempt,
-                grant,
+                regrant: tangram_shared::Regrant {
+                    epoch: self.config.epoch,
+                    id: s.id.clone(),
+                    attempt,
+                    grant,
+                    seq: now.ms,
+                },
             }),
         }
     }

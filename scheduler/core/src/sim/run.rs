@@ -514,7 +514,9 @@ impl Driver<'_> {
                     Effect::FetchDispatch { id, .. } => {
                         follow.push(Event::AdoptFailed { id });
                     }
-                    Effect::Regrant { id, grant, .. } => self.resize(&id, grant.cores, now),
+                    Effect::Regrant { regrant, .. } => {
+                        self.resize(&regrant.id, regrant.grant.cores, now)
+                    }
                     // Simulated workers never fail, so none is ever fenced.
                     Effect::Fence { .. }
                     | Effect::Ack(_)

@@ -76,12 +76,10 @@ impl World {
                 }
                 // A re-size follows its dispatch on the worker's subject: it applies to the
                 // dispatch wherever that is (still in flight, or running).
-                Effect::Regrant {
-                    id, attempt, grant, ..
-                } => {
+                Effect::Regrant { regrant: r, .. } => {
                     for (_, d) in self.handed.iter_mut().chain(self.running.iter_mut()) {
-                        if d.action.id == id && d.attempt == attempt {
-                            d.grant = grant;
+                        if d.action.id == r.id && d.attempt == r.attempt {
+                            d.grant = r.grant;
                         }
                     }
                 }

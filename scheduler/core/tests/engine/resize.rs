@@ -25,7 +25,7 @@ fn arrive_parallel(h: &mut Harness, id: &str, traj: &str) -> Vec<Effect> {
 fn regrants(fx: &[Effect]) -> Vec<(ActionId, u32)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Regrant { id, grant, .. } => Some((id.clone(), grant.cores)),
+            Effect::Regrant { regrant, .. } => Some((regrant.id.clone(), regrant.grant.cores)),
             _ => None,
         })
         .collect()
