@@ -48,7 +48,9 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         .filter(|s| !s.is_empty())
     {
         let mode = match name {
-            "tangram" => GpuMode::Pooled { gpus: args.gpus },
+            // tangram-v2 differs from tangram only in how it sizes sandbox commands, which
+            // this workload has none of: the same GPU side.
+            "tangram" | "tangram-v2" => GpuMode::Pooled { gpus: args.gpus },
             "static" => GpuMode::Static { gpus_per_service: per_service },
             other => crate::usage!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
         };
@@ -229,7 +231,7 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
         .filter(|s| !s.is_empty())
     {
         let mode = match name {
-            "tangram" => QuotaMode::Pooled,
+            "tangram" | "tangram-v2" => QuotaMode::Pooled,
             "static" => QuotaMode::PerTrajectory,
             other => crate::usage!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
         };

@@ -124,7 +124,7 @@ pub(crate) enum Command {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimulateArgs {
-    /// Built-in workload generator: ai-coding.
+    /// Built-in workload generator: ai-coding, bursty, mopd or deepsearch.
     #[arg(long, conflicts_with = "trace")]
     pub(crate) workload: Option<String>,
     /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
@@ -327,10 +327,18 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                     args.batch, args.seed, args.jobs
                 ),
             ),
+            "bursty" => (
+                sim::Bursty {
+                    batch: args.batch,
+                    seed: args.seed,
+                }
+                .generate(),
+                format!("bursty, batch {}, seed {}", args.batch, args.seed),
+            ),
             "mopd" => return gpu_sim::mopd(&args),
             "deepsearch" => return gpu_sim::deepsearch(&args),
             other => {
-                crate::usage!("unknown workload {other:?}; available: ai-coding, mopd, deepsearch")
+                crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch")
             }
         },
         (None, Some(path)) => {

@@ -29,6 +29,7 @@ pub fn policy_json(s: &Summary, base: &Summary) -> Map<String, Value> {
         "p50_act_s": s.p50_act_s,
         "p99_act_s": s.p99_act_s,
         "mean_queue_s": s.mean_queue_s,
+        "max_queue_s": s.max_queue_s,
         "mean_exec_s": s.mean_exec_s,
         "mean_overhead_s": s.mean_overhead_s,
         "step_time_s": s.step_time_s,

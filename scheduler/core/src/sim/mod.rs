@@ -10,8 +10,10 @@
 //! (`static`) first has to obtain the trajectory's sandbox with its fixed cores, which the
 //! trajectory then holds until its last action completes.
 
+mod bursty;
 mod run;
 
+pub use bursty::Bursty;
 pub use run::SimStats;
 
 use crate::elastic::Speedup;
@@ -352,6 +354,8 @@ pub struct Summary {
     pub p99_act_s: f64,
     /// Mean queueing.
     pub mean_queue_s: f64,
+    /// Longest queueing of any action (the bound on waiting).
+    pub max_queue_s: f64,
     /// Mean execution.
     pub mean_exec_s: f64,
     /// Mean overhead (GPU restores; CPU actions are charged none).
@@ -379,6 +383,7 @@ impl SimReport {
             p50_act_s: quantile(&acts, 0.5) / 1e3,
             p99_act_s: quantile(&acts, 0.99) / 1e3,
             mean_queue_s: self.actions.iter().map(|a| a.queue_ms).sum::<f64>() / n / 1e3,
+            max_queue_s: self.actions.iter().map(|a| a.queue_ms).fold(0.0, f64::max) / 1e3,
             mean_exec_s: self.actions.iter().map(|a| a.exec_ms).sum::<f64>() / n / 1e3,
             mean_overhead_s: self.actions.iter().map(|a| a.overhead_ms).sum::<f64>() / n / 1e3,
             step_time_s: self.step_time_ms / 1e3,
