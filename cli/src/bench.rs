@@ -51,7 +51,7 @@ use tangram_shared::stats::quantile as pct;
 /// re-plans; then incremental decisions (one arrival planned against a busy pool).
 pub fn scheduler(json_out: bool, iterations: usize) -> anyhow::Result<()> {
     let mut rows = Vec::new();
-    for policy_name in ["tangram", "fifo-dop-4"] {
+    for policy_name in ["tangram", "tangram-v2", "fifo-dop-4"] {
         let policy = by_name(policy_name).expect("known policy");
         for &cores in &[256u32, 4096] {
             for &n in &[100usize, 1000, 10_000] {
@@ -81,7 +81,7 @@ pub fn scheduler(json_out: bool, iterations: usize) -> anyhow::Result<()> {
     }
     // Incremental: a pool nearly full, one action arrives, one cycle plans it.
     let mut incr = Vec::new();
-    for policy_name in ["tangram", "fifo-dop-4"] {
+    for policy_name in ["tangram", "tangram-v2", "fifo-dop-4"] {
         let policy = by_name(policy_name).expect("known policy");
         let mut snap_workers: Vec<WorkerView> = cluster(4096).workers().to_vec();
         for w in &mut snap_workers {
@@ -101,11 +101,31 @@ pub fn scheduler(json_out: bool, iterations: usize) -> anyhow::Result<()> {
         let secs = t.elapsed().as_secs_f64();
         incr.push(json!({"policy": policy_name, "decisions": arrivals.len(), "decisions_per_s": arrivals.len() as f64 / secs, "launched": launched}));
     }
+    // The whole decision engine (every cycle, and tangram-v2's re-sizing of running execs)
+    // on a real workload: the simulator's wall time per action, simulator included.
+    let mut engine = Vec::new();
+    let workload = tangram_core::sim::AiCoding {
+        batch: 1280,
+        seed: 1,
+        jobs: 1,
+    }
+    .generate();
+    let actions = tangram_core::sim::actions_in(&workload);
+    for policy_name in ["tangram", "tangram-v2"] {
+        let policy = by_name(policy_name).expect("known policy");
+        let t = Instant::now();
+        let report = tangram_core::sim::simulate(&workload, policy.as_ref());
+        let secs = t.elapsed().as_secs_f64();
+        engine.push(
+            json!({"policy": policy_name, "workload": "ai-coding B=1280", "actions": actions,
+            "completed": report.actions.len(), "us_per_action": secs * 1e6 / actions as f64}),
+        );
+    }
     if json_out {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"bench": "scheduler", "replan": rows, "incremental": incr})
+                &json!({"bench": "scheduler", "replan": rows, "incremental": incr, "engine": engine})
             )?
         );
     } else {
@@ -129,6 +149,14 @@ pub fn scheduler(json_out: bool, iterations: usize) -> anyhow::Result<()> {
                 "{:<12} incremental: {:.0} decisions/s",
                 r["policy"].as_str().unwrap_or(""),
                 r["decisions_per_s"].as_f64().unwrap_or(0.0)
+            );
+        }
+        for r in &engine {
+            println!(
+                "{:<12} engine on {}: {:.1} us per action (simulator included)",
+                r["policy"].as_str().unwrap_or(""),
+                r["workload"].as_str().unwrap_or(""),
+                r["us_per_action"].as_f64().unwrap_or(0.0)
             );
         }
     }

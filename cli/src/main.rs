@@ -150,7 +150,7 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// Elasticity models the scheduler sees: oracle (each action's true model), learned
-    /// (fitted online per job and tool), or both (adds a `tangram-learned` row).
+    /// (fitted online per job and tool), or both (adds `tangram-learned` and `tangram-v2-learned` rows).
     #[arg(long, default_value = "both", value_parser = ["oracle", "learned", "both"])]
     pub(crate) elasticity: String,
     /// Where to write the picture (SVG).
@@ -314,33 +314,35 @@ fn watch_status(
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     let (mut workload, label) = match (&args.workload, &args.trace) {
-        (Some(w), None) => match w.as_str() {
-            "ai-coding" => (
-                AiCoding {
-                    batch: args.batch,
-                    seed: args.seed,
-                    jobs: args.jobs as usize,
-                }
-                .generate(),
-                format!(
-                    "ai-coding, batch {}, seed {}, {} job(s)",
-                    args.batch, args.seed, args.jobs
+        (Some(w), None) => {
+            match w.as_str() {
+                "ai-coding" => (
+                    AiCoding {
+                        batch: args.batch,
+                        seed: args.seed,
+                        jobs: args.jobs as usize,
+                    }
+                    .generate(),
+                    format!(
+                        "ai-coding, batch {}, seed {}, {} job(s)",
+                        args.batch, args.seed, args.jobs
+                    ),
                 ),
-            ),
-            "bursty" => (
-                sim::Bursty {
-                    batch: args.batch,
-                    seed: args.seed,
+                "bursty" => (
+                    sim::Bursty {
+                        batch: args.batch,
+                        seed: args.seed,
+                    }
+                    .generate(),
+                    format!("bursty, batch {}, seed {}", args.batch, args.seed),
+                ),
+                "mopd" => return gpu_sim::mopd(&args),
+                "deepsearch" => return gpu_sim::deepsearch(&args),
+                other => {
+                    crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch")
                 }
-                .generate(),
-                format!("bursty, batch {}, seed {}", args.batch, args.seed),
-            ),
-            "mopd" => return gpu_sim::mopd(&args),
-            "deepsearch" => return gpu_sim::deepsearch(&args),
-            other => {
-                crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch")
             }
-        },
+        }
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -421,9 +423,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 sim::Elasticity::Oracle,
             ));
         }
-        if args.elasticity != "oracle" && p.name() == "tangram" {
+        if args.elasticity != "oracle" && matches!(p.name(), "tangram" | "tangram-v2") {
             let mut r = sim::simulate_with(&workload, p.as_ref(), sim::Elasticity::Learned);
-            r.policy = "tangram-learned".into();
+            r.policy = format!("{}-learned", p.name());
             reports.push(r);
         } else if args.elasticity == "learned" {
             reports.push(sim::simulate_with(

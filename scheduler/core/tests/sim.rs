@@ -211,3 +211,85 @@ fn per_task_pools_confine_each_job_and_lose_to_a_shared_pool_when_jobs_are_uneve
         shared.mean_act_s
     );
 }
+
+#[test]
+fn on_a_crowded_node_tangram_v2_beats_tangram_and_nothing_waits_long() {
+    // ai-coding crowded onto one node: execs launched narrow while the node is full gain
+    // from being widened as neighbours finish.
+    let w = Workload {
+        nodes: vec![256],
+        ..AiCoding {
+            batch: 96,
+            seed: 1,
+            jobs: 1,
+        }
+        .generate()
+    };
+    let tg = simulate(&w, by_name("tangram").unwrap().as_ref()).summary();
+    let v2 = simulate(&w, by_name("tangram-v2").unwrap().as_ref()).summary();
+    assert_eq!(v2.actions, tg.actions, "every action ran under both");
+    assert!(
+        v2.mean_act_s < 0.95 * tg.mean_act_s,
+        "v2 {} vs tangram {}",
+        v2.mean_act_s,
+        tg.mean_act_s
+    );
+    assert!(
+        v2.p99_act_s <= tg.p99_act_s * 1.05,
+        "{} vs {}",
+        v2.p99_act_s,
+        tg.p99_act_s
+    );
+    assert!(
+        v2.max_queue_s <= tg.max_queue_s.max(1.0),
+        "{}",
+        v2.max_queue_s
+    );
+}
+
+#[test]
+fn bursty_has_every_resource_kind_waves_and_heavy_tails() {
+    let w = tangram_core::sim::Bursty {
+        batch: 120,
+        seed: 3,
+    }
+    .generate();
+    assert_eq!(w.trajectories.len(), 120);
+    let calls: Vec<&SimCall> = w
+        .trajectories
+        .iter()
+        .flat_map(|t| t.steps.iter().map(|s| &s.action.call))
+        .collect();
+    assert!(calls.iter().any(|c| matches!(c, SimCall::Cpu)));
+    assert!(calls.iter().any(|c| matches!(c, SimCall::Reward { .. })));
+    assert!(calls.iter().any(|c| matches!(c, SimCall::Api { .. })));
+    let jobs: std::collections::BTreeSet<&str> =
+        w.trajectories.iter().map(|t| t.job.as_str()).collect();
+    assert_eq!(jobs.len(), 3);
+    // Waves: starts cluster around 0, 15, 30 and 45 s.
+    assert!(w
+        .trajectories
+        .iter()
+        .all(|t| (t.start_ms % 15_000.0) < 500.0 && t.start_ms < 45_500.0));
+    // Heavy tail: the longest command is many times the median.
+    let mut t1: Vec<f64> = w
+        .trajectories
+        .iter()
+        .flat_map(|t| t.steps.iter())
+        .filter(|s| s.action.call == SimCall::Cpu)
+        .map(|s| s.action.t1_ms)
+        .collect();
+    t1.sort_by(f64::total_cmp);
+    assert!(t1[t1.len() - 1] > 10.0 * t1[t1.len() / 2]);
+    // Same seed, same workload; every action of it runs.
+    assert_eq!(
+        w,
+        tangram_core::sim::Bursty {
+            batch: 120,
+            seed: 3
+        }
+        .generate()
+    );
+    let r = simulate(&w, by_name("tangram-v2").unwrap().as_ref()).summary();
+    assert_eq!(r.actions, tangram_core::sim::actions_in(&w));
+}

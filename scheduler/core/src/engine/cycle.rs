@@ -359,6 +359,9 @@ impl Engine {
             gpu: gpu.clone(),
             instance,
         };
+        if kind == ActionKind::SandboxExec && self.policy.malleable() {
+            self.touched.insert(launch.worker.clone());
+        }
         e.state = ActionState::Dispatching {
             worker: launch.worker.clone(),
             booking: Booking {

@@ -179,6 +179,9 @@ pub struct Engine {
     pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
     /// Malleable policies: how far each elastic exec has got (see [`resize`]).
     pub(crate) progress: HashMap<ActionId, resize::Progress>,
+    /// Malleable policies: workers where something started, ended or was stored since the
+    /// last re-size (only those are re-sized).
+    pub(crate) touched: std::collections::BTreeSet<WorkerId>,
 }
 
 impl Engine {
@@ -229,6 +232,7 @@ impl Engine {
             adopting: Default::default(),
             task_opens: HashMap::new(),
             progress: HashMap::new(),
+            touched: Default::default(),
         }
     }
 

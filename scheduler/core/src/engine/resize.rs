@@ -47,9 +47,24 @@ pub struct Progress {
     pub since_ms: u64,
     /// Fraction of its work done before `since_ms`.
     pub done: f64,
+    /// Core-milliseconds it held before `since_ms`.
+    pub core_ms: f64,
+    /// When it started (engine clock).
+    pub started_ms: u64,
 }
 
 impl Progress {
+    /// The cores it held on average from its start to `now_ms`, when it was re-sized (the
+    /// learner's observation of a re-sized exec); `None` when it kept its first size.
+    pub fn mean_cores(&self, now_ms: u64) -> Option<u32> {
+        if self.since_ms == self.started_ms {
+            return None;
+        }
+        let total = self.core_ms + self.cores as f64 * now_ms.saturating_sub(self.since_ms) as f64;
+        let wall = now_ms.saturating_sub(self.started_ms).max(1) as f64;
+        Some(((total / wall).round() as u32).max(1))
+    }
+
     /// The fraction of its model's work done at `now_ms` (past 1 when it overran).
     pub fn done_at(&self, model: &ElasticModel, now_ms: u64) -> f64 {
         let elapsed = now_ms.saturating_sub(self.since_ms) as f64;
@@ -76,11 +91,31 @@ impl Engine {
     /// a cycle when the policy is malleable.
     pub(crate) fn resize(&mut self, now: Now) -> Vec<(ActionId, WorkerId, Grant)> {
         let mut by_worker: HashMap<WorkerId, Vec<Sized>> = HashMap::new();
-        let mut live: std::collections::HashSet<ActionId> = Default::default();
+        let mut touched = std::mem::take(&mut self.touched);
+        // Workers with an exec waiting for a core are re-sized too.
+        for id in &self.queue {
+            let Some(e) = self.actions.get(id) else {
+                continue;
+            };
+            if matches!(e.state, ActionState::Queued { .. })
+                && matches!(e.action.spec, ActionSpec::SandboxExec(_))
+            {
+                let key = (e.action.job.clone(), e.action.trajectory.clone());
+                if let Some(s) = self.sandboxes.get(&key) {
+                    touched.insert(s.worker.clone());
+                }
+            }
+        }
+        if touched.is_empty() {
+            return Vec::new();
+        }
         for (id, e) in &self.actions {
             let Some((worker, booking)) = e.placed() else {
                 continue;
             };
+            if !touched.contains(worker) {
+                continue;
+            }
             let ActionSpec::SandboxExec(_) = &e.action.spec else {
                 continue;
             };
@@ -90,7 +125,6 @@ impl Engine {
             if range.max <= range.min || booking.counted_cores == 0 {
                 continue;
             }
-            live.insert(id.clone());
             let model = e
                 .model
                 .clone()
@@ -115,6 +149,8 @@ impl Engine {
                 cores: booking.counted_cores,
                 since_ms: since,
                 done: 0.0,
+                core_ms: 0.0,
+                started_ms: since,
             });
             let done = p.done_at(&model, now.ms);
             by_worker.entry(worker.clone()).or_default().push(Sized {
@@ -130,7 +166,9 @@ impl Engine {
                 done,
             });
         }
-        self.progress.retain(|id, _| live.contains(id));
+        let actions = &self.actions;
+        self.progress
+            .retain(|id, _| actions.get(id).is_some_and(|e| e.placed().is_some()));
         // Execs still queued for want of a core on their sandbox's worker join the sizing
         // there: narrowing the running ones can make room for them now.
         for id in &self.queue {
@@ -294,12 +332,17 @@ impl Engine {
         booking.grant.cores = cores;
         booking.counted_cores = cores;
         let grant = booking.grant;
+        let old = self.progress.get(&s.id).copied();
         self.progress.insert(
             s.id.clone(),
             Progress {
                 cores,
                 since_ms: now.ms,
                 done: s.done,
+                core_ms: old.map_or(0.0, |o| {
+                    o.core_ms + o.cores as f64 * now.ms.saturating_sub(o.since_ms) as f64
+                }),
+                started_ms: old.map_or(now.ms, |o| o.started_ms),
             },
         );
         let pending = self.out.iter_mut().find_map(|fx| match fx {

@@ -41,6 +41,7 @@ impl Engine {
         };
         e.failures = 0;
         let deadline_ms = now.ms + e.action.timeout_ms + grace;
+        let stored_on = worker.clone();
         let kind = e.action.kind();
         let queued_s = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;
         e.state = ActionState::Running {
@@ -58,6 +59,7 @@ impl Engine {
         let delivery = e.delivery;
         if kind == ActionKind::SandboxExec && self.policy.malleable() {
             self.dirty = true;
+            self.touched.insert(stored_on);
         }
         self.out.push(Effect::Ack(delivery));
         self.out
@@ -223,11 +225,20 @@ impl Engine {
         let Some((worker, booking)) = e.placed() else {
             return;
         };
+        if self.policy.malleable() {
+            self.touched.insert(worker.clone());
+        }
+        // A re-sized exec is learned at the cores it held on average.
+        let resized = self
+            .progress
+            .remove(&r.id)
+            .and_then(|p| p.mean_cores(now.ms));
         if let (Some(k), Outcome::Completed { .. }, Some(p)) =
             (super::learn_key(&e.action), &r.outcome, &r.placement)
         {
+            let cores = resized.unwrap_or(p.cores);
             self.learner
-                .observe(&k, p.cores, r.timing.exec_us as f64 / 1e3);
+                .observe(&k, cores, r.timing.exec_us as f64 / 1e3);
         }
         let (job, trajectory) = (e.action.job.clone(), e.action.trajectory.clone());
         let service_failed = matches!(

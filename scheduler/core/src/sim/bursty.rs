@@ -89,12 +89,17 @@ impl Bursty {
 
     fn step(&self, rng: &mut Rng, job: &str) -> SimStep {
         // Pareto by inversion, capped.
-        let heavy =
-            |rng: &mut Rng| (PARETO_SCALE_MS / rng.unit().max(1e-9).powf(1.0 / PARETO_SHAPE)).min(DURATION_CAP_MS);
+        let heavy = |rng: &mut Rng| {
+            (PARETO_SCALE_MS / rng.unit().max(1e-9).powf(1.0 / PARETO_SHAPE)).min(DURATION_CAP_MS)
+        };
         let think_ms = rng.lognormal(1_500.0, 0.8);
         let pick = rng.unit();
         // The research job calls the API most, the others run commands most.
-        let (exec_share, reward_share) = if job == "research" { (0.3, 0.2) } else { (0.75, 0.15) };
+        let (exec_share, reward_share) = if job == "research" {
+            (0.3, 0.2)
+        } else {
+            (0.75, 0.15)
+        };
         if pick < exec_share {
             let (a, max, tool) = match rng.next_u64() % 3 {
                 0 => (0.3, 8, "compile"),
@@ -114,8 +119,19 @@ impl Bursty {
                 },
             }
         } else if pick < exec_share + reward_share {
-            let service = if rng.unit() < 0.7 { "judge-small" } else { "judge-large" };
-            let t1 = rng.lognormal(if service == "judge-small" { 300.0 } else { 900.0 }, 0.3);
+            let service = if rng.unit() < 0.7 {
+                "judge-small"
+            } else {
+                "judge-large"
+            };
+            let t1 = rng.lognormal(
+                if service == "judge-small" {
+                    300.0
+                } else {
+                    900.0
+                },
+                0.3,
+            );
             SimStep::call(
                 think_ms,
                 SimCall::Reward {
