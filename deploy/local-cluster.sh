@@ -2,8 +2,8 @@
 # The main job: brings up a local Tangram cluster on loopback from embedded defaults
 # (`tangram up`: nats-server, the scheduler, two CPU workers, a GPU worker with 2 declared
 # GPUs serving reference reward replicas, a search API stand-in behind the quota manager),
-# runs a real agentic-RL rollout workload against it with the `tangram` policy, then the same
-# workload under the `static` baseline (per-trajectory sandboxes with fixed cores, services
+# runs a real agentic-RL rollout workload against it with the default `tangram-v2` policy, then
+# under the paper's `tangram` policy and the `static` baseline (per-trajectory sandboxes with fixed cores, services
 # pinned to an even split of the GPUs, per-trajectory API rate slices), and prints both
 # reports side by side with a picture of ACT per policy (rollout-act.svg).
 #
@@ -48,12 +48,16 @@ run_pass() {  # policy, extra up flags...
   $tangram status | sed -n '/service/,$p'
 }
 
-run_pass tangram
+run_pass tangram-v2
 if [ "$keep" = 1 ]; then
   echo
   echo "cluster still up at $url; try the README's tour, then: $tangram down"
   exit 0
 fi
+$tangram down
+up=0
+# The paper's policy, for comparison with ours (tangram-v2 re-sizes running commands).
+run_pass tangram
 $tangram down
 up=0
 # The baseline: each trajectory's sandbox holds 1 core for its whole life (this machine's
@@ -63,6 +67,9 @@ $tangram down
 up=0
 
 echo
-echo "=== tangram vs static ==="
-target/debug/tangram-rollout --compare .tangram/report-tangram.json .tangram/report-static.json \
+echo "=== tangram-v2 vs static ==="
+target/debug/tangram-rollout --compare .tangram/report-tangram-v2.json .tangram/report-static.json \
   --svg rollout-act.svg
+echo
+echo "=== tangram-v2 vs tangram (the paper's policy) ==="
+target/debug/tangram-rollout --compare .tangram/report-tangram-v2.json .tangram/report-tangram.json

@@ -277,7 +277,7 @@ impl RawConfig {
         if worker_missed_heartbeats == 0 {
             return Err(invalid("worker_missed_heartbeats", "must be at least 1"));
         }
-        let policy = self.policy.unwrap_or_else(|| "tangram".into());
+        let policy = self.policy.unwrap_or_else(|| DEFAULT_POLICY.into());
         if tangram_core::by_name(&policy).is_none() {
             return Err(invalid(
                 "policy",
@@ -365,6 +365,11 @@ pub fn load_file(path: Option<&PathBuf>) -> Result<RawConfig, ConfigError> {
 /// (`TANGRAM_SCHEDULER_NATS__NKEY_FILE`). Values read as TOML-like scalars, arrays (`[1, 2]`) or
 /// tables (`{a = 1}`), else as strings.
 pub const ENV_PREFIX: &str = "TANGRAM_SCHEDULER_";
+
+/// The policy when none is configured: `tangram-v2` (the paper's policy with malleable
+/// grants), which has the lower mean ACT on every workload with sandbox commands and the
+/// same decisions as `tangram` on GPU and API calls (docs/BENCHMARKS.md).
+pub const DEFAULT_POLICY: &str = "tangram-v2";
 
 /// The file (when given) with the environment variables laid over it, read through one
 /// layering library (figment): its errors name the key and where it was set.
