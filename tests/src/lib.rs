@@ -354,31 +354,22 @@ impl Cluster {
     /// Starts NATS, the scheduler and the workers, and waits until the scheduler knows
     /// every worker.
     pub async fn start(workers: &[WorkerSpec]) -> anyhow::Result<Self> {
-        init_logging();
-        let nats = NatsServer::start();
-        let mut cluster = Self {
-            nats,
-            creds: None,
-            scheduler: None,
-            policy: None,
-            workers: Vec::new(),
-        };
-        cluster.start_scheduler();
-        for w in workers {
-            cluster.start_worker(w.clone())?;
-        }
-        Ok(cluster)
+        Self::start_running(workers, None).await
     }
 
     /// [`Cluster::start`] with the scheduler running `policy`.
     pub async fn start_with_policy(workers: &[WorkerSpec], policy: &str) -> anyhow::Result<Self> {
+        Self::start_running(workers, Some(policy.into())).await
+    }
+
+    async fn start_running(workers: &[WorkerSpec], policy: Option<String>) -> anyhow::Result<Self> {
         init_logging();
         let nats = NatsServer::start();
         let mut cluster = Self {
             nats,
             creds: None,
             scheduler: None,
-            policy: Some(policy.into()),
+            policy,
             workers: Vec::new(),
         };
         cluster.start_scheduler();

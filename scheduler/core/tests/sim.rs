@@ -121,6 +121,19 @@ fn static_sandboxes_hold_cores_for_the_whole_trajectory_and_make_others_wait() {
     );
 }
 
+/// ai-coding's batch of 96 on one node of 256 cores.
+fn crowded() -> Workload {
+    Workload {
+        nodes: vec![256],
+        ..AiCoding {
+            batch: 96,
+            seed: 1,
+            jobs: 1,
+        }
+        .generate()
+    }
+}
+
 #[test]
 fn on_ai_coding_tangram_beats_static_and_the_gap_grows_with_the_batch() {
     let ratio = |batch: usize| {
@@ -137,15 +150,7 @@ fn on_ai_coding_tangram_beats_static_and_the_gap_grows_with_the_batch() {
     // Small enough for a debug build; the paper-scale figures are in docs/BENCHMARKS.md.
     let small = ratio(64);
     assert!(small > 1.2, "static/tangram = {small}");
-    let w = Workload {
-        nodes: vec![256],
-        ..AiCoding {
-            batch: 96,
-            seed: 1,
-            jobs: 1,
-        }
-        .generate()
-    };
+    let w = crowded();
     let tg = simulate(&w, by_name("tangram").unwrap().as_ref()).summary();
     let st = simulate(&w, by_name("static").unwrap().as_ref()).summary();
     assert!(
@@ -216,15 +221,7 @@ fn per_task_pools_confine_each_job_and_lose_to_a_shared_pool_when_jobs_are_uneve
 fn on_a_crowded_node_tangram_v2_beats_tangram_and_nothing_waits_long() {
     // ai-coding crowded onto one node: execs launched narrow while the node is full gain
     // from being widened as neighbours finish.
-    let w = Workload {
-        nodes: vec![256],
-        ..AiCoding {
-            batch: 96,
-            seed: 1,
-            jobs: 1,
-        }
-        .generate()
-    };
+    let w = crowded();
     let tg = simulate(&w, by_name("tangram").unwrap().as_ref()).summary();
     let v2 = simulate(&w, by_name("tangram-v2").unwrap().as_ref()).summary();
     assert_eq!(v2.actions, tg.actions, "every action ran under both");
