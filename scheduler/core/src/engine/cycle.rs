@@ -311,10 +311,7 @@ impl Engine {
                     _ => {}
                 }
             }
-            let model = e
-                .model
-                .clone()
-                .or_else(|| super::learn_key(a).and_then(|k| self.learner.model(&k)));
+            let model = self.model_of(e);
             pending.push(Pending {
                 id: a.id.clone(),
                 demand,

@@ -340,6 +340,14 @@ impl Engine {
         hb.interval_ms.max(100) * self.config.missed_heartbeats as u64
     }
 
+    /// An action's elasticity: the one it was given (the simulator's oracle), else what the
+    /// learner holds for its (job, tool) key.
+    pub(crate) fn model_of(&self, e: &Entry) -> Option<crate::elastic::ElasticModel> {
+        e.model
+            .clone()
+            .or_else(|| learn_key(&e.action).and_then(|k| self.learner.model(&k)))
+    }
+
     /// Keys the elasticity learner holds (bounded by [`crate::learn::MAX_KEYS`]).
     pub fn learned_keys(&self) -> usize {
         self.learner.len()

@@ -125,11 +125,6 @@ impl Engine {
             if range.max <= range.min || booking.counted_cores == 0 {
                 continue;
             }
-            let model = e
-                .model
-                .clone()
-                .or_else(|| super::learn_key(&e.action).and_then(|k| self.learner.model(&k)))
-                .unwrap_or_else(ElasticModel::unknown);
             let since = match &e.state {
                 // A dispatch handed out in an earlier cycle may not be stored yet: it is left
                 // as it is until it is (a re-size follows its dispatch on the worker's
@@ -145,6 +140,7 @@ impl Engine {
                 ActionState::Running { stored_ms, .. } => *stored_ms,
                 ActionState::Queued { .. } => continue,
             };
+            let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
             let p = *self.progress.entry(id.clone()).or_insert(Progress {
                 cores: booking.counted_cores,
                 since_ms: since,
@@ -199,11 +195,7 @@ impl Engine {
             let Some(execs) = by_worker.get_mut(&s.worker) else {
                 continue; // nothing running there to narrow
             };
-            let model = e
-                .model
-                .clone()
-                .or_else(|| super::learn_key(&e.action).and_then(|k| self.learner.model(&k)))
-                .unwrap_or_else(ElasticModel::unknown);
+            let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
             execs.push(Sized {
                 id: id.clone(),
                 cores: 0,
