@@ -393,5 +393,10 @@ mod tests {
         assert_eq!(c.deliver_policy, consumer::DeliverPolicy::New);
         assert!(c.inactive_threshold >= Duration::from_secs(600));
         assert!(c.ack_wait.as_secs() <= 30, "ack_wait {:?}", c.ack_wait);
+        // The engine waits this long before it counts a dispatch the worker omits.
+        assert_eq!(
+            c.ack_wait,
+            Duration::from_millis(tangram_shared::DISPATCH_REDELIVERY_MS)
+        );
     }
 }

@@ -36,6 +36,11 @@ pub use heartbeat::{
 /// inside one NVLink group.
 pub const CHUNK_SIZES: [u8; 4] = [1, 2, 4, 8];
 
+/// How long a dispatch delivered to a worker and not acknowledged waits before JetStream
+/// delivers it again (the worker consumer's `ack_wait`). A delivery lost in transit (a NATS
+/// node died while carrying it) comes back within this, possibly after later dispatches.
+pub const DISPATCH_REDELIVERY_MS: u64 = 10_000;
+
 pub use ids::{ActionId, IdError, JobId, TrajectoryId, WorkerId};
 pub use result::{
     ActionResult, HttpReply, InfraCode, Outcome, Placement, RejectCode, Rejection, ServiceUse,

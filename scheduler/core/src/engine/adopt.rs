@@ -84,6 +84,8 @@ impl Engine {
                     stored_ms: now.ms,
                     stored_seq: 0,
                     deadline_ms,
+                    delivered_ms: Some(now.ms),
+                    listed_once: true,
                     unreported: 0,
                 },
                 action: dispatch.action,

@@ -51,7 +51,13 @@ pub enum ActionState {
         stored_seq: u64,
         /// No result by then: the action is settled as lost.
         deadline_ms: u64,
-        /// Heartbeats in a row (counted from a grace after `stored_ms`) that did not list it.
+        /// When the worker was first seen to have taken in the dispatch stream past it.
+        delivered_ms: Option<u64>,
+        /// Whether a heartbeat listed it (or it was adopted from one): it certainly reached
+        /// the worker, so an omission counts at once.
+        listed_once: bool,
+        /// Heartbeats in a row (counted from a redelivery window after `delivered_ms`) that
+        /// did not list it.
         unreported: u8,
     },
 }

@@ -51,6 +51,8 @@ impl Engine {
             stored_ms: now.ms,
             stored_seq: seq,
             deadline_ms,
+            delivered_ms: None,
+            listed_once: false,
             unreported: 0,
         };
         // A malleable policy may re-size an exec only once its dispatch is durable (a

@@ -97,20 +97,26 @@ impl Engine {
     }
 
     /// The heartbeat's `running` list against the running set: an action the worker has not
-    /// listed (as running, or as finished lately) in [`UNREPORTED_LIMIT`] heartbeats in a row (counting only heartbeats from a
-    /// grace after its dispatch was stored, so a dispatch still on its way is not missed)
-    /// and that never settled is resolved as lost: it holds no capacity past that.
+    /// listed (as running, or as finished lately) in [`UNREPORTED_LIMIT`] heartbeats in a row
+    /// and that never settled is resolved as lost: it holds no capacity past that. Omissions
+    /// count once a heartbeat has listed it, or else once the worker has taken in the dispatch
+    /// stream past it (with no sequence, a grace after the store) and a redelivery window has
+    /// passed since: a delivery lost in transit comes back after later ones, within the
+    /// consumer's ack wait.
     fn reconcile_running(&mut self, hb: &Heartbeat, now: Now) {
         // Finished lately counts as reported: its result is on its way (or the result
         // deadline settles it).
         let listed: HashSet<&ActionId> = hb.running.iter().chain(&hb.finished).collect();
         let grace = self.grace_ms(hb);
+        let window = tangram_shared::DISPATCH_REDELIVERY_MS + grace;
         let mut lost = Vec::new();
         for (id, e) in self.actions.iter_mut() {
             let ActionState::Running {
                 worker,
                 stored_ms,
                 stored_seq,
+                delivered_ms,
+                listed_once,
                 unreported,
                 ..
             } = &mut e.state
@@ -127,9 +133,14 @@ impl Engine {
             } else {
                 now.ms >= *stored_ms + grace
             };
-            if listed.contains(id) {
+            let listed = listed.contains(id);
+            if delivered || listed {
+                delivered_ms.get_or_insert(now.ms);
+            }
+            if listed {
+                *listed_once = true;
                 *unreported = 0;
-            } else if delivered {
+            } else if *listed_once || delivered_ms.is_some_and(|t| now.ms >= t + window) {
                 *unreported += 1;
                 if *unreported >= UNREPORTED_LIMIT {
                     lost.push(id.clone());

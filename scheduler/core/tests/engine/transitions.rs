@@ -801,12 +801,22 @@ fn a_dispatch_still_on_its_way_is_not_settled_lost_by_heartbeats_that_omit_it() 
         fx.extend(beat(&mut h, 90));
     }
     assert!(published(&fx).is_empty(), "{fx:?}");
-    // Taken in and not listed, twice: it is lost.
-    h.now += 1_000;
-    assert!(published(&beat(&mut h, 100)).is_empty());
-    h.now += 1_000;
-    let r = published(&beat(&mut h, 101));
+    // Taken in and not listed: lost, but not before a redelivery window has passed.
+    let seen = h.now + 1_000;
+    let mut r = Vec::new();
+    for _ in 0..20 {
+        h.now += 1_000;
+        r = published(&beat(&mut h, 101));
+        if !r.is_empty() {
+            break;
+        }
+    }
     assert_eq!(r.len(), 1);
+    assert!(
+        h.now >= seen + tangram_shared::DISPATCH_REDELIVERY_MS,
+        "{}",
+        h.now - seen
+    );
     assert!(matches!(
         r[0].outcome,
         Outcome::InfraError {
@@ -814,6 +824,47 @@ fn a_dispatch_still_on_its_way_is_not_settled_lost_by_heartbeats_that_omit_it() 
             ..
         }
     ));
+}
+
+/// Regression: a NATS node died while carrying a dispatch to its worker; later dispatches
+/// reached the worker first, its heartbeats reported the stream taken in past the lost one,
+/// and the engine settled that action `worker_lost` 400 ms later, before JetStream delivered
+/// it again (after the consumer's ack wait) and it ran. An omission now counts only after a
+/// redelivery window from when the worker was seen past the action.
+#[test]
+fn a_dispatch_lost_in_transit_is_not_settled_lost_before_its_redelivery() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    let (w, d) = dispatched(&fx).remove(0);
+    h.step(Event::DispatchStored {
+        id: d.action.id.clone(),
+        attempt: d.attempt,
+        seq: 100,
+    });
+    let beat = |h: &mut Harness, seq: u64, running: &[&str]| {
+        let mut hb = h.heartbeat_of("w1", 4, 4096, &[], &[]);
+        hb.dispatch_seq = seq;
+        hb.running = running.iter().map(|s| id(s)).collect();
+        h.step(Event::Heartbeat(Box::new(hb)))
+    };
+    // 200 ms heartbeats past its sequence that omit it, until the redelivery is due.
+    let mut fx = Vec::new();
+    let until = h.now + tangram_shared::DISPATCH_REDELIVERY_MS;
+    while h.now < until {
+        h.now += 200;
+        fx.extend(beat(&mut h, 140, &[]));
+    }
+    assert!(
+        published(&fx).is_empty(),
+        "settled before its redelivery: {fx:?}"
+    );
+    // Redelivered: the worker lists it, and its result settles it.
+    h.now += 200;
+    assert!(published(&beat(&mut h, 140, &["x1"])).is_empty());
+    let fx = h.complete(&d, &w);
+    assert!(published(&fx).is_empty(), "{fx:?}");
+    assert!(h.engine.state_of(&id("x1")).is_none());
 }
 
 /// Regression: in a rolling restart on the compose fleet, the only GPU worker's restart
