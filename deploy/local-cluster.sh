@@ -2,7 +2,7 @@
 # The main job: brings up a local Tangram cluster on loopback from embedded defaults
 # (`tangram up`: nats-server, the scheduler, two CPU workers, a GPU worker with 2 declared
 # GPUs serving reference reward replicas, a search API stand-in behind the quota manager),
-# runs a real agentic-RL rollout workload against it with the `tangram-v2` policy (opt-in), then
+# runs a real agentic-RL rollout workload against it with the default `tangram-v2` policy, then
 # under the paper's `tangram` policy and the `static` baseline (per-trajectory sandboxes with fixed cores, services
 # pinned to an even split of the GPUs, per-trajectory API rate slices), and prints both
 # reports side by side with a picture of ACT per policy (rollout-act.svg).

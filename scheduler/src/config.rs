@@ -366,10 +366,10 @@ pub fn load_file(path: Option<&PathBuf>) -> Result<RawConfig, ConfigError> {
 /// tables (`{a = 1}`), else as strings.
 pub const ENV_PREFIX: &str = "TANGRAM_SCHEDULER_";
 
-/// The policy when none is configured: the paper's `tangram`. `tangram-v2` (malleable grants)
-/// has the lower mean ACT in simulation, but stays opt-in until a worker reserves an
-/// admitted exec's cores at admission (a widening could otherwise take them first).
-pub const DEFAULT_POLICY: &str = "tangram";
+/// The policy when none is configured: `tangram-v2` (the paper's policy with malleable
+/// grants), which has the lower mean ACT on every workload with sandbox commands and the
+/// same decisions as `tangram` on GPU and API calls (docs/BENCHMARKS.md).
+pub const DEFAULT_POLICY: &str = "tangram-v2";
 
 /// The file (when given) with the environment variables laid over it, read through one
 /// layering library (figment): its errors name the key and where it was set.

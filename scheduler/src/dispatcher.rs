@@ -1,5 +1,6 @@
-//! The dispatcher: publishes the engine's dispatches and awaits their PubAcks concurrently,
-//! reporting each as stored or failed. The engine books capacity when it hands a dispatch
+//! The dispatcher: publishes the engine's dispatches and re-sizes in the order the engine
+//! emitted them (a narrowing before the dispatch that needs its cores) and awaits their
+//! PubAcks concurrently, reporting each dispatch as stored or failed. The engine books capacity when it hands a dispatch
 //! out (assume on send) and gives it back on failure (forget on failure), so nothing here
 //! waits on the state task and no state task waits on a PubAck.
 
@@ -28,25 +29,55 @@ pub(crate) struct Outgoing {
     pub(crate) dispatch: Box<Dispatch>,
 }
 
+/// What the dispatcher publishes, one channel for both so their order holds on the wire.
+#[derive(Debug)]
+pub(crate) enum Publish {
+    /// A dispatch: its store is reported to the engine.
+    Dispatch(Outgoing),
+    /// A re-size of a running exec, sent once.
+    Regrant {
+        worker: WorkerId,
+        regrant: tangram_shared::Regrant,
+    },
+}
+
 /// Runs until `rx` closes or `stop` is cancelled; outcomes go to `events`.
 pub(crate) async fn run(
     js: jetstream::Context,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    mut rx: mpsc::UnboundedReceiver<Publish>,
     events: mpsc::Sender<Input>,
     fence: Arc<Fence>,
     stop: CancellationToken,
 ) {
-    let mut pending = FuturesUnordered::new();
+    let mut pending: FuturesUnordered<futures::future::BoxFuture<'static, Option<Event>>> =
+        FuturesUnordered::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             Some(done) = pending.next(), if !pending.is_empty() => {
+                let Some(done) = done else { continue };
                 if events.send(Input::Engine(done)).await.is_err() {
                     break;
                 }
             }
             out = rx.recv(), if pending.len() < IN_FLIGHT => {
-                let Some(out) = out else { break };
+                let out = match out {
+                    None => break,
+                    Some(Publish::Dispatch(out)) => out,
+                    Some(Publish::Regrant { worker, regrant }) => {
+                        if fence.holds() {
+                            if let Some(ack) = send_regrant(&js, &worker, &regrant).await {
+                                pending.push(Box::pin(async move {
+                                    if let Err(e) = ack.await {
+                                        warn!(action = %regrant.id, error = %e, "re-size not stored");
+                                    }
+                                    None
+                                }));
+                            }
+                        }
+                        continue;
+                    }
+                };
                 let (id, attempt) = (out.dispatch.action.id.clone(), out.dispatch.attempt);
                 tracing::debug!(action = %id, attempt, worker = %out.worker, epoch = out.dispatch.epoch, "dispatching");
                 // A leader whose lease may have passed to another publishes nothing more.
@@ -56,16 +87,16 @@ pub(crate) async fn run(
                     Err("this scheduler no longer holds the leader lease".to_string())
                 };
                 match published {
-                    Ok(ack) => pending.push(async move {
-                        match ack.await {
+                    Ok(ack) => pending.push(Box::pin(async move {
+                        Some(match ack.await {
                             Ok(ack) => Event::DispatchStored {
                                 id,
                                 attempt,
                                 seq: ack.sequence,
                             },
                             Err(e) => failed(id, attempt, e.to_string()),
-                        }
-                    }),
+                        })
+                    })),
                     Err(error) => {
                         let event = failed(id, attempt, error);
                         if events.send(Input::Engine(event)).await.is_err() {
@@ -78,28 +109,26 @@ pub(crate) async fn run(
     }
     // Whatever is still waiting for a PubAck is reported, so no booking is left assumed.
     while let Some(done) = pending.next().await {
+        let Some(done) = done else { continue };
         if events.send(Input::Engine(done)).await.is_err() {
             break;
         }
     }
 }
 
-/// Publishes a re-size of a running exec, once; the worker reads it after the dispatch it
-/// amends (same consumer). A lost one leaves the exec at its old size until it ends.
-pub(crate) async fn regrant(
-    js: jetstream::Context,
-    fence: Arc<Fence>,
-    worker: WorkerId,
-    r: tangram_shared::Regrant,
-) {
-    if !fence.holds() {
-        return;
-    }
-    let payload = match codec::encode(&r, Encoding::Msgpack) {
+/// Sends a re-size of a running exec, once; the worker reads it in the order it was sent
+/// among the dispatches (same consumer). A lost one leaves the exec at its old size until it
+/// ends.
+async fn send_regrant(
+    js: &jetstream::Context,
+    worker: &WorkerId,
+    r: &tangram_shared::Regrant,
+) -> Option<jetstream::context::PublishAckFuture> {
+    let payload = match codec::encode(r, Encoding::Msgpack) {
         Ok(p) => p,
         Err(e) => {
             warn!(action = %r.id, error = %e, "encoding a re-size");
-            return;
+            return None;
         }
     };
     let mut headers = HeaderMap::new();
@@ -109,16 +138,15 @@ pub(crate) async fn regrant(
         subject::HEADER_CONTENT_TYPE,
         Encoding::Msgpack.content_type(),
     );
-    let sent = js
-        .publish_with_headers(subject::regrant(&worker, &r.id), headers, payload.into())
-        .await;
-    match sent {
-        Ok(ack) => {
-            if let Err(e) = ack.await {
-                warn!(action = %r.id, error = %e, "re-size not stored");
-            }
+    match js
+        .publish_with_headers(subject::regrant(worker, &r.id), headers, payload.into())
+        .await
+    {
+        Ok(ack) => Some(ack),
+        Err(e) => {
+            warn!(action = %r.id, error = %e, "publishing a re-size");
+            None
         }
-        Err(e) => warn!(action = %r.id, error = %e, "publishing a re-size"),
     }
 }
 

@@ -3,7 +3,7 @@
 //! itself: dispatches go to the dispatcher, rejections and results to tracked tasks, acks to
 //! the acker. It holds each action message until the engine acks, naks or rejects it.
 
-use crate::dispatcher::Outgoing;
+use crate::dispatcher::{Outgoing, Publish};
 use crate::lease::Fence;
 use crate::metrics as m;
 use async_nats::jetstream::{self, AckKind};
@@ -77,7 +77,7 @@ pub(crate) struct Shell {
     js: jetstream::Context,
     /// Action messages the engine has not finished with, by delivery (stream sequence).
     messages: HashMap<Delivery, Box<jetstream::Message>>,
-    dispatches: mpsc::UnboundedSender<Outgoing>,
+    dispatches: mpsc::UnboundedSender<Publish>,
     replies: mpsc::UnboundedSender<Reply>,
     replies_rx: Option<mpsc::UnboundedReceiver<Reply>>,
     tasks: TaskTracker,
@@ -94,7 +94,7 @@ pub(crate) struct ShellIo {
     pub(crate) dispatch_stream: jetstream::stream::Stream,
     /// Its own input channel, for lookups it starts.
     pub(crate) to_self: mpsc::Sender<Input>,
-    pub(crate) dispatches: mpsc::UnboundedSender<Outgoing>,
+    pub(crate) dispatches: mpsc::UnboundedSender<Publish>,
     pub(crate) fence: Arc<Fence>,
     pub(crate) tasks: TaskTracker,
     pub(crate) gate: Arc<crate::gate::Gate>,
@@ -209,7 +209,9 @@ impl Shell {
         for effect in effects {
             match effect {
                 Effect::Dispatch { worker, dispatch } => {
-                    let _ = self.dispatches.send(Outgoing { worker, dispatch });
+                    let _ = self
+                        .dispatches
+                        .send(Publish::Dispatch(Outgoing { worker, dispatch }));
                 }
                 Effect::Ack(d) => self.reply(d, Reply::Ack),
                 Effect::Nak(d) => self.reply(d, Reply::Nak),
@@ -268,12 +270,9 @@ impl Shell {
                     );
                 }
                 Effect::Regrant { worker, regrant } => {
-                    let js = self.js.clone();
-                    let fence = self.fence.clone();
-                    self.tasks.spawn(
-                        crate::dispatcher::regrant(js, fence, worker, regrant)
-                            .instrument(tracing::info_span!("regrant")),
-                    );
+                    // Through the dispatcher, in order with the dispatches: a narrowing must
+                    // reach the worker before the dispatch that takes the cores it frees.
+                    let _ = self.dispatches.send(Publish::Regrant { worker, regrant });
                 }
                 Effect::WakeAt(ms) => self.wake_at = Some(ms),
                 Effect::Observe(o) => observe(o),

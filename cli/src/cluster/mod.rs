@@ -53,7 +53,7 @@ pub struct UpArgs {
     )]
     pub services: String,
     /// Scheduling policy.
-    #[arg(long, env = "TANGRAM_SCHEDULER_POLICY", default_value = "tangram")]
+    #[arg(long, env = "TANGRAM_SCHEDULER_POLICY", default_value = "tangram-v2")]
     pub policy: String,
     /// Cores per trajectory sandbox under `--policy static`.
     #[arg(long, env = "TANGRAM_UP_STATIC_CORES", default_value_t = 1)]

@@ -326,6 +326,16 @@ async fn main() -> anyhow::Result<()> {
         print_act_table(&args.label, &records);
         println!("\n{} actions in {wall:.1} s", rep.results.len());
     }
+    if failed > 0 {
+        // What went wrong, one line each, for whoever reads a failed run's log.
+        for r in rep
+            .results
+            .iter()
+            .filter(|r| !matches!(r.outcome, Outcome::Completed { .. }))
+        {
+            eprintln!("not completed: {} ({:?}): {:?}", r.id, r.kind, r.outcome);
+        }
+    }
     anyhow::ensure!(failed == 0, "{failed} actions did not complete");
     anyhow::ensure!(
         as_expected == rep.tests.len(),

@@ -7,7 +7,7 @@ use crate::metrics as m;
 use crate::runtime::intake::Delivery;
 use std::collections::{HashSet, VecDeque};
 use tangram_shared::codec::{self, Encoding};
-use tangram_shared::{subject, ActionId, ActionResult, Dispatch, InfraCode, Timing};
+use tangram_shared::{subject, ActionId, ActionKind, ActionResult, Dispatch, InfraCode, Timing};
 use tracing::{debug, warn};
 
 /// How many finished action ids are remembered to recognise a redelivered dispatch.
@@ -206,6 +206,12 @@ impl Worker {
             // Under the same lock as the verdict: a heartbeat that reports this sequence
             // lists the action too if it runs.
             st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(delivery.stream_seq());
+            // An exec's cores are promised at admission, in intake order, as the scheduler
+            // booked them; its task takes them when it starts.
+            if verdict == Verdict::Run && dispatch.action.kind() == ActionKind::SandboxExec {
+                st.reserved
+                    .insert(dispatch.action.id.clone(), dispatch.grant.cores.max(1));
+            }
             (verdict, era)
         };
         let id = &dispatch.action.id;

@@ -176,6 +176,7 @@ impl Worker {
                 .as_ref()
                 .map_or(d.grant.cores, |r| r.grant.cores)
                 .max(1) as usize;
+            st.reserved.remove(id);
             let cores = st.cores.take(n);
             if let Some(c) = &cores {
                 st.execs.insert(
@@ -184,6 +185,7 @@ impl Worker {
                         attempt: d.attempt,
                         cores: c.clone(),
                         sandbox: s.clone(),
+                        epoch: early.as_ref().map_or(d.epoch, |r| r.epoch),
                         seq: early.map_or(0, |r| r.seq),
                         gate: gate.clone(),
                     },

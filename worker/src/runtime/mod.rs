@@ -54,6 +54,10 @@ pub(crate) struct State {
     pub(crate) execs: HashMap<tangram_shared::ActionId, resize::Sizing>,
     /// Re-sizes for admitted execs not yet holding cores.
     pub(crate) early: HashMap<tangram_shared::ActionId, tangram_shared::Regrant>,
+    /// Cores promised to admitted execs that have not taken them yet (their task waits for
+    /// its sandbox or has not run): a widening read meanwhile must leave them free, as the
+    /// scheduler booked them in the same order.
+    pub(crate) reserved: HashMap<tangram_shared::ActionId, u32>,
 }
 
 /// One worker: its configuration, its seams, its state.
@@ -99,6 +103,7 @@ impl Worker {
                 admissions: Admissions::default(),
                 execs: HashMap::new(),
                 early: HashMap::new(),
+                reserved: HashMap::new(),
             }),
             config,
             sandboxes,
@@ -460,10 +465,9 @@ impl Worker {
         if let Err(e) = delivery.ack().await {
             warn!(error = %e, "acking a dispatch");
         }
-        self.state
-            .lock()
-            .expect("state lock")
-            .admissions
-            .settle(&dispatch.action.id, stored);
+        let mut st = self.state.lock().expect("state lock");
+        // An exec that ended before taking its cores (no sandbox, stopped) promises none.
+        st.reserved.remove(&dispatch.action.id);
+        st.admissions.settle(&dispatch.action.id, stored);
     }
 }

@@ -2,7 +2,8 @@
 //! dispatch subject widens or narrows an exec's cores while it runs.
 //!
 //! The core accounting changes at once, in intake order: a narrowing gives its cores back
-//! before the next dispatch (which may need them) is admitted, a widening takes what is free.
+//! before the next dispatch (which may need them) is admitted, a widening takes what is free
+//! and not promised to an admitted exec that has not started (`State::reserved`).
 //! The cgroup write follows under the exec's gate (which its start and its parking hold
 //! too), writing the exec's latest cores, and never after the exec has ended.
 
@@ -27,7 +28,8 @@ pub(crate) struct Sizing {
     pub(crate) cores: Vec<u32>,
     /// The sandbox it runs in.
     pub(crate) sandbox: Arc<Sandbox>,
-    /// The newest re-size applied.
+    /// The newest re-size applied: its epoch and sequence (a new leader numbers afresh).
+    pub(crate) epoch: u64,
     pub(crate) seq: u64,
     /// Held while its cgroup is written (and while it is parked at the end).
     pub(crate) gate: Arc<tokio::sync::Mutex<()>>,
@@ -69,23 +71,29 @@ impl Worker {
                 let keep = st
                     .early
                     .get(&r.id)
-                    .is_none_or(|e| e.attempt != r.attempt || e.seq < r.seq);
+                    .is_none_or(|e| e.attempt != r.attempt || (e.epoch, e.seq) < (r.epoch, r.seq));
                 if keep {
                     st.early.insert(r.id.clone(), r.clone());
+                    if let Some(n) = st.reserved.get_mut(&r.id) {
+                        *n = want as u32;
+                    }
                 }
             }
             return None;
         };
-        if s.attempt != r.attempt || r.seq <= s.seq {
+        if s.attempt != r.attempt || (r.epoch, r.seq) <= (s.epoch, s.seq) {
             return None;
         }
-        s.seq = r.seq;
+        (s.epoch, s.seq) = (r.epoch, r.seq);
         let have = s.cores.len();
         if want < have {
             let back = s.cores.split_off(want);
             st.cores.give_back(&back);
         } else if want > have {
-            let more = (want - have).min(st.cores.free());
+            // Never the cores promised to an admitted exec that has not taken them yet.
+            let promised: u32 = st.reserved.values().sum();
+            let spare = st.cores.free().saturating_sub(promised as usize);
+            let more = (want - have).min(spare);
             if let Some(extra) = st.cores.take(more) {
                 s.cores.extend(extra);
                 s.cores.sort_unstable();

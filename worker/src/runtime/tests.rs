@@ -469,6 +469,51 @@ async fn cores_are_granted_at_most_once_and_come_back() {
     h.stop().await;
 }
 
+/// Regression: under `tangram-v2` a widening read from the dispatch subject took the free
+/// core the scheduler had booked for an exec admitted just before it, whose task had not
+/// taken its cores yet; that exec failed `infra_error: grant` ("1 cores are not free").
+/// Admission now promises an exec its cores, and a widening leaves promised cores alone.
+#[tokio::test(start_paused = true)]
+async fn a_widening_read_before_an_admitted_exec_starts_leaves_that_exec_its_cores() {
+    let h = Harness::start(); // two cores
+    h.run(&open("o1", "t1")).await;
+    h.run(&open("o2", "t2")).await;
+    h.deliver("long", &exec("long", "t1", &["sleep", "10"], 1), false)
+        .await;
+    h.until_running(1).await;
+    // Back to back, before the serve loop runs again: an exec for the free core, then a
+    // re-size of the running one to both cores.
+    h.deliver("next", &exec("next", "t2", &["true"], 1), false)
+        .await;
+    let widen = tangram_shared::Regrant {
+        epoch: 1,
+        id: ActionId::new("long").unwrap(),
+        attempt: 1,
+        grant: Grant {
+            cores: 2,
+            mem_mb: 256,
+        },
+        seq: 1,
+    };
+    h.intake
+        .send(Box::new(FakeDelivery {
+            tag: "widen".into(),
+            subject: "tangram.v1.dispatch.w.long.regrant".into(),
+            payload: codec::encode(&widen, Encoding::Msgpack).unwrap(),
+            redelivered: false,
+            acks: h.acks.clone(),
+        }))
+        .await
+        .unwrap_or_else(|_| panic!("intake closed"));
+    let next = h.results.wait("next").await;
+    assert_eq!(completed(&next), 0, "{next:?}");
+    assert_eq!(h.acks_of("widen"), [Ack::Done], "the re-size is acked");
+    let long = h.results.wait("long").await;
+    assert_eq!(completed(&long), 0);
+    assert!(h.worker.state.lock().unwrap().reserved.is_empty());
+    h.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_intake_lets_short_actions_finish_and_kills_the_rest_at_the_deadline() {
     let h = Harness::start(); // grace 5 s

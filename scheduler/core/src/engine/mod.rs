@@ -179,6 +179,8 @@ pub struct Engine {
     pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
     /// Malleable policies: how far each elastic exec has got (see [`resize`]).
     pub(crate) progress: HashMap<ActionId, resize::Progress>,
+    /// The last re-size's sequence: one more for each, so two in one millisecond are ordered.
+    pub(crate) regrant_seq: u64,
     /// Malleable policies: workers where something started, ended or was stored since the
     /// last re-size (only those are re-sized).
     pub(crate) touched: std::collections::BTreeSet<WorkerId>,
@@ -232,6 +234,7 @@ impl Engine {
             adopting: Default::default(),
             task_opens: HashMap::new(),
             progress: HashMap::new(),
+            regrant_seq: 0,
             touched: Default::default(),
         }
     }

@@ -343,16 +343,19 @@ impl Engine {
         });
         match pending {
             Some(d) => d.grant = grant,
-            None => self.out.push(Effect::Regrant {
-                worker: worker.clone(),
-                regrant: tangram_shared::Regrant {
-                    epoch: self.config.epoch,
-                    id: s.id.clone(),
-                    attempt,
-                    grant,
-                    seq: now.ms,
-                },
-            }),
+            None => {
+                self.regrant_seq += 1;
+                self.out.push(Effect::Regrant {
+                    worker: worker.clone(),
+                    regrant: tangram_shared::Regrant {
+                        epoch: self.config.epoch,
+                        id: s.id.clone(),
+                        attempt,
+                        grant,
+                        seq: self.regrant_seq,
+                    },
+                });
+            }
         }
     }
 }

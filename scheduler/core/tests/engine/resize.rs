@@ -109,3 +109,32 @@ fn a_dispatch_not_yet_stored_is_not_resized() {
         .expect("once a is stored, it is narrowed for b");
     assert_eq!(regrants(&fx)[0].1 + b.grant.cores, 8);
 }
+
+/// Regression: a re-size's sequence was the engine's clock in milliseconds, so a narrowing
+/// and a widening of one exec in the same millisecond carried the same number and the worker
+/// ignored the second; had the second been the narrowing, the worker would have kept cores
+/// the engine had given to another exec. Every re-size now has a sequence of its own.
+#[test]
+fn two_resizes_of_one_exec_in_one_millisecond_are_ordered() {
+    let mut h = harness("tangram-v2");
+    let (_, a) = dispatched(&arrive_parallel(&mut h, "a", "t1"))
+        .pop()
+        .expect("a launched");
+    h.stored(&a);
+    h.now += 100;
+    let fx = arrive_parallel(&mut h, "b", "t2");
+    let (_, b) = dispatched(&fx).pop().expect("b launched");
+    h.stored(&b);
+    // b ends in the same millisecond: a is widened again.
+    let fx2 = h.complete(&b, "w0");
+    let seqs: Vec<u64> = fx
+        .iter()
+        .chain(&fx2)
+        .filter_map(|e| match e {
+            Effect::Regrant { regrant, .. } if regrant.id == id("a") => Some(regrant.seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seqs.len(), 2, "{fx:?} {fx2:?}");
+    assert!(seqs[0] < seqs[1], "{seqs:?}");
+}
