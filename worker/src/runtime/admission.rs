@@ -77,8 +77,11 @@ pub(crate) struct Admissions {
 }
 
 impl Admissions {
-    /// Decides, and on [`Verdict::Run`] counts the action as running.
-    pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool) -> Verdict {
+    /// Decides, and on [`Verdict::Run`] counts the action as running. `here`: the dispatch
+    /// is addressed to this instance, so no earlier instance can have had it; a redelivery
+    /// of one this instance never saw was lost in transit (a NATS node died carrying it)
+    /// and runs now.
+    pub(crate) fn admit(&mut self, d: &Dispatch, redelivered: bool, here: bool) -> Verdict {
         let id = &d.action.id;
         if let Some(instance) = d.instance.as_ref().filter(|i| self.fenced.contains(*i)) {
             Verdict::FencedInstance {
@@ -98,7 +101,7 @@ impl Admissions {
             Verdict::AlreadyRunning
         } else if self.recent_set.contains(id) {
             Verdict::AlreadyFinished
-        } else if redelivered {
+        } else if redelivered && !here {
             Verdict::LostByEarlierInstance
         } else {
             self.known_epoch = self.known_epoch.max(d.epoch);
@@ -202,7 +205,11 @@ impl Worker {
             let mut st = self.state.lock().expect("state lock");
             // Read under the lock a fence takes, so an action is of exactly one instance.
             let era = self.era.load(std::sync::atomic::Ordering::SeqCst);
-            let verdict = st.admissions.admit(&dispatch, delivery.redelivered());
+            let here = dispatch
+                .instance
+                .as_ref()
+                .is_some_and(|i| *i == *self.instance.lock().expect("instance lock"));
+            let verdict = st.admissions.admit(&dispatch, delivery.redelivered(), here);
             // Under the same lock as the verdict: a heartbeat that reports this sequence
             // lists the action too if it runs.
             st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(delivery.stream_seq());

@@ -322,22 +322,27 @@ fn admission_verdicts() {
         d.epoch = epoch;
         d
     };
-    assert_eq!(a.admit(&d("a", 2), false), Verdict::Run);
-    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyRunning);
+    assert_eq!(a.admit(&d("a", 2), false, false), Verdict::Run);
+    assert_eq!(a.admit(&d("a", 2), true, true), Verdict::AlreadyRunning);
     assert_eq!(
-        a.admit(&d("b", 1), false),
+        a.admit(&d("b", 1), false, false),
         Verdict::StaleEpoch {
             epoch: 1,
             newest: 2
         }
     );
     a.settle(&ActionId::new("a").unwrap(), true);
-    assert_eq!(a.admit(&d("a", 2), true), Verdict::AlreadyFinished);
-    assert_eq!(a.admit(&d("c", 2), true), Verdict::LostByEarlierInstance);
+    assert_eq!(a.admit(&d("a", 2), true, true), Verdict::AlreadyFinished);
+    assert_eq!(
+        a.admit(&d("c", 2), true, false),
+        Verdict::LostByEarlierInstance
+    );
+    // Addressed to this instance and never seen here: lost in transit, it runs.
+    assert_eq!(a.admit(&d("d", 2), true, true), Verdict::Run);
     // A newer scheduler moves the floor up.
-    assert_eq!(a.admit(&d("e", 3), false), Verdict::Run);
+    assert_eq!(a.admit(&d("e", 3), false, false), Verdict::Run);
     assert!(matches!(
-        a.admit(&d("f", 2), false),
+        a.admit(&d("f", 2), false, false),
         Verdict::StaleEpoch { .. }
     ));
 }
@@ -428,6 +433,29 @@ async fn a_redelivered_dispatch_runs_once_and_one_lost_by_an_earlier_instance_is
         .filter(|(t, a)| t == "long#1" && *a == Ack::Progress)
         .count();
     assert_eq!(progress, 3);
+    h.stop().await;
+}
+
+/// Regression: a NATS node died carrying a dispatch to this worker; JetStream delivered it
+/// again after its ack wait, and the worker, seeing a redelivery it did not know, reported it
+/// lost by an earlier instance although none had had it (`nats_cluster` in CI). A redelivery
+/// addressed to the current instance and never seen here runs.
+#[tokio::test(start_paused = true)]
+async fn a_redelivery_of_a_dispatch_lost_in_transit_runs_when_addressed_to_this_instance() {
+    let h = Harness::start();
+    h.run(&open("o1", "t1")).await;
+    let mut here = exec("here", "t1", &["true"], 1);
+    here.instance = Some(h.worker.instance());
+    h.deliver("here", &here, true).await;
+    assert_eq!(completed(&h.results.wait("here").await), 0);
+    // One addressed to another instance of this worker may have run there: reported lost.
+    let mut there = exec("there", "t1", &["true"], 1);
+    there.instance = Some("an-earlier-instance".into());
+    h.deliver("there", &there, true).await;
+    assert_eq!(
+        infra_code(&h.results.wait("there").await),
+        InfraCode::WorkerLost
+    );
     h.stop().await;
 }
 
