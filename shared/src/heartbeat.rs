@@ -60,6 +60,25 @@ pub struct Heartbeat {
     /// External API providers the worker can call (never their credentials).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub providers: Vec<ProviderReport>,
+    /// The worker's warm pool of sandboxes, when it keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmPoolReport>,
+}
+
+/// A worker's warm pool: sandboxes created and parked ahead of the opens that claim them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct WarmPoolReport {
+    /// Warm sandboxes ready to claim.
+    pub ready: u32,
+    /// The size the pool is filling to (from the observed open rate).
+    pub target: u32,
+    /// Opens served from the pool since the worker started.
+    pub hits: u64,
+    /// Opens the pool could have served that found it empty.
+    pub misses: u64,
+    /// Memory the ready sandboxes may use (their limits, summed), MiB.
+    pub mem_mb: u64,
 }
 
 /// An external API provider as the scheduler needs to know it: its quota and what may be

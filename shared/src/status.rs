@@ -95,6 +95,9 @@ pub struct WorkerStatus {
     /// Sandboxes open (or opening, or closing) there.
     #[serde(default)]
     pub sandboxes: u32,
+    /// Its warm pool of parked sandboxes, when it keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::WarmPoolReport>,
 }
 
 /// One GPU service.

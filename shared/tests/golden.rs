@@ -228,6 +228,7 @@ fn dispatch_and_heartbeat() {
                 allow_headers: vec!["accept".into()],
                 slow_ms: Some(2000),
             }],
+            warm: None,
         },
     );
     golden(
@@ -251,6 +252,7 @@ fn dispatch_and_heartbeat() {
             gpus: None,
             services: vec![],
             providers: vec![],
+            warm: None,
         },
     );
 }

@@ -275,6 +275,7 @@ fn dispatches_heartbeats_status_and_kv_records_are_valid() {
         gpus: None,
         services: vec![],
         providers: vec![],
+        warm: None,
     };
     let status = Status {
         epoch: 2,

@@ -480,7 +480,9 @@ mod tests {
         .unwrap();
         std::env::set_var(format!("{ENV_PREFIX}METRICS_ADDR"), "127.0.0.1:2");
         std::env::set_var(format!("{ENV_PREFIX}NATS__NKEY_FILE"), "/x/seed.nk");
+        std::env::set_var(format!("{ENV_PREFIX}SANDBOX__WARM_POOL"), "6");
         let raw = load_layered(Some(&file)).unwrap();
+        assert_eq!(raw.sandbox.as_ref().and_then(|s| s.warm_pool), Some(6));
         assert_eq!(raw.nats_url.as_deref(), Some("nats://file:1"));
         assert_eq!(raw.metrics_addr.as_deref(), Some("127.0.0.1:2"));
         let shown = effective(&raw);
@@ -568,6 +570,14 @@ mod tests {
             (Conflict, Some("gpu"))
         );
         assert_eq!(fault("sandbox_runtime = \"podman\""), (Parse, None));
+        assert_eq!(
+            fault("[sandbox]\nwarm_pool = 2\nwarm_pool_min = 3"),
+            (Invalid, Some("sandbox.warm_pool_min"))
+        );
+        assert_eq!(
+            fault("[sandbox]\nwarm_pool = 100000"),
+            (Invalid, Some("sandbox.warm_pool"))
+        );
         let c = parse("id = \"w7\"\ncores = \"0-1\"\ngrant_mode = \"docker\"").unwrap();
         assert_eq!(
             (c.cores, c.grant_mode, c.parking_cores.as_str()),

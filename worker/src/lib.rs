@@ -24,6 +24,7 @@ pub mod providers;
 mod runtime;
 pub mod sandbox;
 pub mod services;
+pub mod warm;
 
 pub use config::Config;
 pub use runtime::run;

@@ -20,6 +20,9 @@ pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
 pub const FENCED: &str = "tangram_worker_fenced_total";
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
 pub const REGRANTS: &str = "tangram_worker_regrants_total";
+pub const WARM_CLAIMS: &str = "tangram_worker_warm_pool_claims_total";
+pub const WARM_READY: &str = "tangram_worker_warm_pool_ready";
+pub const WARM_MEMORY: &str = "tangram_worker_warm_pool_memory_bytes";
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
 pub const REPLICAS_CRASHED: &str = "tangram_worker_replicas_crashed_total";
 pub const EVICTIONS: &str = "tangram_worker_evictions_total";
@@ -65,6 +68,9 @@ pub const DEFS: &[MetricDef] = &[
     def(FENCED, C, &[], N, "Times this worker found itself fenced and rejoined as a new instance."),
     def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
     def(REGRANTS, C, &["direction"], N, "Running execs re-sized by a malleable policy (tangram-v2), by direction (widen, narrow)."),
+    def(WARM_CLAIMS, C, &["result"], N, "Opens the warm pool could serve, by result (hit: a parked sandbox was claimed; miss: the pool was empty and one was created)."),
+    def(WARM_READY, G, &[], N, "Warm sandboxes ready to claim."),
+    def(WARM_MEMORY, G, &[], B, "Memory the warm sandboxes may use (their limits, summed)."),
     def(REPLICAS_STARTED, C, &["service"], N, "Replica processes started, by service."),
     def(REPLICAS_CRASHED, C, &["service"], N, "Replica processes found dead, by service."),
     def(EVICTIONS, C, &["service"], N, "Replicas put to sleep to make room, by service."),

@@ -178,6 +178,17 @@ pub trait SandboxRuntime: Send + Sync + std::fmt::Debug {
 
     /// Removes the sandbox; one already gone is not an error.
     fn remove<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, Result<(), SandboxError>>;
+
+    /// The warm pool in front of this runtime, if there is one ([`crate::warm::WarmPool`]).
+    fn warm(&self) -> Option<tangram_shared::WarmPoolReport> {
+        None
+    }
+
+    /// The worker is stopping: whatever the runtime keeps beyond the sandboxes it handed out
+    /// (a warm pool's parked ones) goes.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Sandboxes that exist only in memory; commands never run.

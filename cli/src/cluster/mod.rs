@@ -39,6 +39,10 @@ pub struct UpArgs {
     /// CPU workers (each grants all of this machine's cores; on a small machine they share them).
     #[arg(long, env = "TANGRAM_UP_WORKERS", default_value_t = 2)]
     pub workers: u32,
+    /// Warm sandboxes each CPU worker keeps at most, created and parked ahead of the opens
+    /// that claim them (half of it at least, whatever the open rate); 0 keeps none.
+    #[arg(long, env = "TANGRAM_UP_WARM_POOL", default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub warm_pool: u32,
     /// Memory each CPU worker reserves for sandboxes, MiB.
     #[arg(long, env = "TANGRAM_UP_WORKER_MEM_MB", default_value_t = 4096)]
     pub worker_mem_mb: u64,
@@ -329,6 +333,11 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                         .env("TANGRAM_NATS_URL", &url)
                         .envs(seed(&format!("worker-{id}")))
                         .args(metrics_addr(&id)?)
+                        .env("TANGRAM_WORKER_SANDBOX__WARM_POOL", a.warm_pool.to_string())
+                        .env(
+                            "TANGRAM_WORKER_SANDBOX__WARM_POOL_MIN",
+                            (a.warm_pool / 2).to_string(),
+                        )
                         .args([
                             "--id",
                             &id,
@@ -458,7 +467,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     // Wait until the scheduler answers and knows every worker.
     let deadline = Instant::now() + Duration::from_secs(a.wait_s);
     let spinner = crate::progress::Spinner::start(format!(
-        "waiting for the scheduler and {} workers to report",
+        "waiting for the scheduler and {} workers (with their warm sandboxes) to report",
         workers.len()
     ));
     loop {
@@ -477,7 +486,13 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                     .count() as u64,
                 workers.len() as u64,
             );
-            if workers.iter().all(|w| seen.contains(&w.as_str())) {
+            // A CPU worker's warm pool holds its floor before the first open comes.
+            let warm_min = a.warm_pool / 2;
+            let filled = st
+                .workers
+                .iter()
+                .all(|w| !workers.contains(&w.id) || w.warm.is_none_or(|p| p.ready >= warm_min));
+            if workers.iter().all(|w| seen.contains(&w.as_str())) && filled {
                 drop(spinner);
                 println!("tangram is up: {url} (state, logs: {})", state.display());
                 println!(
@@ -708,6 +723,29 @@ pub fn status(
             w.last_seen_s,
             worker_state(w)
         );
+    }
+    let pools: Vec<_> = st
+        .workers
+        .iter()
+        .filter_map(|w| w.warm.map(|p| (w.id.as_str(), p)))
+        .collect();
+    if !pools.is_empty() {
+        println!(
+            "\n{:<10} {:>13} {:>6} {:>7} {:>9} {:>12}",
+            "warm pool", "ready/target", "hits", "misses", "hit rate", "memory (MiB)"
+        );
+        for (id, p) in pools {
+            let claims = p.hits + p.misses;
+            let rate = if claims == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.0}%", 100.0 * p.hits as f64 / claims as f64)
+            };
+            println!(
+                "{:<10} {:>6} / {:<4} {:>6} {:>7} {:>9} {:>12}",
+                id, p.ready, p.target, p.hits, p.misses, rate, p.mem_mb
+            );
+        }
     }
     let fmt = |m: &BTreeMap<String, usize>| {
         if m.is_empty() {

@@ -67,6 +67,7 @@ impl Bench {
             gpus: None,
             services: vec![],
             providers: vec![],
+            warm: None,
         };
         let at = self.at();
         self.engine.handle(Event::Heartbeat(Box::new(hb)), at);

@@ -34,6 +34,11 @@ pub struct RawSandbox {
     pub runtime: Option<String>,
     /// Runtimes an operator may name in `runtime`. Defaults to [`DEFAULT_RUNTIMES`].
     pub allowed_runtimes: Option<Vec<String>>,
+    /// Warm sandboxes kept at most (created and parked ahead of opens); 0, the default,
+    /// keeps none.
+    pub warm_pool: Option<usize>,
+    /// Warm sandboxes kept at least, whatever the open rate (at most `warm_pool`).
+    pub warm_pool_min: Option<usize>,
 }
 
 /// Validated sandbox settings.
@@ -58,7 +63,13 @@ pub struct SandboxConfig {
     /// sharing a Docker daemon and a worker id (two `tangram up`s on one host) do not remove
     /// each other's live sandboxes. Set by the worker's config, not read from the file.
     pub cluster: String,
+    /// Warm pool size, at most and at least (0 and 0: no pool).
+    pub warm_max: usize,
+    pub warm_min: usize,
 }
+
+/// The largest warm pool a worker may keep.
+pub const MAX_WARM: usize = 256;
 
 /// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
 pub const DEFAULT_IMAGE: &str = "tangram/sandbox:py3-v1";
@@ -153,7 +164,17 @@ pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigE
             );
         }
     }
+    let warm_max = raw.warm_pool.unwrap_or(0);
+    if warm_max > MAX_WARM {
+        return invalid("sandbox.warm_pool", format!("must be at most {MAX_WARM}"));
+    }
+    let warm_min = raw.warm_pool_min.unwrap_or(0);
+    if warm_min > warm_max {
+        return invalid("sandbox.warm_pool_min", "must be at most warm_pool");
+    }
     Ok(SandboxConfig {
+        warm_max,
+        warm_min,
         image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
         user,
         pids_limit,

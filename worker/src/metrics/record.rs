@@ -32,6 +32,13 @@ pub(crate) fn fenced_result() {
 pub(crate) fn regrant(direction: &'static str) {
     counter!(REGRANTS, "direction" => direction).increment(1);
 }
+pub(crate) fn warm_claim(hit: bool) {
+    counter!(WARM_CLAIMS, "result" => if hit { "hit" } else { "miss" }).increment(1);
+}
+pub(crate) fn warm_pool(ready: u32, mem_mb: u64) {
+    gauge!(WARM_READY).set(ready as f64);
+    gauge!(WARM_MEMORY).set((mem_mb << 20) as f64);
+}
 pub(crate) fn refused(reason: &'static str) {
     counter!(REFUSED, "reason" => reason).increment(1);
 }

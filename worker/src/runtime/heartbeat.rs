@@ -113,6 +113,7 @@ pub(super) async fn send_heartbeat(
                 .as_ref()
                 .map(|p| p.report())
                 .unwrap_or_default(),
+            warm: worker.sandboxes.as_ref().and_then(|s| s.warm()),
         }
     };
     match codec::encode(&hb, Encoding::Msgpack) {

@@ -23,6 +23,7 @@ use crate::metrics as m;
 use crate::providers::{ApiCaller, Providers};
 use crate::sandbox::{InMemorySandboxes, RuntimeKind, SandboxError, SandboxKey, SandboxRuntime};
 use crate::services::{ReplicaDriver, Services};
+use crate::warm::WarmPool;
 use admission::Admissions;
 use anyhow::Context as _;
 use execute::Sandbox;
@@ -164,7 +165,11 @@ pub(crate) fn reason(e: &dyn std::error::Error) -> String {
     out
 }
 
-async fn sandbox_runtime(config: &Config) -> anyhow::Result<Arc<dyn SandboxRuntime>> {
+/// The sandbox runtime, behind a warm pool when the config asks for one (the pool's
+/// filling loop is the caller's to run).
+async fn sandbox_runtime(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn SandboxRuntime>, Option<Arc<WarmPool>>)> {
     let runtime: Arc<dyn SandboxRuntime> = match config.sandbox_runtime {
         RuntimeKind::Docker => Arc::new(
             DockerRuntime::connect(
@@ -197,15 +202,32 @@ async fn sandbox_runtime(config: &Config) -> anyhow::Result<Arc<dyn SandboxRunti
             "removed leftover sandboxes of an earlier run"
         );
     }
-    Ok(runtime)
+    let sandbox = &config.sandbox;
+    if sandbox.warm_max == 0 {
+        return Ok((runtime, None));
+    }
+    info!(
+        min = sandbox.warm_min,
+        max = sandbox.warm_max,
+        "keeping a warm pool of sandboxes"
+    );
+    let pool = Arc::new(WarmPool::new(
+        runtime,
+        &sandbox.image,
+        &config.parking_cores,
+        sandbox.warm_min,
+        sandbox.warm_max,
+    ));
+    Ok((pool.clone(), Some(pool)))
 }
 
 /// Runs the worker until `shutdown` is cancelled, then drains within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let sandboxes = if config.sandboxes {
-        Some(sandbox_runtime(&config).await?)
+    let (sandboxes, warm) = if config.sandboxes {
+        let (rt, warm) = sandbox_runtime(&config).await?;
+        (Some(rt), warm)
     } else {
-        None
+        (None, None)
     };
     let inventory = crate::gpu::discover(&NvmlDiscovery, config.nvml, &config.gpu_groups)?;
     m::gpu_inventory(inventory.as_ref());
@@ -272,6 +294,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         fence::watch(worker.clone(), background_stop.clone())
             .instrument(tracing::info_span!("fence")),
     );
+    if let Some(pool) = warm {
+        background.spawn(
+            pool.run(background_stop.clone())
+                .instrument(tracing::info_span!("warm_pool")),
+        );
+    }
     if let Some(sampler) = sampler {
         background.spawn(
             heartbeat::gpu_samples(sampler, worker.config.heartbeat, background_stop.clone())
@@ -402,6 +430,9 @@ where
         }
     }
     worker.close_all_sandboxes("stopping").await;
+    if let Some(rt) = &worker.sandboxes {
+        rt.shutdown().await;
+    }
     if let Some(svc) = &worker.services {
         svc.stop_all(KILL_WAIT).await;
     }

@@ -66,6 +66,7 @@ impl Engine {
                     .values()
                     .filter(|s| &s.worker == id && s.state != super::lifecycle::SandboxState::Lost)
                     .count() as u32,
+                warm: w.hb.warm,
             });
         }
         for e in self.actions.values() {

@@ -281,6 +281,7 @@ impl Driver<'_> {
             gpus: None,
             services: vec![],
             providers: vec![],
+            warm: None,
         };
         let mut out = Vec::new();
         for (i, &cores) in self.w.nodes.iter().enumerate() {

@@ -107,6 +107,7 @@ impl Harness {
             gpus: None,
             services: vec![],
             providers: vec![],
+            warm: None,
         }
     }
 

@@ -451,6 +451,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
             replicas: vec![],
         }],
         providers: vec![],
+        warm: None,
     }
 }
 
