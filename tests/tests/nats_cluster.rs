@@ -211,11 +211,22 @@ async fn run(logs: &std::path::Path) -> anyhow::Result<()> {
         assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     }
     // Exactly one result stored per action: the stream's count by subject (asked again
-    // while the cluster settles on new stream leaders).
+    // while the cluster settles on new stream leaders, and until every action's result is
+    // counted: a subscriber sees a result as it is published, before its store completes,
+    // and the last one came only with a redelivery).
     let deadline = tokio::time::Instant::now() + T;
     let counts = loop {
+        let missing = |c: &std::collections::HashMap<String, usize>| {
+            ids.iter()
+                .filter(|id| !c.contains_key(&format!("tangram.v1.result.r3.{id}")))
+                .count()
+        };
         match result_counts(&c.js).await {
-            Ok(c) => break c,
+            Ok(c) if missing(&c) == 0 || tokio::time::Instant::now() >= deadline => break c,
+            Ok(c) => {
+                eprintln!("{} results not counted yet; again", missing(&c));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 eprintln!("counting results: {e}; again");
                 tokio::time::sleep(Duration::from_millis(500)).await;

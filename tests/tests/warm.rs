@@ -12,7 +12,10 @@ const T: Duration = Duration::from_secs(60);
 /// answering yet).
 async fn pool_of(c: &tangram_tests::Client, worker: &str) -> Option<WarmPoolReport> {
     let st = c.status().await.ok()?;
-    st.workers.iter().find(|w| w.id == worker).and_then(|w| w.warm)
+    st.workers
+        .iter()
+        .find(|w| w.id == worker)
+        .and_then(|w| w.warm)
 }
 
 /// Waits until the worker's pool reports `want(pool)`.
