@@ -283,6 +283,19 @@ impl Engine {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
                 if let Some(s) = self.sandboxes.get_mut(&key) {
                     s.state = SandboxState::Open;
+                } else if let Some((worker, booking)) = e.placed() {
+                    // An open an earlier leader dispatched and this one adopted: the sandbox
+                    // is recorded now (the worker's heartbeats list it, but adoption from them
+                    // happens only when a worker joins).
+                    self.sandboxes.insert(
+                        key,
+                        super::lifecycle::Sandbox {
+                            worker: worker.clone(),
+                            mem_mb: booking.grant.mem_mb.max(e.action.demand().mem_mb),
+                            cores: self.static_cores.unwrap_or(0),
+                            state: SandboxState::Open,
+                        },
+                    );
                 }
             }
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {

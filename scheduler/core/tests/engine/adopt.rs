@@ -118,3 +118,27 @@ fn a_fetch_that_finds_nothing_is_asked_again_later() {
     let fx = h.heartbeat("w1", 4, 4096, &["ghost"], &[]);
     assert_eq!(fetches(&fx), ["ghost"]);
 }
+
+/// Regression: two schedulers started at once (`standby::two_schedulers_started_at_once_
+/// elect_one_leader` in CI); the first leader dispatched a trajectory's open and the second,
+/// taking over, adopted it from the worker's running list. When its result came, the new
+/// leader had no record of the sandbox to mark open (and heartbeats add sandboxes only when a
+/// worker joins), so the trajectory's next exec was rejected `no_sandbox`. A completed open
+/// that was adopted now records its sandbox.
+#[test]
+fn an_adopted_open_that_completes_records_its_sandbox() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    let fx = h.heartbeat("w1", 4, 4096, &["old-open"], &[]);
+    assert_eq!(fetches(&fx), ["old-open"]);
+    let d = dispatch_of(open("old-open", "j", "t1"), 0);
+    h.step(Event::Adopt {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(d.clone()),
+    });
+    h.complete(&d, "w1");
+    h.now += 5_000; // settled in: an exec with no sandbox would be rejected
+    let (_, fx) = h.arrive(exec("next", "j", "t1", 1, 1));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    let (w, _) = dispatched(&fx).pop().expect("the exec goes to the sandbox");
+    assert_eq!(w, "w1");
+}
