@@ -131,13 +131,10 @@ async fn send_regrant(
             return None;
         }
     };
-    let mut headers = HeaderMap::new();
-    let id = format!("{}:{}:{}:regrant:{}", r.id, r.epoch, worker, r.seq);
-    headers.insert(subject::HEADER_MSG_ID, id.as_str());
-    headers.insert(
-        subject::HEADER_CONTENT_TYPE,
-        Encoding::Msgpack.content_type(),
-    );
+    let headers = msgpack_headers(&format!(
+        "{}:{}:{}:regrant:{}",
+        r.id, r.epoch, worker, r.seq
+    ));
     match js
         .publish_with_headers(subject::regrant(worker, &r.id), headers, payload.into())
         .await
@@ -161,12 +158,7 @@ async fn publish(
 ) -> Result<jetstream::context::PublishAckFuture, String> {
     let payload = codec::encode(&*out.dispatch, Encoding::Msgpack)
         .map_err(|e| format!("encoding the dispatch: {e}"))?;
-    let mut headers = HeaderMap::new();
-    headers.insert(subject::HEADER_MSG_ID, msg_id(out).as_str());
-    headers.insert(
-        subject::HEADER_CONTENT_TYPE,
-        Encoding::Msgpack.content_type(),
-    );
+    let headers = msgpack_headers(&msg_id(out));
     js.publish_with_headers(
         subject::dispatch(&out.worker, &out.dispatch.action.id),
         headers,
@@ -174,6 +166,17 @@ async fn publish(
     )
     .await
     .map_err(|e| e.to_string())
+}
+
+/// Headers of a msgpack message on the dispatch stream with its `Nats-Msg-Id`.
+fn msgpack_headers(msg_id: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(subject::HEADER_MSG_ID, msg_id);
+    headers.insert(
+        subject::HEADER_CONTENT_TYPE,
+        Encoding::Msgpack.content_type(),
+    );
+    headers
 }
 
 /// A dispatch's `Nats-Msg-Id`: the same for every attempt of one scheduler epoch to one

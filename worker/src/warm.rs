@@ -147,23 +147,22 @@ impl WarmPool {
 
     /// Where the pool stands.
     pub fn report(&self) -> PoolReport {
-        let st = self.state.lock().expect("pool lock");
+        let mut st = self.state.lock().expect("pool lock");
         PoolReport {
+            target: self.target_of(&mut st) as u32,
             ready: st.ready.len() as u32,
-            target: self.target_of(&st) as u32,
             hits: st.hits,
             misses: st.misses,
             mem_mb: st.ready.len() as u64 * self.template.memory_mb,
         }
     }
 
-    fn target_of(&self, st: &PoolState) -> usize {
+    fn target_of(&self, st: &mut PoolState) -> usize {
         if st.closed {
             return 0;
         }
-        let opens: Vec<Instant> = st.opens.iter().copied().collect();
         target(
-            &opens,
+            st.opens.make_contiguous(),
             st.create.unwrap_or(FIRST_CREATE),
             self.min,
             self.max,
@@ -188,7 +187,7 @@ impl WarmPool {
                 {
                     st.opens.pop_front();
                 }
-                let want = if pressure { 0 } else { self.target_of(&st) };
+                let want = if pressure { 0 } else { self.target_of(&mut st) };
                 let have = st.ready.len() + st.creating;
                 let grow = have < want;
                 if grow {

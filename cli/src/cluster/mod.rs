@@ -169,6 +169,8 @@ fn tail(path: &Path, lines: usize) -> String {
 
 /// `tangram up`.
 pub fn up(a: UpArgs) -> anyhow::Result<()> {
+    // Each CPU worker's warm pool floor: half its ceiling, waited for before "up".
+    let warm_min = a.warm_pool / 2;
     let state = a.state_dir.clone();
     let running_file = state.join("running.json");
     if let Ok(text) = std::fs::read_to_string(&running_file) {
@@ -336,7 +338,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                         .env("TANGRAM_WORKER_SANDBOX__WARM_POOL", a.warm_pool.to_string())
                         .env(
                             "TANGRAM_WORKER_SANDBOX__WARM_POOL_MIN",
-                            (a.warm_pool / 2).to_string(),
+                            warm_min.to_string(),
                         )
                         .args([
                             "--id",
@@ -487,7 +489,6 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                 workers.len() as u64,
             );
             // A CPU worker's warm pool holds its floor before the first open comes.
-            let warm_min = a.warm_pool / 2;
             let filled = st
                 .workers
                 .iter()
