@@ -6,7 +6,9 @@ use anyhow::{bail, Context as _};
 use serde_json::json;
 use tangram_core::sim::{SimReport, Summary};
 use tangram_core::sim_api::{simulate_api, DeepSearch, QuotaMode};
-use tangram_core::sim_gpu::{simulate_gpu, GpuMode, GpuStats, GpuWorkload, Mopd};
+use tangram_core::sim_gpu::{
+    simulate_gpu, simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd,
+};
 
 /// Within this share of static's mean ACT counts as matching it.
 const MATCH_TOLERANCE: f64 = 0.10;
@@ -48,8 +50,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         .filter(|s| !s.is_empty())
     {
         let mode = match name {
-            // tangram-v2 differs from tangram only in how it sizes sandbox commands, which
-            // this workload has none of: the same GPU side.
+            // tangram-v2 also re-balances replicas between services (`Eoe::rebalance`).
             "tangram" | "tangram-v2" => GpuMode::Pooled { gpus: args.gpus },
             "static" => GpuMode::Static { gpus_per_service: per_service },
             other => crate::usage!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
@@ -58,7 +59,12 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
             GpuMode::Static { .. } => format!("{name}@{static_total}gpu"),
         };
-        runs.push(simulate_gpu(&w, mode, &label));
+        let pooled = if name == "tangram-v2" {
+            name
+        } else {
+            "tangram"
+        };
+        runs.push(simulate_gpu_with(&w, mode, pooled, &label));
     }
     if runs.is_empty() {
         crate::usage!("--policies is empty");

@@ -2,6 +2,7 @@
 //! simulate policies, benchmark the scheduling core and the action path.
 
 mod bench;
+mod calibrate;
 mod check_config;
 mod cluster;
 mod cordon;
@@ -107,6 +108,9 @@ pub(crate) enum Command {
     },
     /// Run scheduling policies side by side on one workload, on a virtual clock.
     Simulate(SimulateArgs),
+    /// Sweep the settings the paper leaves open and map where our baselines reach its
+    /// figures (docs/CALIBRATION.md): tables, heat-map SVGs, `--json`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Print a shell completion script: `tangram completions bash > /etc/bash_completion.d/tangram`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -160,10 +164,13 @@ pub(crate) struct SimulateArgs {
     /// baseline keeps 4 per service.
     #[arg(long, default_value_t = 10)]
     pub(crate) gpus: u32,
-    /// Cores each trajectory's sandbox holds under the `static` baseline (the paper's 4; a
+    /// Cores each trajectory's sandbox holds under the `static` and `k8s` baselines (the paper's 4; a
     /// replayed trace of a small cluster wants what `tangram up --static-cores` gave).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) static_cores: u32,
+    /// Median pod start of the `k8s` baseline, seconds (default: 1.6, docs/CALIBRATION.md).
+    #[arg(long, default_value_t = tangram_core::policies::K8s::START_MS / 1e3)]
+    pub(crate) pod_start_s: f64,
     /// GPU workloads: also run `tangram` at every pool size from 1 GPU up to the static
     /// baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
     #[arg(long)]
@@ -269,6 +276,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::inspect(a),
         Command::Replay { what } => replay::replay(what),
         Command::Simulate(args) => simulate(args),
+        Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Bench {
             what: BenchWhat::Scheduler { json, iterations },
         } => bench::scheduler(json, iterations),
@@ -403,9 +411,20 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             }));
             continue;
         }
+        if *n == "k8s" {
+            policies.push(Box::new(tangram_core::policies::K8s {
+                cores: args.static_cores,
+                start_ms: args.pod_start_s * 1e3,
+            }));
+            continue;
+        }
         match tangram_core::by_name(n) {
             Some(p) => policies.push(p),
-            None => crate::usage!("unknown policy {n:?}; available: {}", NAMES.join(", ")),
+            None => crate::usage!(
+                "unknown policy {n:?}; available: {}, {}",
+                NAMES.join(", "),
+                tangram_core::policies::SIM_ONLY.join(", ")
+            ),
         }
     }
     if policies.is_empty() {

@@ -278,6 +278,12 @@ impl RawConfig {
             return Err(invalid("worker_missed_heartbeats", "must be at least 1"));
         }
         let policy = self.policy.unwrap_or_else(|| DEFAULT_POLICY.into());
+        if tangram_core::policies::SIM_ONLY.contains(&policy.as_str()) {
+            return Err(invalid(
+                "policy",
+                format!("{policy:?} is a simulator baseline (it models a pod's start); the live per-trajectory baseline is \"static\""),
+            ));
+        }
         if tangram_core::by_name(&policy).is_none() {
             return Err(invalid(
                 "policy",

@@ -243,6 +243,10 @@ pub struct Eoe {
     /// (`backlog` in [`Eoe::route_with_backlog`]) and the victim has been idle at least as
     /// long as a restore of it would take.
     pub scale_out_backlog: u32,
+    /// `tangram-v2`: a service with a replica's worth of calls waiting may drain a lightly
+    /// used replica of a service with none waiting (see [`Eoe::route_planned`]), so that the
+    /// pool follows demand instead of keeping one replica per service.
+    pub rebalance: bool,
     /// Uses counted so far (see [`Replica::last_use`]).
     uses: u64,
 }
@@ -256,6 +260,7 @@ impl Eoe {
             replicas: Vec::new(),
             elastic: true,
             scale_out_backlog: 2,
+            rebalance: false,
             uses: 0,
         }
     }
@@ -476,10 +481,12 @@ impl Eoe {
         now_ms: u64,
         min_idle_ms: u64,
     ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
+        let rebalance = self.rebalance;
         self.lru_chunk(len, |r| {
             r.busy == 0
                 && r.ready_at_ms <= now_ms
-                && now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms
+                && ((rebalance && r.draining)
+                    || now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms)
         })
     }
 
@@ -543,6 +550,21 @@ impl Eoe {
         service: &str,
         now_ms: u64,
         backlog: u32,
+    ) -> Result<Route, Unrouted> {
+        self.route_planned(service, now_ms, backlog, &|_| 0)
+    }
+
+    /// [`Eoe::route_with_backlog`], told how many calls wait for every service. With
+    /// [`Eoe::rebalance`], a service whose replicas are all full with at least a replica's
+    /// slots of calls waiting, and no chunk to take, marks the least busy replica of a service
+    /// with nothing waiting draining (one at a time, only one at most a quarter full): it takes
+    /// no new calls, and once idle it is evicted for this service.
+    pub fn route_planned(
+        &mut self,
+        service: &str,
+        now_ms: u64,
+        backlog: u32,
+        waiting: &dyn Fn(&str) -> u32,
     ) -> Result<Route, Unrouted> {
         let spec = self
             .services
@@ -627,6 +649,8 @@ impl Eoe {
                     None => {
                         if !has_resident {
                             self.drain_for(spec.gpus, now_ms);
+                        } else if self.rebalance && backlog >= spec.slots {
+                            self.drain_light(&spec, now_ms, waiting);
                         }
                         return Err(Unrouted::Busy {
                             service: service.to_string(),
@@ -687,6 +711,33 @@ impl Eoe {
             evict,
             ready_at_ms,
         })
+    }
+
+    /// [`Eoe::rebalance`]: marks the least busy replica of another service, with no calls
+    /// waiting and at most a quarter of its slots busy, draining, unless one already drains.
+    fn drain_light(&mut self, spec: &ServiceSpec, now_ms: u64, waiting: &dyn Fn(&str) -> u32) {
+        if self.replicas.iter().any(|r| r.resident && r.draining) {
+            return;
+        }
+        let victim = self
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                let slots = self.services.get(&r.service).map_or(1, |s| s.slots);
+                r.resident
+                    && r.service != spec.name
+                    && r.chunk.len == spec.gpus
+                    && r.ready_at_ms <= now_ms
+                    && r.busy * 4 <= slots
+                    && waiting(&r.service) == 0
+                    && self.nodes.get(&r.node).is_some_and(|n| n.accepting)
+            })
+            .min_by_key(|(i, r)| (r.busy, r.last_used_ms, r.last_use, *i))
+            .map(|(i, _)| i);
+        if let Some(v) = victim {
+            self.replicas[v].draining = true;
+        }
     }
 
     /// A service with no resident replica found no chunk to free: unless enough chunks are
@@ -782,6 +833,45 @@ mod tests {
     }
     fn w(s: &str) -> WorkerId {
         WorkerId::new(s).unwrap()
+    }
+
+    #[test]
+    fn rebalancing_drains_a_lightly_used_replica_for_a_backlogged_service() {
+        let run = |rebalance: bool| {
+            let eight = |n: &str| ServiceSpec {
+                slots: 8,
+                ..svc(n, 1)
+            };
+            let mut e = Eoe::new([eight("a"), eight("b")]);
+            e.rebalance = rebalance;
+            e.set_node(&w("g0"), &[2], true);
+            let a = e.route("a", 0).unwrap();
+            let b = e.route("b", 0).unwrap();
+            for _ in 1..8 {
+                e.route("a", 300).unwrap();
+            }
+            let waiting = |s: &str| if s == "a" { 8 } else { 0 };
+            // a is full with a replica's worth waiting; b has one call in flight.
+            assert!(e.route_planned("a", 400, 8, &waiting).is_err());
+            assert_eq!(e.replicas()[b.replica].draining, rebalance);
+            // A draining replica takes no new calls of its own service.
+            if rebalance {
+                assert!(e.route_planned("b", 450, 1, &waiting).is_err());
+            }
+            e.finish(b.replica, 500);
+            // Idle for less than a restore: only a draining replica is given up at once.
+            let r = e.route_planned("a", 550, 8, &waiting);
+            (a, r)
+        };
+        let (a, r) = run(true);
+        let r = r.expect("b's drained GPU goes to a");
+        assert!(r.restore && r.replica != a.replica);
+        assert_eq!(r.evict.len(), 1);
+        assert_eq!(r.evict[0].service, "b");
+        assert!(
+            run(false).1.is_err(),
+            "tangram keeps one replica per service"
+        );
     }
 
     #[test]

@@ -217,6 +217,12 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn per_trajectory_cores(&self) -> Option<u32> {
         None
     }
+    /// Per-trajectory baselines that model a pod's start (`k8s`): the median time from a
+    /// sandbox's placement until it can run commands, ms. Only the simulator uses it (a live
+    /// sandbox takes what its container takes to start).
+    fn pod_start_ms(&self) -> Option<f64> {
+        None
+    }
     /// True for per-task provisioning: each job's trajectories are confined to the job's own
     /// share of the nodes.
     fn per_task_pools(&self) -> bool {

@@ -137,8 +137,18 @@ impl GpuWorkload {
 /// GPU-ms are the GPUs held by resident replicas over time, used GPU-ms the execution time
 /// each action took of its replica (its share of the replica's slots).
 pub fn simulate_gpu(w: &GpuWorkload, mode: GpuMode, name: &str) -> (SimReport, GpuStats) {
+    simulate_gpu_with(w, mode, "tangram", name)
+}
+
+/// [`simulate_gpu`] with `pooled` (`tangram` or `tangram-v2`) deciding the pooled mode.
+pub fn simulate_gpu_with(
+    w: &GpuWorkload,
+    mode: GpuMode,
+    pooled: &str,
+    name: &str,
+) -> (SimReport, GpuStats) {
     let (policy, gpus) = match mode {
-        GpuMode::Pooled { gpus } => ("tangram", w.nodes_limited(gpus)),
+        GpuMode::Pooled { gpus } => (pooled, w.nodes_limited(gpus)),
         GpuMode::Static { gpus_per_service } => (
             "static",
             w.nodes_limited(gpus_per_service * w.services.len() as u32),

@@ -172,7 +172,8 @@ impl Engine {
                 continue;
             }
             let left = backlog.get(&service).copied().unwrap_or(1);
-            match self.eoe.route_with_backlog(&service, now.ms, left) {
+            let waiting = |s: &str| backlog.get(s).copied().unwrap_or(0);
+            match self.eoe.route_planned(&service, now.ms, left, &waiting) {
                 Ok(route) => {
                     if let Some(b) = backlog.get_mut(&service) {
                         *b = b.saturating_sub(1);

@@ -203,6 +203,8 @@ impl Engine {
     /// An engine running `policy` (its name in `config` is then only informative).
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
         let static_cores = policy.per_trajectory_cores();
+        let mut eoe = crate::gpu::Eoe::new(Vec::new());
+        eoe.rebalance = policy.malleable();
         Self {
             config,
             policy,
@@ -216,7 +218,7 @@ impl Engine {
             settled: VecDeque::new(),
             settled_set: Default::default(),
             sandboxes: HashMap::new(),
-            eoe: crate::gpu::Eoe::new(Vec::new()),
+            eoe,
             pinned: false,
             providers: BTreeMap::new(),
             slices: HashMap::new(),

@@ -11,6 +11,7 @@
 //! trajectory then holds until its last action completes.
 
 mod bursty;
+pub mod calibrate;
 mod run;
 
 pub use bursty::Bursty;
@@ -266,6 +267,13 @@ impl AiCoding {
     /// a trajectory's life under per-trajectory provisioning; 8 to 16 turns per trajectory;
     /// trajectories start within the first 2 s of the step.
     pub fn generate(&self) -> Workload {
+        self.generate_with_turns(8, 16)
+    }
+
+    /// [`AiCoding::generate`] with `min..=max` turns per trajectory (the calibration sweep's
+    /// trajectory length).
+    pub fn generate_with_turns(&self, min: usize, max: usize) -> Workload {
+        let (min, max) = (min.max(1), max.max(min.max(1)));
         let mut rng = Rng::new(self.seed);
         let jobs = self.jobs.max(1);
         // Job k's share is proportional to 2^-k; trajectory i goes to the job whose
@@ -297,7 +305,7 @@ impl AiCoding {
         ];
         let trajectories = (0..self.batch)
             .map(|i| {
-                let turns = 8 + (rng.next_u64() % 9) as usize;
+                let turns = min + (rng.next_u64() % (max - min + 1) as u64) as usize;
                 let steps = (0..turns)
                     .map(|_| {
                         let mut pick = rng.unit();

@@ -4,7 +4,7 @@
 //! only plays the rollouts and the workers:
 //!
 //! - Each trajectory with sandbox commands opens its sandbox when it starts (the open takes
-//!   no time), submits each step's action when the previous one completed plus the step's
+//!   no time, except a `k8s` pod's start), submits each step's action when the previous one completed plus the step's
 //!   think time, and closes the sandbox after its last step.
 //! - Workers: one per CPU node (`n0000`, ...), one per GPU node (`g0000`, ..., serving every
 //!   service), and one (`api`) that calls every provider. They report once, never fail, and
@@ -148,6 +148,8 @@ struct Driver<'w> {
     report: SimReport,
     stats: SimStats,
     static_cores: Option<u32>,
+    /// `k8s`: the median pod start, ms.
+    pod_start_ms: Option<f64>,
     last_end: f64,
     next_delivery: u64,
 }
@@ -223,6 +225,7 @@ pub(crate) fn run(
         },
         stats: SimStats::default(),
         static_cores,
+        pod_start_ms: policy.pod_start_ms(),
         last_end: 0.0,
         next_delivery: 1,
     };
@@ -569,7 +572,14 @@ impl Driver<'_> {
                 if self.static_cores.is_some() {
                     self.trajs[t].held = Some((d.grant.cores, now));
                 }
-                (0.0, 0.0, 0)
+                // A pod holds its cores from its placement; its trajectory's first command
+                // waits for it to start. Each trajectory draws its own start, the same in
+                // every run.
+                let start = self.pod_start_ms.map_or(0.0, |median| {
+                    super::Rng::new(0x706f_6400 ^ t as u64)
+                        .lognormal(median, crate::policies::K8s::START_SIGMA)
+                });
+                (0.0, start, 0)
             }
             ActionKind::SandboxClose => (0.0, 0.0, 0),
             ActionKind::SandboxExec => {
