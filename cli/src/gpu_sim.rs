@@ -5,7 +5,7 @@ use crate::{report, trace, SimulateArgs};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 use tangram_core::sim::{SimReport, Summary};
-use tangram_core::sim_api::{simulate_api, DeepSearch, QuotaMode};
+use tangram_core::sim_api::{simulate_api_with, DeepSearch, QuotaMode};
 use tangram_core::sim_gpu::{
     simulate_gpu, simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd,
 };
@@ -73,7 +73,19 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let base = &sums[0];
     let ratio = report::ratio;
 
-    // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT.
+    // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT, for the
+    // first pooled policy listed.
+    let pooled = if args
+        .policies
+        .split(',')
+        .map(str::trim)
+        .find(|p| p.starts_with("tangram"))
+        == Some("tangram-v2")
+    {
+        "tangram-v2"
+    } else {
+        "tangram"
+    };
     let mut sweep = Vec::new();
     let mut fewest = None;
     if args.gpu_sweep {
@@ -87,7 +99,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         let target = st.summary().mean_act_s;
         let max = static_total.min(w.total_gpus());
         for g in 1..=max {
-            let (r, stats) = simulate_gpu(&w, GpuMode::Pooled { gpus: g }, "tangram");
+            let (r, stats) = simulate_gpu_with(&w, GpuMode::Pooled { gpus: g }, pooled, pooled);
             let s = r.summary();
             let ok = stats.unserved == 0 && s.mean_act_s <= target * (1.0 + MATCH_TOLERANCE);
             if ok && fewest.is_none() {
@@ -176,7 +188,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     }
     if args.gpu_sweep {
         println!(
-            "\ntangram pool size sweep (static mean ACT as the target, within {:.0}%):",
+            "\n{pooled} pool size sweep (static mean ACT as the target, within {:.0}%):",
             MATCH_TOLERANCE * 100.0
         );
         println!(
@@ -241,7 +253,12 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
             "static" => QuotaMode::PerTrajectory,
             other => crate::usage!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
         };
-        reports.push(simulate_api(&w, mode, name));
+        let pooled = if name == "tangram-v2" {
+            name
+        } else {
+            "tangram"
+        };
+        reports.push(simulate_api_with(&w, mode, pooled, name));
     }
     if reports.is_empty() {
         crate::usage!("--policies is empty");

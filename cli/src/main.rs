@@ -171,8 +171,8 @@ pub(crate) struct SimulateArgs {
     /// Median pod start of the `k8s` baseline, seconds (default: 1.6, docs/CALIBRATION.md).
     #[arg(long, default_value_t = tangram_core::policies::K8s::START_MS / 1e3)]
     pub(crate) pod_start_s: f64,
-    /// GPU workloads: also run `tangram` at every pool size from 1 GPU up to the static
-    /// baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
+    /// GPU workloads: also run the first of `tangram` and `tangram-v2` listed at every pool
+    /// size from 1 GPU up to the static baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
     #[arg(long)]
     pub(crate) gpu_sweep: bool,
 }

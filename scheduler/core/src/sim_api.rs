@@ -112,8 +112,13 @@ impl ApiWorkload {
 /// Evict-on-Execution), `PerTrajectory` the `static` baseline (rate / N per trajectory, the
 /// judge pinned on the GPUs).
 pub fn simulate_api(w: &ApiWorkload, mode: QuotaMode, name: &str) -> SimReport {
+    simulate_api_with(w, mode, "tangram", name)
+}
+
+/// [`simulate_api`] with `pooled` (`tangram` or `tangram-v2`) deciding the pooled mode.
+pub fn simulate_api_with(w: &ApiWorkload, mode: QuotaMode, pooled: &str, name: &str) -> SimReport {
     let policy = match mode {
-        QuotaMode::Pooled => "tangram",
+        QuotaMode::Pooled => pooled,
         QuotaMode::PerTrajectory => "static",
     };
     let policy = crate::by_name(policy).expect("a built-in policy");
