@@ -420,6 +420,18 @@ mod tests {
     }
 
     #[test]
+    fn a_simulator_only_policy_is_refused_with_its_live_equivalent() {
+        let err = RawConfig {
+            policy: Some("k8s".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("simulator baseline") && err.contains("static"), "{err}");
+    }
+
+    #[test]
     fn later_layers_win_and_bad_values_are_explained() {
         let file: RawConfig =
             toml::from_str("nats_url = \"nats://file:1\"\nmax_action_bytes = 4096").unwrap();
