@@ -69,7 +69,7 @@ pub(crate) fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
                     "map": m.name, "title": m.title, "x": m.x_label, "y": m.y_label,
                     "xs": m.xs, "ys": m.ys, "value": m.value, "fixed": m.fixed,
                     "values": m.values.iter().map(|r| r.iter().map(|v| if v.is_nan() { None } else { Some(*v) }).collect::<Vec<_>>()).collect::<Vec<_>>(),
-                    "targets": m.targets.iter().map(|(v, l)| json!({"value": v, "label": l})).collect::<Vec<_>>(),
+                    "targets": m.targets.iter().map(|t| json!({"value": t.value, "label": t.label, "x": t.x})).collect::<Vec<_>>(),
                     "svg": path.display().to_string(),
                 })
             })
@@ -126,7 +126,7 @@ fn table(m: &Map) -> String {
         }
         let _ = writeln!(s);
     }
-    let targets: Vec<&str> = m.targets.iter().map(|t| t.1).collect();
+    let targets: Vec<&str> = m.targets.iter().map(|t| t.label).collect();
     let _ = writeln!(s, "paper: {}", targets.join(", "));
     s
 }
@@ -135,8 +135,8 @@ fn table(m: &Map) -> String {
 /// with its value and outlined where it is within 15% of one of the paper's figures.
 pub(crate) fn heatmap(m: &Map) -> String {
     let (cw, ch) = (92.0, 44.0);
-    let (x0, y0) = (150.0, 70.0);
-    let w = x0 + cw * m.xs.len() as f64 + 40.0;
+    let (x0, y0) = (150.0, 86.0);
+    let w = (x0 + cw * m.xs.len() as f64 + 40.0).max(760.0);
     let h = y0 + ch * m.ys.len() as f64 + 110.0;
     let finite: Vec<f64> = m
         .values
@@ -192,7 +192,7 @@ pub(crate) fn heatmap(m: &Map) -> String {
             } else {
                 ("#eeeeee".to_string(), "black")
             };
-            let near = v.is_finite() && m.targets.iter().any(|(t, _)| (v / t - 1.0).abs() <= 0.15);
+            let near = v.is_finite() && m.targets.iter().any(|t| t.near(m.xs[i], *v, 0.15));
             let stroke = if near {
                 r##"stroke="#d62728" stroke-width="3""##
             } else {
@@ -235,7 +235,7 @@ pub(crate) fn heatmap(m: &Map) -> String {
         y0 + ch * m.ys.len() as f64 / 2.0,
         escape(m.y_label)
     );
-    let targets: Vec<&str> = m.targets.iter().map(|t| t.1).collect();
+    let targets: Vec<&str> = m.targets.iter().map(|t| t.label).collect();
     let _ = writeln!(
         s,
         r##"<text x="{}" y="{}" text-anchor="middle" fill="#d62728">outlined: within 15% of the paper's {}</text>"##,
@@ -256,6 +256,7 @@ fn escape(t: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tangram_core::sim::calibrate::Target;
 
     #[test]
     fn the_heat_map_outlines_cells_near_a_target_and_greys_undefined_ones() {
@@ -268,7 +269,11 @@ mod tests {
             ys: vec![1.0],
             values: vec![vec![4.2, f64::NAN]],
             value: "v",
-            targets: vec![(4.3, "4.3x")],
+            targets: vec![Target {
+                value: 4.3,
+                label: "4.3x",
+                x: None,
+            }],
             fixed: "f".into(),
         };
         let svg = heatmap(&m);

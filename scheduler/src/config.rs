@@ -428,7 +428,10 @@ mod tests {
         .validate()
         .unwrap_err()
         .to_string();
-        assert!(err.contains("simulator baseline") && err.contains("static"), "{err}");
+        assert!(
+            err.contains("simulator baseline") && err.contains("static"),
+            "{err}"
+        );
     }
 
     #[test]
