@@ -334,3 +334,39 @@ fn a_bad_cli_config_file_is_refused_with_exit_64() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("up.workers"), "{err}");
 }
+
+#[test]
+fn calibrate_writes_a_map_per_name_as_json_and_svg_and_refuses_unknown_maps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = tangram(&[
+        "calibrate",
+        "--maps",
+        "coding-start,deepsearch-quota",
+        "--small",
+        "--json",
+        "--svg-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let maps = v["maps"].as_array().unwrap();
+    assert_eq!(maps.len(), 2);
+    for m in maps {
+        let name = m["map"].as_str().unwrap();
+        let rows = m["values"].as_array().unwrap();
+        assert_eq!(rows.len(), m["ys"].as_array().unwrap().len(), "{name}");
+        for r in rows {
+            assert_eq!(r.as_array().unwrap().len(), m["xs"].as_array().unwrap().len());
+            assert!(r.as_array().unwrap().iter().all(|c| c.as_f64().unwrap() > 0.0));
+        }
+        let svg = std::fs::read_to_string(dir.path().join(format!("calibration-{name}.svg")))
+            .unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    }
+    // The longer the pod start, the worse k8s does against tangram.
+    let start = &maps[0]["values"][0];
+    assert!(start[1].as_f64().unwrap() > start[0].as_f64().unwrap(), "{start}");
+    let (code, _, err) = tangram(&["calibrate", "--maps", "nope", "--small"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("coding-pods"), "{err}");
+}
