@@ -356,16 +356,26 @@ fn calibrate_writes_a_map_per_name_as_json_and_svg_and_refuses_unknown_maps() {
         let rows = m["values"].as_array().unwrap();
         assert_eq!(rows.len(), m["ys"].as_array().unwrap().len(), "{name}");
         for r in rows {
-            assert_eq!(r.as_array().unwrap().len(), m["xs"].as_array().unwrap().len());
-            assert!(r.as_array().unwrap().iter().all(|c| c.as_f64().unwrap() > 0.0));
+            assert_eq!(
+                r.as_array().unwrap().len(),
+                m["xs"].as_array().unwrap().len()
+            );
+            assert!(r
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c.as_f64().unwrap() > 0.0));
         }
-        let svg = std::fs::read_to_string(dir.path().join(format!("calibration-{name}.svg")))
-            .unwrap();
+        let svg =
+            std::fs::read_to_string(dir.path().join(format!("calibration-{name}.svg"))).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     }
     // The longer the pod start, the worse k8s does against tangram.
     let start = &maps[0]["values"][0];
-    assert!(start[1].as_f64().unwrap() > start[0].as_f64().unwrap(), "{start}");
+    assert!(
+        start[1].as_f64().unwrap() > start[0].as_f64().unwrap(),
+        "{start}"
+    );
     let (code, _, err) = tangram(&["calibrate", "--maps", "nope", "--small"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("coding-pods"), "{err}");
