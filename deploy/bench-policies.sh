@@ -6,11 +6,11 @@
 #
 #   bash deploy/bench-policies.sh [OUT]
 #
-# About 5 minutes on two cores (release build).
+# About 8 minutes on two cores (release build).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${1:-$(mktemp -d)}"
+out="$(realpath -m "${1:-$(mktemp -d)}")"
 mkdir -p "$out"
+cd "$(dirname "$0")/.."
 cargo build --release --locked -p tangram-cli >&2
 t=target/release/tangram
 export TANGRAM_NO_PROGRESS=1

@@ -2,6 +2,7 @@
 //! written as a heat-map SVG, and optionally as one JSON object.
 
 use crate::progress;
+use crate::svg::escape;
 use anyhow::Context as _;
 use serde_json::json;
 use std::fmt::Write as _;
@@ -151,18 +152,7 @@ pub(crate) fn heatmap(m: &Map) -> String {
         .fold(f64::INFINITY, f64::min)
         .clamp(1e-3, 1.0);
     let hi = finite.iter().copied().fold(0.0, f64::max).max(lo * 1.01);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
-        w / 2.0,
-        escape(&m.title)
-    );
+    let mut s = crate::svg::open(w, h, &m.title);
     let _ = writeln!(
         s,
         r##"<text x="{}" y="42" text-anchor="middle" fill="#555">{}</text>"##,
@@ -245,12 +235,6 @@ pub(crate) fn heatmap(m: &Map) -> String {
     );
     let _ = writeln!(s, "</svg>");
     s
-}
-
-fn escape(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

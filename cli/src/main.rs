@@ -412,6 +412,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             continue;
         }
         if *n == "k8s" {
+            if !(args.pod_start_s.is_finite() && args.pod_start_s >= 0.0) {
+                crate::usage!("--pod-start-s must be a number of seconds, 0 or more");
+            }
             policies.push(Box::new(tangram_core::policies::K8s {
                 cores: args.static_cores,
                 start_ms: args.pod_start_s * 1e3,

@@ -9,9 +9,8 @@ const COLORS: [&str; 9] = [
     "#17becf",
 ];
 
-/// Renders the two panels side by side.
-pub fn render(title: &str, reports: &[SimReport]) -> String {
-    let (w, h) = (1200.0, 460.0);
+/// A white canvas of `w` x `h` with `title` centred on top (close it with `</svg>`).
+pub(crate) fn open(w: f64, h: f64, title: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -24,6 +23,13 @@ pub fn render(title: &str, reports: &[SimReport]) -> String {
         w / 2.0,
         escape(title)
     );
+    s
+}
+
+/// Renders the two panels side by side.
+pub fn render(title: &str, reports: &[SimReport]) -> String {
+    let (w, h) = (1200.0, 460.0);
+    let mut s = open(w, h, title);
 
     // Panel 1: CDF of ACT, log-scaled x.
     let (x0, y0, pw, ph) = (60.0, 50.0, 460.0, 340.0);
@@ -195,7 +201,7 @@ fn fmt_s(v: f64) -> String {
     }
 }
 
-fn escape(t: &str) -> String {
+pub(crate) fn escape(t: &str) -> String {
     t.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -233,6 +233,11 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn malleable(&self) -> bool {
         false
     }
+    /// True when GPU replicas should follow demand between services (`Eoe::rebalance`): calls
+    /// packed onto the fullest replica, lightly used replicas drained for backlogged services.
+    fn rebalances_gpus(&self) -> bool {
+        false
+    }
     /// A boxed copy (the engine owns its policy; callers may hold theirs by reference).
     fn boxed(&self) -> Box<dyn Policy>;
 }

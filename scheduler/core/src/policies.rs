@@ -642,8 +642,8 @@ impl Policy for K8s {
     fn name(&self) -> &'static str {
         "k8s"
     }
-    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], _now_ms: u64) -> Plan {
-        fixed_fifo(snapshot, pending, Pick::MostFree, Cores::Min)
+    fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
+        Static { cores: self.cores }.schedule(snapshot, pending, now_ms)
     }
     fn per_trajectory_cores(&self) -> Option<u32> {
         Some(self.cores)

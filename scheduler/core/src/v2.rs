@@ -1,7 +1,8 @@
 //! `tangram-v2`: the reference policy's launches, with malleable grants. Running elastic
 //! execs are re-sized after every cycle (`engine/resize.rs`): widened when cores free up,
 //! narrowed when arrivals need them, so that cores are shared by what runs now rather than
-//! by what happened to arrive together.
+//! by what happened to arrive together. On GPUs it lets replicas follow demand between
+//! services (`Eoe::rebalance`).
 
 use crate::model::{Pending, Plan, Policy, Snapshot};
 use crate::policies::Tangram;
@@ -21,6 +22,9 @@ impl Policy for TangramV2 {
         self.base.schedule(snapshot, pending, now_ms)
     }
     fn malleable(&self) -> bool {
+        true
+    }
+    fn rebalances_gpus(&self) -> bool {
         true
     }
     fn boxed(&self) -> Box<dyn Policy> {

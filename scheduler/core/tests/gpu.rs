@@ -1,6 +1,7 @@
 //! Property tests of the Evict-on-Execution manager: whatever the sequence of routes and
 //! finishes, resident replicas never share a GPU, chunks stay aligned, slots are never
-//! over-booked and busy replicas are never evicted.
+//! over-booked and busy replicas are never evicted, with and without `tangram-v2`'s
+//! re-balancing.
 
 use proptest::prelude::*;
 use tangram_core::gpu::{Eoe, ServiceSpec, Unrouted};
@@ -34,15 +35,18 @@ proptest! {
     fn residency_invariants_hold(
         groups in prop::collection::vec(prop::sample::select(vec![1u8, 2, 4, 8]), 1..4),
         sizes in prop::collection::vec(prop::sample::select(vec![1u8, 2, 4]), 1..10),
-        ops in prop::collection::vec((0usize..10, any::<bool>()), 1..200),
+        ops in prop::collection::vec((0usize..10, any::<bool>(), 0u32..12), 1..200),
+        rebalance in any::<bool>(),
     ) {
         let specs: Vec<ServiceSpec> = sizes.iter().enumerate().map(|(i, &g)| ServiceSpec {
             name: format!("s{i}"), gpus: g, restore_ms: 50, slots: 1 + (i as u32 % 3),
         }).collect();
         let mut e = Eoe::new(specs.clone());
+        // tangram-v2's re-balancing, told random backlogs: the same invariants hold.
+        e.rebalance = rebalance;
         e.set_node(&WorkerId::new("n0").unwrap(), &groups, true);
         let mut inflight: Vec<usize> = Vec::new();
-        for (t, (s, finish)) in ops.into_iter().enumerate() {
+        for (t, (s, finish, backlog)) in ops.into_iter().enumerate() {
             let now = t as u64 * 100;
             if finish && !inflight.is_empty() {
                 let i = inflight.remove(s % inflight.len());
@@ -50,7 +54,11 @@ proptest! {
             } else {
                 let name = &specs[s % specs.len()].name;
                 let busy_before: Vec<_> = e.replicas().iter().map(|r| (r.busy, r.resident)).collect();
-                match e.route(name, now) {
+                let waiting = |svc: &str| {
+                    let last = svc.bytes().last().unwrap_or(0) as u32;
+                    if last % 3 == backlog % 3 { backlog } else { 0 }
+                };
+                match e.route_planned(name, now, backlog.max(1), &waiting) {
                     Ok(r) => {
                         for v in &r.evict {
                             let i = e.find(&v.service, &v.node, v.chunk).unwrap();

@@ -204,7 +204,7 @@ impl Engine {
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
         let static_cores = policy.per_trajectory_cores();
         let mut eoe = crate::gpu::Eoe::new(Vec::new());
-        eoe.rebalance = policy.malleable();
+        eoe.rebalance = policy.rebalances_gpus();
         Self {
             config,
             policy,

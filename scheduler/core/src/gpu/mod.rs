@@ -142,6 +142,9 @@ pub struct Replica {
     /// Draining for another service that has no resident replica: takes no new actions, and
     /// is evicted once idle (so a popular service cannot starve the others).
     pub draining: bool,
+    /// A re-balancing drain ([`Eoe::rebalance`]): the backlogged service it drains for, which
+    /// alone may evict it as soon as it is idle. `None` for a drain for a starving service.
+    pub drained_for: Option<String>,
     /// Last time an action was routed to it or finished on it, ms.
     pub last_used_ms: u64,
     /// The order of that last use among all replicas' uses: least recently used is decided
@@ -392,6 +395,7 @@ impl Eoe {
             ready_at_ms: now_ms,
             busy: 0,
             draining: false,
+            drained_for: None,
             last_used_ms: now_ms,
             last_use: 0,
         });
@@ -426,6 +430,7 @@ impl Eoe {
                                 ready_at_ms: 0,
                                 busy: 0,
                                 draining: false,
+                                drained_for: None,
                                 last_used_ms: 0,
                                 last_use: 0,
                             }),
@@ -475,19 +480,20 @@ impl Eoe {
     /// The chunk to free by evicting idle resident replicas, least recently used first: among
     /// aligned chunks on accepting nodes whose every resident occupant is idle and ready, the
     /// one whose most recently used occupant is the oldest (fewest evictions on ties).
-    /// `min_idle_ms` excludes occupants used more recently than that.
+    /// `min_idle_ms` excludes occupants used more recently than that, except a replica that a
+    /// re-balancing drain empties for `service` itself.
     fn evictable_chunk(
         &self,
         len: u8,
         now_ms: u64,
         min_idle_ms: u64,
+        service: &str,
     ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
-        let rebalance = self.rebalance;
         self.lru_chunk(len, |r| {
+            let drained_for_it = r.draining && r.drained_for.as_deref() == Some(service);
             r.busy == 0
                 && r.ready_at_ms <= now_ms
-                && ((rebalance && r.draining)
-                    || now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms)
+                && (drained_for_it || now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms)
         })
     }
 
@@ -559,7 +565,9 @@ impl Eoe {
     /// [`Eoe::rebalance`], a service whose replicas are all full with at least a replica's
     /// slots of calls waiting, and no chunk to take, marks the least busy replica of a service
     /// with nothing waiting draining (one at a time, only one at most a quarter full): it takes
-    /// no new calls, and once idle it is evicted for this service.
+    /// no new calls, once idle it is evicted for this service, its own service takes it back
+    /// if it has a call before then, and the drain is called off once this service has no
+    /// calls waiting.
     pub fn route_planned(
         &mut self,
         service: &str,
@@ -592,23 +600,31 @@ impl Eoe {
             .iter()
             .enumerate()
             .filter(|(_, r)| {
-                r.resident
-                    && !r.draining
-                    && r.service == service
-                    && r.busy < spec.slots
-                    && accepting(r)
+                // Under re-balancing a service takes back its own replica drained for
+                // another, rather than wait while its replica sits idle.
+                let usable = !r.draining || (self.rebalance && r.drained_for.is_some());
+                r.resident && usable && r.service == service && r.busy < spec.slots && accepting(r)
             })
             .min_by_key(|(i, r)| {
                 if self.rebalance {
                     // Pack: the fullest ready replica first, so that a service's surplus
-                    // replicas go idle and can be given up when its demand falls.
-                    (r.ready_at_ms > now_ms, u32::MAX - r.busy, r.ready_at_ms, *i)
+                    // replicas go idle and can be given up when its demand falls; one being
+                    // drained only when no other has a slot.
+                    (
+                        r.draining,
+                        r.ready_at_ms > now_ms,
+                        u32::MAX - r.busy,
+                        r.ready_at_ms,
+                        *i,
+                    )
                 } else {
-                    (false, r.busy, r.ready_at_ms, *i)
+                    (false, false, r.busy, r.ready_at_ms, *i)
                 }
             })
             .map(|(i, _)| i);
         if let Some(i) = resident {
+            self.replicas[i].draining = false;
+            self.replicas[i].drained_for = None;
             self.touch(i, now_ms);
             let r = &mut self.replicas[i];
             r.busy += 1;
@@ -642,31 +658,32 @@ impl Eoe {
             .any(|r| r.resident && r.service == service);
         // 2. A free chunk. 3. Evict idle replicas, least recently used first; a service that
         // already has a resident replica only takes chunks idle for a while (no thrash).
-        let (node, chunk, reuse, victims) =
-            if let Some((n, c, reuse)) = self.free_chunk(spec.gpus, service) {
-                (n, c, reuse, Vec::new())
+        let (node, chunk, reuse, victims) = if let Some((n, c, reuse)) =
+            self.free_chunk(spec.gpus, service)
+        {
+            (n, c, reuse, Vec::new())
+        } else {
+            let found = if !has_resident {
+                self.evictable_chunk(spec.gpus, now_ms, 0, service)
+            } else if backlog >= self.scale_out_backlog {
+                self.evictable_chunk(spec.gpus, now_ms, spec.restore_ms, service)
             } else {
-                let found = if !has_resident {
-                    self.evictable_chunk(spec.gpus, now_ms, 0)
-                } else if backlog >= self.scale_out_backlog {
-                    self.evictable_chunk(spec.gpus, now_ms, spec.restore_ms)
-                } else {
-                    None
-                };
-                match found {
-                    Some((n, c, v)) => (n, c, None, v),
-                    None => {
-                        if !has_resident {
-                            self.drain_for(spec.gpus, now_ms);
-                        } else if self.rebalance && backlog >= spec.slots {
-                            self.drain_light(&spec, now_ms, waiting);
-                        }
-                        return Err(Unrouted::Busy {
-                            service: service.to_string(),
-                        });
-                    }
-                }
+                None
             };
+            match found {
+                Some((n, c, v)) => (n, c, None, v),
+                None => {
+                    if !has_resident {
+                        self.drain_for(spec.gpus, now_ms);
+                    } else if self.rebalance && backlog >= spec.slots.max(self.scale_out_backlog) {
+                        self.drain_light(&spec, now_ms, waiting);
+                    }
+                    return Err(Unrouted::Busy {
+                        service: service.to_string(),
+                    });
+                }
+            }
+        };
         let mut victims = victims;
         victims.sort_by_key(|&i| (self.replicas[i].last_used_ms, self.replicas[i].last_use, i));
         let mut evict = Vec::with_capacity(victims.len());
@@ -674,6 +691,7 @@ impl Eoe {
             let r = &mut self.replicas[v];
             r.resident = false;
             r.draining = false;
+            r.drained_for = None;
             self.nodes.get_mut(&r.node).expect("node").groups[r.chunk.group as usize]
                 .release(r.chunk.start, r.chunk.len);
             evict.push(Eviction {
@@ -701,6 +719,7 @@ impl Eoe {
                     ready_at_ms,
                     busy: 0,
                     draining: false,
+                    drained_for: None,
                     last_used_ms: now_ms,
                     last_use: 0,
                 });
@@ -725,7 +744,18 @@ impl Eoe {
     /// [`Eoe::rebalance`]: marks the least busy replica of another service, with no calls
     /// waiting and at most a quarter of its slots busy, draining, unless one already drains.
     fn drain_light(&mut self, spec: &ServiceSpec, now_ms: u64, waiting: &dyn Fn(&str) -> u32) {
-        if self.replicas.iter().any(|r| r.resident && r.draining) {
+        // A drain for a service that no longer has calls waiting is called off.
+        for r in &mut self.replicas {
+            if r.drained_for.as_deref().is_some_and(|s| waiting(s) == 0) {
+                r.draining = false;
+                r.drained_for = None;
+            }
+        }
+        if self
+            .replicas
+            .iter()
+            .any(|r| r.resident && r.drained_for.is_some())
+        {
             return;
         }
         let victim = self
@@ -735,6 +765,7 @@ impl Eoe {
             .filter(|(_, r)| {
                 let slots = self.services.get(&r.service).map_or(1, |s| s.slots);
                 r.resident
+                    && !r.draining
                     && r.service != spec.name
                     && r.chunk.len == spec.gpus
                     && r.ready_at_ms <= now_ms
@@ -746,6 +777,7 @@ impl Eoe {
             .map(|(i, _)| i);
         if let Some(v) = victim {
             self.replicas[v].draining = true;
+            self.replicas[v].drained_for = Some(spec.name.clone());
         }
     }
 
@@ -756,7 +788,7 @@ impl Eoe {
         let draining = self
             .replicas
             .iter()
-            .filter(|r| r.resident && r.draining)
+            .filter(|r| r.resident && r.draining && r.drained_for.is_none())
             .count();
         let starving = self
             .services
@@ -818,6 +850,7 @@ impl Eoe {
             if r.resident {
                 r.resident = false;
                 r.draining = false;
+                r.drained_for = None;
                 if let Some(n) = self.nodes.get_mut(&r.node) {
                     if let Some(g) = n.groups.get_mut(r.chunk.group as usize) {
                         g.release(r.chunk.start, r.chunk.len);

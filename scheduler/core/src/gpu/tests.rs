@@ -10,47 +10,106 @@ fn svc(name: &str, gpus: u8) -> ServiceSpec {
         slots: 1,
     }
 }
+
+/// The services a route evicts, in order.
+fn evicted(r: &Route) -> Vec<&str> {
+    r.evict.iter().map(|v| v.service.as_str()).collect()
+}
+
 fn w(s: &str) -> WorkerId {
     WorkerId::new(s).unwrap()
 }
 
+/// Services `a` and `b` of 8 slots on a node of 2 GPUs: `a` full on one GPU with a replica's
+/// worth of calls waiting, `b` with one call in flight on the other, and the first routing of
+/// `a` after that (which drains `b` under re-balancing).
+fn a_full_and_b_light(rebalance: bool) -> (Eoe, Route, Route) {
+    let eight = |n: &str| ServiceSpec {
+        slots: 8,
+        ..svc(n, 1)
+    };
+    let mut e = Eoe::new([eight("a"), eight("b")]);
+    e.rebalance = rebalance;
+    e.set_node(&w("g0"), &[2], true);
+    let a = e.route("a", 0).unwrap();
+    let b = e.route("b", 0).unwrap();
+    for _ in 1..8 {
+        e.route("a", 300).unwrap();
+    }
+    let waiting = |s: &str| if s == "a" { 8 } else { 0 };
+    assert!(e.route_planned("a", 400, 8, &waiting).is_err());
+    assert_eq!(e.replicas()[b.replica].draining, rebalance);
+    (e, a, b)
+}
+
 #[test]
 fn rebalancing_drains_a_lightly_used_replica_for_a_backlogged_service() {
-    let run = |rebalance: bool| {
-        let eight = |n: &str| ServiceSpec {
-            slots: 8,
-            ..svc(n, 1)
-        };
-        let mut e = Eoe::new([eight("a"), eight("b")]);
-        e.rebalance = rebalance;
-        e.set_node(&w("g0"), &[2], true);
-        let a = e.route("a", 0).unwrap();
-        let b = e.route("b", 0).unwrap();
-        for _ in 1..8 {
-            e.route("a", 300).unwrap();
-        }
-        let waiting = |s: &str| if s == "a" { 8 } else { 0 };
-        // a is full with a replica's worth waiting; b has one call in flight.
-        assert!(e.route_planned("a", 400, 8, &waiting).is_err());
-        assert_eq!(e.replicas()[b.replica].draining, rebalance);
-        // A draining replica takes no new calls of its own service.
-        if rebalance {
-            assert!(e.route_planned("b", 450, 1, &waiting).is_err());
-        }
-        e.finish(b.replica, 500);
-        // Idle for less than a restore: only a draining replica is given up at once.
-        let r = e.route_planned("a", 550, 8, &waiting);
-        (a, r)
-    };
-    let (a, r) = run(true);
-    let r = r.expect("b's drained GPU goes to a");
+    let waiting = |s: &str| if s == "a" { 8 } else { 0 };
+    let (mut e, a, b) = a_full_and_b_light(true);
+    e.finish(b.replica, 500);
+    // Idle for less than a restore: only a replica drained for a is given up at once.
+    let r = e
+        .route_planned("a", 550, 8, &waiting)
+        .expect("b's drained GPU goes to a");
     assert!(r.restore && r.replica != a.replica);
-    assert_eq!(r.evict.len(), 1);
-    assert_eq!(r.evict[0].service, "b");
+    assert_eq!(evicted(&r), ["b"]);
+
+    let (mut e, _, b) = a_full_and_b_light(false);
+    e.finish(b.replica, 500);
     assert!(
-        run(false).1.is_err(),
+        e.route_planned("a", 550, 8, &waiting).is_err(),
         "tangram keeps one replica per service"
     );
+}
+
+#[test]
+fn a_replica_drained_for_another_service_is_taken_back_by_its_own_call() {
+    // Before: b's lone call was refused every cycle while its idle replica drained for a
+    // service whose backlog could be gone, and the call waited for ever.
+    let (mut e, _, b) = a_full_and_b_light(true);
+    let waiting = |s: &str| if s == "b" { 1 } else { 0 };
+    let r = e
+        .route_planned("b", 450, 1, &waiting)
+        .expect("b takes its replica back");
+    assert_eq!((r.replica, r.restore), (b.replica, false));
+    assert!(!e.replicas()[b.replica].draining);
+}
+
+#[test]
+fn a_rebalancing_drain_is_called_off_when_its_service_has_nothing_waiting() {
+    let eight = |n: &str| ServiceSpec {
+        slots: 8,
+        ..svc(n, 1)
+    };
+    let mut e = Eoe::new([eight("a"), eight("b"), eight("c")]);
+    e.rebalance = true;
+    e.set_node(&w("g0"), &[4], true);
+    let a = e.route("a", 0).unwrap().replica;
+    let b = e.route("b", 0).unwrap().replica;
+    let c = e.route("c", 0).unwrap().replica;
+    e.route("c", 0).unwrap();
+    for _ in 1..8 {
+        e.route("a", 0).unwrap();
+    }
+    // A free GPU is left: take it for a second replica of a, and fill it.
+    let a2 = e.route("a", 0).unwrap().replica;
+    for _ in 1..8 {
+        e.route("a", 0).unwrap();
+    }
+    assert_ne!(a, a2);
+    // a drains b, the least busy.
+    let only_a = |s: &str| if s == "a" { 8 } else { 0 };
+    assert!(e.route_planned("a", 400, 8, &only_a).is_err());
+    assert!(e.replicas()[b].draining);
+    // a's backlog is gone; c is full with a backlog of its own: a's drain is called off, and
+    // the drain goes to c (b is again the least busy other replica, so it drains for c).
+    for _ in 2..8 {
+        e.route("c", 400).unwrap();
+    }
+    let only_c = |s: &str| if s == "c" { 8 } else { 0 };
+    assert!(e.route_planned("c", 500, 8, &only_c).is_err());
+    assert_eq!(e.replicas()[b].drained_for.as_deref(), Some("c"));
+    assert!(!e.replicas()[c].draining);
 }
 
 #[test]
@@ -87,13 +146,7 @@ fn lru_replica_is_evicted_first_and_restore_only_when_not_resident() {
     // c evicts the least recently used: b (last used at 700), not a (900).
     let rc = e.route("c", 1000).unwrap();
     assert!(rc.restore);
-    assert_eq!(
-        rc.evict
-            .iter()
-            .map(|v| v.service.as_str())
-            .collect::<Vec<_>>(),
-        ["b"]
-    );
+    assert_eq!(evicted(&rc), ["b"]);
     // Busy replicas are never evicted.
     let ra3 = e.route("a", 1100).unwrap();
     assert!(!ra3.restore);
@@ -119,13 +172,7 @@ fn lru_breaks_ties_within_a_millisecond_by_order_of_use() {
     e.finish(ra2.replica, 300);
     // a was used after b, within the same millisecond: b goes.
     let rc = e.route("c", 300).unwrap();
-    assert_eq!(
-        rc.evict
-            .iter()
-            .map(|v| v.service.as_str())
-            .collect::<Vec<_>>(),
-        ["b"]
-    );
+    assert_eq!(evicted(&rc), ["b"]);
 }
 
 #[test]
@@ -141,13 +188,7 @@ fn a_replica_that_served_a_call_can_be_evicted_before_its_restore_estimate_ends(
     e.finish(rb.replica, 20);
     // At 30 ms, c evicts the least recently used, a, though a's estimate ran to 200 ms.
     let rc = e.route("c", 30).unwrap();
-    assert_eq!(
-        rc.evict
-            .iter()
-            .map(|v| v.service.as_str())
-            .collect::<Vec<_>>(),
-        ["a"]
-    );
+    assert_eq!(evicted(&rc), ["a"]);
 }
 
 #[test]

@@ -478,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_start_delays_only_first_actions_and_by_at_most_its_start() {
+    fn a_pod_start_adds_queueing_to_first_actions_and_leaves_execution_alone() {
         let w = coding(48, 1, (4, 6), 0.47);
         let st = simulate(&w, &Static { cores: 4 }).summary();
         let k = simulate(
@@ -531,6 +531,11 @@ mod tests {
             assert!(
                 m.values.iter().flatten().all(|v| v.is_nan() || *v > 0.0),
                 "{name}: {:?}",
+                m.values
+            );
+            assert!(
+                m.values.iter().flatten().any(|v| v.is_finite()),
+                "{name}: no cell has a figure: {:?}",
                 m.values
             );
         }

@@ -573,8 +573,9 @@ impl Driver<'_> {
                     self.trajs[t].held = Some((d.grant.cores, now));
                 }
                 // A pod holds its cores from its placement; its trajectory's first command
-                // waits for it to start. Each trajectory draws its own start, the same in
-                // every run.
+                // waits for it to start. Each trajectory draws its own start from its index,
+                // the same in every run (and for every workload seed: the starts are a fixed
+                // sample, so that maps over other settings compare like with like).
                 let start = self.pod_start_ms.map_or(0.0, |median| {
                     super::Rng::new(0x706f_6400 ^ t as u64)
                         .lognormal(median, crate::policies::K8s::START_SIGMA)
