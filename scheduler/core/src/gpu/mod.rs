@@ -565,9 +565,8 @@ impl Eoe {
     /// [`Eoe::rebalance`], a service whose replicas are all full with at least a replica's
     /// slots of calls waiting, and no chunk to take, marks the least busy replica of a service
     /// with nothing waiting draining (one at a time, only one at most a quarter full): it takes
-    /// no new calls, once idle it is evicted for this service, its own service takes it back
-    /// if it has a call before then, and the drain is called off once this service has no
-    /// calls waiting.
+    /// no new calls and once idle it is evicted for this service. The drain is called off once
+    /// this service has no calls waiting (its own service may then take the replica back).
     pub fn route_planned(
         &mut self,
         service: &str,
@@ -600,9 +599,11 @@ impl Eoe {
             .iter()
             .enumerate()
             .filter(|(_, r)| {
-                // Under re-balancing a service takes back its own replica drained for
-                // another, rather than wait while its replica sits idle.
-                let usable = !r.draining || (self.rebalance && r.drained_for.is_some());
+                // Under re-balancing a service takes back its own replica drained for a
+                // service that no longer has calls waiting, rather than wait while its
+                // replica sits idle.
+                let stale = r.drained_for.as_deref().is_some_and(|f| waiting(f) == 0);
+                let usable = !r.draining || (self.rebalance && stale);
                 r.resident && usable && r.service == service && r.busy < spec.slots && accepting(r)
             })
             .min_by_key(|(i, r)| {
@@ -674,7 +675,7 @@ impl Eoe {
                 Some((n, c, v)) => (n, c, None, v),
                 None => {
                     if !has_resident {
-                        self.drain_for(spec.gpus, now_ms);
+                        self.drain_for(spec.gpus, now_ms, waiting);
                     } else if self.rebalance && backlog >= spec.slots.max(self.scale_out_backlog) {
                         self.drain_light(&spec, now_ms, waiting);
                     }
@@ -784,11 +785,15 @@ impl Eoe {
     /// A service with no resident replica found no chunk to free: unless enough chunks are
     /// already draining, marks the least recently used chunk of `len` GPUs whose occupants are
     /// all ready and not yet draining as draining, so that it empties and can be evicted.
-    fn drain_for(&mut self, len: u8, now_ms: u64) {
+    fn drain_for(&mut self, len: u8, now_ms: u64, waiting: &dyn Fn(&str) -> u32) {
+        // A re-balancing drain counts while the service it is for still has calls waiting:
+        // the chunk it frees may serve a starving service too.
         let draining = self
             .replicas
             .iter()
-            .filter(|r| r.resident && r.draining && r.drained_for.is_none())
+            .filter(|r| {
+                r.resident && r.draining && r.drained_for.as_deref().is_none_or(|f| waiting(f) > 0)
+            })
             .count();
         let starving = self
             .services

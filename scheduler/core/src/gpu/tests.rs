@@ -63,13 +63,17 @@ fn rebalancing_drains_a_lightly_used_replica_for_a_backlogged_service() {
 }
 
 #[test]
-fn a_replica_drained_for_another_service_is_taken_back_by_its_own_call() {
+fn a_replica_drained_for_a_service_with_nothing_waiting_is_taken_back_by_its_own_call() {
     // Before: b's lone call was refused every cycle while its idle replica drained for a
-    // service whose backlog could be gone, and the call waited for ever.
+    // service whose backlog was gone, and the call could wait for ever.
     let (mut e, _, b) = a_full_and_b_light(true);
+    // While a still waits, the drain holds.
+    let both = |s: &str| if s == "b" { 1 } else { 8 };
+    assert!(e.route_planned("b", 450, 1, &both).is_err());
+    // Once a has nothing waiting, b takes its replica back.
     let waiting = |s: &str| if s == "b" { 1 } else { 0 };
     let r = e
-        .route_planned("b", 450, 1, &waiting)
+        .route_planned("b", 460, 1, &waiting)
         .expect("b takes its replica back");
     assert_eq!((r.replica, r.restore), (b.replica, false));
     assert!(!e.replicas()[b.replica].draining);
