@@ -7,11 +7,9 @@ use serde_json::json;
 use tangram_core::sim::{SimReport, Summary};
 use tangram_core::sim_api::{simulate_api_with, DeepSearch, QuotaMode};
 use tangram_core::sim_gpu::{
-    simulate_gpu, simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd,
+    matches_static, simulate_gpu, simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd,
+    MATCH_TOLERANCE,
 };
-
-/// Within this share of static's mean ACT counts as matching it.
-const MATCH_TOLERANCE: f64 = 0.10;
 
 pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let mut w: GpuWorkload = Mopd {
@@ -59,12 +57,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
             GpuMode::Static { .. } => format!("{name}@{static_total}gpu"),
         };
-        let pooled = if name == "tangram-v2" {
-            name
-        } else {
-            "tangram"
-        };
-        runs.push(simulate_gpu_with(&w, mode, pooled, &label));
+        runs.push(simulate_gpu_with(&w, mode, pooled_policy(name), &label));
     }
     if runs.is_empty() {
         crate::usage!("--policies is empty");
@@ -75,17 +68,13 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
 
     // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT, for the
     // first pooled policy listed.
-    let pooled = if args
-        .policies
-        .split(',')
-        .map(str::trim)
-        .find(|p| p.starts_with("tangram"))
-        == Some("tangram-v2")
-    {
-        "tangram-v2"
-    } else {
-        "tangram"
-    };
+    let pooled = pooled_policy(
+        args.policies
+            .split(',')
+            .map(str::trim)
+            .find(|p| p.starts_with("tangram"))
+            .unwrap_or("tangram"),
+    );
     let mut sweep = Vec::new();
     let mut fewest = None;
     if args.gpu_sweep {
@@ -101,7 +90,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         for g in 1..=max {
             let (r, stats) = simulate_gpu_with(&w, GpuMode::Pooled { gpus: g }, pooled, pooled);
             let s = r.summary();
-            let ok = stats.unserved == 0 && s.mean_act_s <= target * (1.0 + MATCH_TOLERANCE);
+            let ok = matches_static(s.mean_act_s, &stats, target);
             if ok && fewest.is_none() {
                 fewest = Some(g);
             }
@@ -253,12 +242,7 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
             "static" => QuotaMode::PerTrajectory,
             other => crate::usage!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
         };
-        let pooled = if name == "tangram-v2" {
-            name
-        } else {
-            "tangram"
-        };
-        reports.push(simulate_api_with(&w, mode, pooled, name));
+        reports.push(simulate_api_with(&w, mode, pooled_policy(name), name));
     }
     if reports.is_empty() {
         crate::usage!("--policies is empty");
@@ -305,4 +289,14 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
     println!("(ACT over search and judge calls; step = rollout phase, first start to last trajectory end)");
     println!("picture: {}", args.svg.display());
     Ok(())
+}
+
+/// The engine policy that decides a pooled run listed as `name`: `tangram-v2` itself (it also
+/// re-balances GPU replicas), `tangram` for anything else.
+fn pooled_policy(name: &str) -> &'static str {
+    if name == "tangram-v2" {
+        "tangram-v2"
+    } else {
+        "tangram"
+    }
 }

@@ -175,6 +175,16 @@ pub fn simulate_gpu_with(
     (report, gpu)
 }
 
+/// How close to static's mean ACT a pooled run must come to "match" it: within 10%.
+pub const MATCH_TOLERANCE: f64 = 0.10;
+
+/// Whether a pooled run (its mean ACT and counters) served every call with a mean ACT within
+/// [`MATCH_TOLERANCE`] of `target_s` (static's mean ACT): the rule of `--gpu-sweep` and of
+/// the calibration maps.
+pub fn matches_static(mean_act_s: f64, stats: &GpuStats, target_s: f64) -> bool {
+    stats.unserved == 0 && mean_act_s <= target_s * (1.0 + MATCH_TOLERANCE)
+}
+
 /// Parameters of the `mopd` generator: multi-teacher on-policy distillation.
 ///
 /// Calibrated to the paper's published characteristics: 9 teacher services of uneven

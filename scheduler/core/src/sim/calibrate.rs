@@ -10,7 +10,7 @@
 use super::{simulate, AiCoding, SimReport, Workload};
 use crate::policies::{K8s, Tangram};
 use crate::sim_api::{simulate_api, DeepSearch, QuotaMode};
-use crate::sim_gpu::{simulate_gpu, GpuMode, Mopd};
+use crate::sim_gpu::{matches_static, simulate_gpu, GpuMode, Mopd};
 use std::collections::HashMap;
 
 /// A map: one figure per (x, y).
@@ -159,28 +159,27 @@ fn coding(batch: usize, nodes: usize, turns: (usize, usize), busy: f64) -> Workl
     w
 }
 
-struct Grid<'a> {
-    xs: Vec<f64>,
-    ys: Vec<f64>,
-    progress: &'a mut dyn FnMut(usize, usize),
-}
-
-impl Grid<'_> {
-    fn fill(&mut self, mut cell: impl FnMut(f64, f64) -> f64) -> Vec<Vec<f64>> {
-        let total = self.xs.len() * self.ys.len();
-        let mut done = 0;
-        let mut rows = Vec::new();
-        for &y in &self.ys {
-            let mut row = Vec::new();
-            for &x in &self.xs {
-                row.push(cell(x, y));
-                done += 1;
-                (self.progress)(done, total);
-            }
-            rows.push(row);
-        }
-        rows
-    }
+/// The figure `cell(x, y)` for every cell, rows by `ys`, telling `progress` after each.
+fn fill(
+    xs: &[f64],
+    ys: &[f64],
+    progress: &mut dyn FnMut(usize, usize),
+    mut cell: impl FnMut(f64, f64) -> f64,
+) -> Vec<Vec<f64>> {
+    let total = xs.len() * ys.len();
+    let mut done = 0;
+    ys.iter()
+        .map(|&y| {
+            xs.iter()
+                .map(|&x| {
+                    let v = cell(x, y);
+                    done += 1;
+                    progress(done, total);
+                    v
+                })
+                .collect()
+        })
+        .collect()
 }
 
 fn coding_pods(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
@@ -191,12 +190,7 @@ fn coding_pods(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
     };
     let nodes = if scale == Scale::Full { 15 } else { 2 };
     let mut cache = HashMap::new();
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|batch, cores| {
+    let values = fill(&xs, &ys, progress, |batch, cores| {
         let w = coding(batch as usize, nodes, (8, 16), 0.47);
         let k = K8s {
             cores: cores as u32,
@@ -227,12 +221,7 @@ fn coding_capacity(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map 
         Scale::Small => vec![1.0, 2.0],
     };
     let mut cache = HashMap::new();
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|batch, nodes| {
+    let values = fill(&xs, &ys, progress, |batch, nodes| {
         let w = coding(batch as usize, nodes as usize, (8, 16), 0.47);
         let k = K8s {
             cores: 4,
@@ -265,12 +254,7 @@ fn coding_start(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
         Scale::Small => (vec![0.0, 5.0], vec![0.47, 0.8], 64, 2),
     };
     let mut cache = HashMap::new();
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|start_s, busy| {
+    let values = fill(&xs, &ys, progress, |start_s, busy| {
         let w = coding(batch, nodes, (8, 16), busy);
         let k = K8s {
             cores: 4,
@@ -299,12 +283,7 @@ fn coding_turns(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
         Scale::Small => (vec![3.0, 12.0], 2),
     };
     let mut cache = HashMap::new();
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|batch, turns| {
+    let values = fill(&xs, &ys, progress, |batch, turns| {
         // Turns uniform in [2/3, 4/3] of the mean (8 to 16 for 12).
         let t = turns as usize;
         let w = coding(batch as usize, nodes, (t * 2 / 3, t * 4 / 3), 0.47);
@@ -327,10 +306,7 @@ fn coding_turns(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
     }
 }
 
-/// The tolerance of "matches static" (as `tangram simulate --gpu-sweep`).
-pub const MATCH_TOLERANCE: f64 = 0.10;
-
-/// The fewest pooled GPUs whose mean ACT is within [`MATCH_TOLERANCE`] of `target_s`,
+/// The fewest pooled GPUs whose mean ACT matches `target_s` ([`matches_static`]),
 /// between `from` and `max` (none: not even `max` matches), by bisection: it assumes that
 /// more GPUs never make the mean worse, which holds up to noise (`tangram simulate
 /// --gpu-sweep` scans every size instead). Bisection matters here: an overloaded pool is
@@ -343,7 +319,7 @@ pub fn fewest_gpus(
 ) -> Option<u32> {
     let matches = |g: u32| {
         let (r, stats) = simulate_gpu(w, GpuMode::Pooled { gpus: g }, "tangram");
-        stats.unserved == 0 && mean_act(&r) <= target_s * (1.0 + MATCH_TOLERANCE)
+        matches_static(mean_act(&r), &stats, target_s)
     };
     let (mut lo, mut hi) = (from.max(1), max);
     if lo > hi || !matches(hi) {
@@ -370,12 +346,7 @@ fn mopd_gpus(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map {
         ),
         Scale::Small => (vec![21.0], vec![1.0, 2.0], 256),
     };
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|think_s, teacher| {
+    let values = fill(&xs, &ys, progress, |think_s, teacher| {
         let mut w = Mopd { batch, seed: 1 }.generate();
         let factor = think_s * 1e3 / 21_000.0;
         for t in &mut w.trajectories {
@@ -423,12 +394,7 @@ fn deepsearch_quota(scale: Scale, progress: &mut dyn FnMut(usize, usize)) -> Map
         ),
         Scale::Small => (vec![20.0, 200.0], vec![128.0]),
     };
-    let mut g = Grid {
-        xs: xs.clone(),
-        ys: ys.clone(),
-        progress,
-    };
-    let values = g.fill(|rate, batch| {
+    let values = fill(&xs, &ys, progress, |rate, batch| {
         let mut w = DeepSearch {
             batch: batch as usize,
             seed: 1,
