@@ -24,7 +24,7 @@ pub(crate) fn check(a: CheckArgs) -> anyhow::Result<()> {
         (Some(f), _) => ("tangram-scheduler", f),
         (None, Some(f)) => ("tangram-worker", f),
         (None, None) => {
-            print!("[up]\n{}", tangram_nats::layers::effective(&a.up));
+            print!("{}", effective_up(a.up));
             return Ok(());
         }
     };
@@ -40,4 +40,24 @@ pub(crate) fn check(a: CheckArgs) -> anyhow::Result<()> {
         }
         _ => anyhow::bail!("{bin} --check-config failed ({status})"),
     }
+}
+
+/// `up`'s options as they take effect, with the options it resolves at start (the
+/// nats-server binary, the monitoring port) filled in as `up` would.
+fn effective_up(mut up: crate::cluster::UpArgs) -> String {
+    let mut notes = String::new();
+    if up.nats_server.is_none() {
+        match crate::nats_server::find(None) {
+            Ok(found) => up.nats_server = Some(found),
+            Err(e) => notes += &format!("# nats_server: none usable: {e:#}\n"),
+        }
+    }
+    if up.nats_monitor_port.is_none() {
+        if up.nats_port == 4222 {
+            up.nats_monitor_port = Some(8222);
+        } else {
+            notes += "# nats_monitor_port: a free port, chosen at start\n";
+        }
+    }
+    format!("[up]\n{}{notes}", tangram_nats::layers::effective(&up))
 }

@@ -32,8 +32,9 @@ use tangram_core::sim::{self, AiCoding, Workload};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Config file: an `[up]` table with `up`'s options (flags and environment variables win
-    /// over it) [default: tangram.toml in the working directory, when present].
+    /// Config file, read by `up` and `check-config` only (other commands ignore it): an
+    /// `[up]` table with `up`'s options; flags and environment variables win over it
+    /// [default: tangram.toml in the working directory, when present].
     #[arg(long, global = true, env = "TANGRAM_CONFIG")]
     config: Option<PathBuf>,
     #[command(subcommand)]

@@ -64,6 +64,24 @@ fn check_config_prints_up_as_flags_env_and_file_merge_it() {
     assert!(out.contains("workers = 4"), "{out}");
     assert!(out.contains("gpus = 3"), "{out}");
     assert!(out.contains("search_rate = 9.0"), "{out}");
+    // What `up` resolves when unset is shown as it would take effect.
+    assert!(out.contains("nats_monitor_port = 8222"), "{out}");
+    let (code, out, err) = tangram(
+        &[
+            "check-config",
+            "--nats-port",
+            "4300",
+            "--nats-server",
+            "/no/such/nats-server",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("nats_server = \"/no/such/nats-server\""),
+        "{out}"
+    );
+    assert!(out.contains("# nats_monitor_port: a free port"), "{out}");
     std::fs::write(&file, "[up]\nworkerz = 4\n").unwrap();
     let (code, _, err) = tangram(&["--config", f, "check-config"], &[]);
     assert_eq!(code, 64, "{err}");

@@ -97,6 +97,40 @@ fn publish_raw(url: &str, seed: &Path, body: &str) {
     });
 }
 
+/// A job exported as a trace: each trajectory's steps as (kind, think seconds).
+fn export_steps(state: &Path, job: &str, out: &Path) -> Vec<(String, Vec<(String, f64)>)> {
+    let (code, _, err) = tangram(
+        state,
+        &[
+            "replay",
+            "export",
+            "--job",
+            job,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut lines: Vec<(String, Vec<(String, f64)>)> = std::fs::read_to_string(out)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(json)
+        .map(|l| {
+            let steps = l["steps"].as_array().unwrap().iter().map(|s| {
+                let kind = s["action"]["kind"].as_str().unwrap().to_string();
+                (kind, s["think_s"].as_f64().unwrap())
+            });
+            (
+                l["trajectory"].as_str().unwrap().to_string(),
+                steps.collect(),
+            )
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.cmp(&b.0));
+    lines
+}
+
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
@@ -247,6 +281,65 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
     let (code, out, _) = tangram(&state_b, &["replay", "jobs", "--json"]);
     assert_eq!(code, 0);
     assert_eq!(json(&out)["night-again"]["actions"], 16, "{out}");
+    // Each trajectory kept its order and its think gaps, four times shorter: the rollout
+    // thinks 100 ms between turns; the replay waits a quarter of each recorded gap after
+    // the previous result, never less.
+    let recorded = export_steps(&state_a, "night", &dir.path().join("rec.jsonl"));
+    let replayed = export_steps(&state_b, "night-again", &dir.path().join("rep.jsonl"));
+    assert_eq!(
+        recorded
+            .iter()
+            .map(|(t, s)| (t, s.len()))
+            .collect::<Vec<_>>(),
+        replayed
+            .iter()
+            .map(|(t, s)| (t, s.len()))
+            .collect::<Vec<_>>(),
+    );
+    for ((traj, rec), (_, rep)) in recorded.iter().zip(&replayed) {
+        for (i, ((rk, rt), (pk, pt))) in rec.iter().zip(rep).enumerate() {
+            assert_eq!(rk, pk, "{traj} step {i}: order kept");
+            assert!(
+                *pt >= rt / 4.0 * 0.95 - 0.002,
+                "{traj} step {i}: think {pt} s, recorded {rt} s"
+            );
+        }
+        let longest = |s: &[(String, f64)]| s.iter().map(|x| x.1).fold(0.0, f64::max);
+        assert!(
+            longest(rec) >= 0.1,
+            "{traj}: the rollout's 100 ms think: {rec:?}"
+        );
+        assert!(
+            longest(rep) < longest(rec),
+            "{traj}: not sped up: {rep:?} vs {rec:?}"
+        );
+    }
+
+    // Selected by trajectory and kind: t0's execs alone, with no sandbox opened for them
+    // under the new job, so each is refused, reported as a difference, and the run exits 1.
+    let (code, out, err) = tangram(
+        &state_a,
+        &[
+            "replay",
+            "run",
+            "--job",
+            "night",
+            "--trajectory",
+            "t0",
+            "--kind",
+            "sandbox_exec",
+            "--into",
+            &url_b,
+            "--into-nkey-file",
+            state_b.join("creds/operator.nk").to_str().unwrap(),
+            "--as",
+            "night-execs",
+        ],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("2 actions, 0 the same, 2 different"), "{out}");
+    assert_eq!(out.matches("no_sandbox").count(), 2, "{out}");
+    assert!(!out.contains(" t1 "), "only t0 was selected: {out}");
 
     // A rejected action is in the dead letters; a corrected one goes through.
     let bad = r#"{"id": "bad1", "job": "night", "trajectory": "t9", "timeout_ms": 0,

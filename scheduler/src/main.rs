@@ -25,7 +25,8 @@ struct Args {
     /// Largest action message accepted, in bytes [default: 1048576].
     #[arg(long, env = "TANGRAM_MAX_ACTION_BYTES")]
     max_action_bytes: Option<u64>,
-    /// Scheduling policy: tangram (default), fifo-dop-4, first-fit, ... .
+    /// Scheduling policy [default: tangram-v2]; also tangram (the paper's), static, per-task,
+    /// fifo-dop-1|4|16, first-fit, sjf, equal-split, fcfs-first-fit.
     #[arg(long, env = "TANGRAM_SCHEDULER_POLICY")]
     policy: Option<String>,
     /// Cores each trajectory's sandbox holds under the `static` policy [default: 4].

@@ -275,6 +275,23 @@ fn api_action() -> Action {
 }
 
 #[test]
+fn regrant() {
+    golden(
+        "regrant",
+        &Regrant {
+            epoch: 3,
+            id: ActionId::new("a-1").unwrap(),
+            attempt: 1,
+            grant: Grant {
+                cores: 4,
+                mem_mb: 0,
+            },
+            seq: 2,
+        },
+    );
+}
+
+#[test]
 fn api_action_and_result() {
     golden("action_api", &api_action());
     let mut done = ActionResult::new(

@@ -86,6 +86,7 @@ fn every_golden_message_is_valid() {
             ("result_", "result.json"),
             ("dispatch", "dispatch.json"),
             ("heartbeat", "heartbeat.json"),
+            ("regrant", "regrant.json"),
         ]
         .into_iter()
         .find_map(|(prefix, schema)| name.starts_with(prefix).then_some(schema))
@@ -100,7 +101,7 @@ fn every_golden_message_is_valid() {
         assert_valid(&validator(schema), &name, &msg);
         checked += 1;
     }
-    assert!(checked >= 16, "only {checked} golden files found");
+    assert!(checked >= 17, "only {checked} golden files found");
 }
 
 fn action(id: &str, spec: ActionSpec) -> Action {

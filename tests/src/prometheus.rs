@@ -9,8 +9,13 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// `tools/prometheus/bin/<name>` when installed.
+/// Under CI (`CI` set, where `deploy/test.sh` installs it first) a missing tool fails the
+/// test instead of skipping it, so a broken install cannot pass as a green run.
 pub fn tool(name: &str) -> Option<PathBuf> {
     let p = repo_root().join("tools/prometheus/bin").join(name);
+    if !p.exists() && std::env::var_os("CI").is_some() {
+        panic!("{name} is missing under CI: {MISSING}");
+    }
     p.exists().then_some(p)
 }
 

@@ -49,29 +49,66 @@ pub(crate) struct GpuProvider {
     pub(crate) allow: Vec<String>,
 }
 
+/// A Prometheus scrape config, as much of it as `up` writes.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ScrapeConfig {
+    global: ScrapeGlobal,
+    scrape_configs: Vec<ScrapeJob>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct ScrapeGlobal {
+    scrape_interval: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct ScrapeJob {
+    job_name: String,
+    static_configs: Vec<StaticTargets>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct StaticTargets {
+    targets: Vec<String>,
+    labels: std::collections::BTreeMap<String, String>,
+}
+
 /// A Prometheus scrape config for a cluster `up` started: one job per component kind, each
 /// target labelled `deployment: local` as deploy/prometheus.yml does (no `component` label:
-/// `tangram_build_info` has its own).
+/// `tangram_build_info` has its own). Written as JSON, which is YAML too, after a comment.
 pub fn prometheus_config(metrics: &[(String, String)]) -> String {
-    let mut out = String::from(
-        "# Written by `tangram up`: scrapes this local cluster. The fleet's own config is\n# deploy/prometheus.yml.\nglobal:\n  scrape_interval: 5s\nscrape_configs:\n",
-    );
-    for (job, prefix) in [("tangram-scheduler", "scheduler"), ("tangram-worker", "")] {
-        let targets: Vec<&(String, String)> = metrics
+    let mut config = ScrapeConfig {
+        global: ScrapeGlobal {
+            scrape_interval: "5s".into(),
+        },
+        scrape_configs: Vec::new(),
+    };
+    for (job, scheduler) in [("tangram-scheduler", true), ("tangram-worker", false)] {
+        let static_configs: Vec<StaticTargets> = metrics
             .iter()
-            .filter(|(n, _)| n.starts_with("scheduler") == (prefix == "scheduler"))
+            .filter(|(n, _)| n.starts_with("scheduler") == scheduler)
+            .map(|(_, addr)| StaticTargets {
+                targets: vec![addr.clone()],
+                labels: [("deployment".to_string(), "local".to_string())].into(),
+            })
             .collect();
-        if targets.is_empty() {
-            continue;
-        }
-        out += &format!("  - job_name: {job}\n    static_configs:\n");
-        for (name, addr) in targets {
-            out += &format!(
-                "      - targets: [\"{addr}\"]  # {name}\n        labels: {{deployment: local}}\n"
-            );
+        if !static_configs.is_empty() {
+            config.scrape_configs.push(ScrapeJob {
+                job_name: job.into(),
+                static_configs,
+            });
         }
     }
-    out
+    let targets: Vec<String> = metrics
+        .iter()
+        .map(|(n, a)| format!("# {n}: {a}\n"))
+        .collect();
+    format!(
+        "# Written by `tangram up`: scrapes this local cluster (JSON, which YAML readers take).\n\
+         # The fleet's own config is deploy/prometheus.yml.\n{}{}\n",
+        targets.concat(),
+        serde_json::to_string_pretty(&config).expect("a scrape config serialises")
+    )
 }
 
 /// Lays the config file's `[up]` table under `up`'s options: a value from a flag or an
@@ -136,4 +173,41 @@ pub(crate) fn layer(
         }
     }
     UpArgs::deserialize(toml::Value::Table(merged)).map_err(|e| format!("[up]: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scrape_config_has_a_job_per_component_kind_with_every_target() {
+        let metrics = [
+            ("scheduler".to_string(), "127.0.0.1:9001".to_string()),
+            ("cpu-0".to_string(), "127.0.0.1:9002".to_string()),
+            ("gpu-0".to_string(), "127.0.0.1:9003".to_string()),
+        ];
+        let text = prometheus_config(&metrics);
+        let body: String = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let parsed: ScrapeConfig = serde_json::from_str(&body).unwrap();
+        let jobs: Vec<(&str, Vec<&str>)> = parsed
+            .scrape_configs
+            .iter()
+            .map(|j| {
+                let t = j
+                    .static_configs
+                    .iter()
+                    .map(|s| s.targets[0].as_str())
+                    .collect();
+                (j.job_name.as_str(), t)
+            })
+            .collect();
+        assert_eq!(
+            jobs,
+            [
+                ("tangram-scheduler", vec!["127.0.0.1:9001"]),
+                ("tangram-worker", vec!["127.0.0.1:9002", "127.0.0.1:9003"]),
+            ]
+        );
+        assert!(parsed.scrape_configs[1].static_configs[1].labels["deployment"] == "local");
+    }
 }

@@ -35,9 +35,46 @@ fn faults<F: Copy>(
     }
 }
 
+const USAGE: &str = "\
+usage: tangram-faults [--actions N] [--faults a,b] [--trajectories N] [--pause-s N] [--fleet]
+
+Runs the mixed workload once per fault (the actions split evenly between them), prints a
+table and one JSON line, and exits 1 unless every acknowledged action was ok.
+
+  --actions N        actions in all [10000]
+  --faults a,b       the faults to run [all]: leader-kill, scheduler-restart, nats-kill,
+                     nats-pause, worker-kill, worker-partition, two-schedulers, worker-drain;
+                     with --fleet: nats-node-kill, worker-disconnect, leader-container-kill,
+                     rolling-restart, scale-2-6-2
+  --trajectories N   trajectories at once [16]
+  --pause-s N        how long a pause fault lasts, in seconds [20]
+  --fleet            run the multi-host faults on a docker-compose fleet (needs Docker)
+";
+
+/// Checks the command line: `--help` prints the usage, an unknown flag is a usage error.
+fn check_args(args: &[String]) -> Result<(), String> {
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--actions" | "--faults" | "--trajectories" | "--pause-s" => i += 2,
+            "--fleet" => i += 1,
+            other => return Err(other.to_string()),
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return Ok(());
+    }
+    if let Err(bad) = check_args(&args) {
+        eprintln!("tangram-faults: unexpected argument {bad:?}\n\n{USAGE}");
+        std::process::exit(2);
+    }
     let actions: usize = flag(&args, "--actions").map_or(Ok(10_000), |v| v.parse())?;
     let trajectories: usize = flag(&args, "--trajectories").map_or(Ok(16), |v| v.parse())?;
     let pause_s: u64 = flag(&args, "--pause-s").map_or(Ok(20), |v| v.parse())?;
