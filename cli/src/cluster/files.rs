@@ -149,18 +149,21 @@ pub(crate) fn apply_config_file(
     Ok(())
 }
 
-/// The options with the file's `[up]` values laid over those that came from defaults (one
-/// serde round trip: every key of `UpArgs` is a key of the file, typed as the flag is).
+/// The options with the file's `[up]` values laid over those that came from defaults,
+/// through figment as the scheduler's and the worker's files are (`tangram_nats::layers`):
+/// the options as parsed, then the file, then the options a flag or a variable set. Each of
+/// the file's keys is checked on its own first, so an error names the key.
 pub(crate) fn layer(
     a: &UpArgs,
     file: &toml::Table,
     from_default: impl Fn(&str) -> bool,
 ) -> Result<UpArgs, String> {
-    let mut merged = toml::Table::try_from(a).map_err(|e| e.to_string())?;
+    use figment::providers::Serialized;
+    let parsed = toml::Table::try_from(a).map_err(|e| e.to_string())?;
     for (key, value) in file {
-        let mut with = merged.clone();
+        let mut with = parsed.clone();
         with.insert(key.clone(), value.clone());
-        if let Err(e) = UpArgs::deserialize(toml::Value::Table(with.clone())) {
+        if let Err(e) = UpArgs::deserialize(toml::Value::Table(with)) {
             let e = e.to_string();
             return Err(if e.contains("unknown field") {
                 format!("unknown key up.{key}: {}", e.trim())
@@ -168,11 +171,17 @@ pub(crate) fn layer(
                 format!("up.{key}: {}", e.trim())
             });
         }
-        if from_default(key) {
-            merged = with;
-        }
     }
-    UpArgs::deserialize(toml::Value::Table(merged)).map_err(|e| format!("[up]: {e}"))
+    let set: toml::Table = parsed
+        .iter()
+        .filter(|(k, _)| !from_default(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    figment::Figment::from(Serialized::defaults(parsed))
+        .merge(Serialized::defaults(file))
+        .merge(Serialized::defaults(set))
+        .extract()
+        .map_err(|e| format!("[up]: {e}"))
 }
 
 #[cfg(test)]
