@@ -251,26 +251,21 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
 
     // Replayed into a fresh cluster: every outcome and exit code as recorded.
     let (url_b, _down_b) = up(&state_b);
+    let into_nk = state_b.join("creds/operator.nk");
+    let replay_into_b = |more: &[&str]| {
+        let base = ["replay", "run", "--job", "night", "--into", &url_b];
+        let creds = ["--into-nkey-file", into_nk.to_str().unwrap()];
+        tangram(&state_a, &[&base[..], &creds, more].concat())
+    };
     let report = dir.path().join("replay.json");
-    let (code, out, err) = tangram(
-        &state_a,
-        &[
-            "replay",
-            "run",
-            "--job",
-            "night",
-            "--into",
-            &url_b,
-            "--into-nkey-file",
-            state_b.join("creds/operator.nk").to_str().unwrap(),
-            "--as",
-            "night-again",
-            "--speed",
-            "4",
-            "--report",
-            report.to_str().unwrap(),
-        ],
-    );
+    let (code, out, err) = replay_into_b(&[
+        "--as",
+        "night-again",
+        "--speed",
+        "4",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "replay differs: {out}{err}");
     assert!(
         out.contains("16 actions, 16 the same, 0 different"),
@@ -317,25 +312,14 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
 
     // Selected by trajectory and kind: t0's execs alone, with no sandbox opened for them
     // under the new job, so each is refused, reported as a difference, and the run exits 1.
-    let (code, out, err) = tangram(
-        &state_a,
-        &[
-            "replay",
-            "run",
-            "--job",
-            "night",
-            "--trajectory",
-            "t0",
-            "--kind",
-            "sandbox_exec",
-            "--into",
-            &url_b,
-            "--into-nkey-file",
-            state_b.join("creds/operator.nk").to_str().unwrap(),
-            "--as",
-            "night-execs",
-        ],
-    );
+    let (code, out, err) = replay_into_b(&[
+        "--trajectory",
+        "t0",
+        "--kind",
+        "sandbox_exec",
+        "--as",
+        "night-execs",
+    ]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("2 actions, 0 the same, 2 different"), "{out}");
     assert_eq!(out.matches("no_sandbox").count(), 2, "{out}");
