@@ -154,7 +154,7 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
             "--trajectories",
             "2",
         ])
-        .args(["--turns", "2", "--think-ms", "100", "--report"])
+        .args(["--turns", "2", "--think-ms", "400", "--report"])
         .arg(dir.path().join("report.json"))
         .env("TANGRAM_NKEY_FILE", state_a.join("creds/rollout.nk"))
         .output()
@@ -277,8 +277,8 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
     assert_eq!(code, 0);
     assert_eq!(json(&out)["night-again"]["actions"], 16, "{out}");
     // Each trajectory kept its order and its think gaps, four times shorter: the rollout
-    // thinks 100 ms between turns; the replay waits a quarter of each recorded gap after
-    // the previous result, never less.
+    // thinks 200 to 600 ms between turns (`--think-ms 400`); the replay waits a quarter of
+    // each recorded gap after the previous result, never less.
     let recorded = export_steps(&state_a, "night", &dir.path().join("rec.jsonl"));
     let replayed = export_steps(&state_b, "night-again", &dir.path().join("rep.jsonl"));
     assert_eq!(
@@ -301,8 +301,8 @@ fn a_recorded_job_is_inspected_exported_resimulated_and_replayed_into_a_fresh_cl
         }
         let longest = |s: &[(String, f64)]| s.iter().map(|x| x.1).fold(0.0, f64::max);
         assert!(
-            longest(rec) >= 0.1,
-            "{traj}: the rollout's 100 ms think: {rec:?}"
+            longest(rec) >= 0.2,
+            "{traj}: the rollout's think of at least 200 ms: {rec:?}"
         );
         assert!(
             longest(rep) < longest(rec),
