@@ -46,11 +46,9 @@ pub(crate) fn check(a: CheckArgs) -> anyhow::Result<()> {
 /// nats-server binary, the monitoring port) filled in as `up` would.
 fn effective_up(mut up: crate::cluster::UpArgs) -> String {
     let mut notes = String::new();
-    if up.nats_server.is_none() {
-        match crate::nats_server::find(None) {
-            Ok(found) => up.nats_server = Some(found),
-            Err(e) => notes += &format!("# nats_server: none usable: {e:#}\n"),
-        }
+    match crate::nats_server::find(up.nats_server.as_ref()) {
+        Ok(found) => up.nats_server = Some(found),
+        Err(e) => notes += &format!("# nats_server: not usable: {e:#}\n"),
     }
     if up.nats_monitor_port.is_none() {
         if up.nats_port == 4222 {

@@ -81,7 +81,18 @@ fn check_config_prints_up_as_flags_env_and_file_merge_it() {
         out.contains("nats_server = \"/no/such/nats-server\""),
         "{out}"
     );
+    assert!(out.contains("# nats_server: not usable"), "{out}");
     assert!(out.contains("# nats_monitor_port: a free port"), "{out}");
+    // `--metrics` wins over a file's `no_metrics = true`; a file's `metrics = false` is
+    // `no_metrics = true`.
+    std::fs::write(&file, "[up]\nno_metrics = true\n").unwrap();
+    let (_, out, _) = tangram(&["--config", f, "check-config"], &[]);
+    assert!(out.contains("no_metrics = true"), "{out}");
+    let (_, out, _) = tangram(&["--config", f, "check-config", "--metrics"], &[]);
+    assert!(out.contains("no_metrics = false"), "{out}");
+    std::fs::write(&file, "[up]\nmetrics = false\n").unwrap();
+    let (_, out, _) = tangram(&["--config", f, "check-config"], &[]);
+    assert!(out.contains("no_metrics = true"), "{out}");
     std::fs::write(&file, "[up]\nworkerz = 4\n").unwrap();
     let (code, _, err) = tangram(&["--config", f, "check-config"], &[]);
     assert_eq!(code, 64, "{err}");

@@ -127,6 +127,20 @@ fn up_submit_status_down_on_a_real_local_cluster() {
     assert!(std::fs::read_to_string(state.join("prometheus.yml"))
         .unwrap()
         .contains(addr));
+    // Prometheus accepts it (promtool is installed by deploy/test.sh).
+    let promtool = repo().join("tools/prometheus/bin/promtool");
+    if promtool.exists() {
+        let out = Command::new(&promtool)
+            .args(["check", "config"])
+            .arg(state.join("prometheus.yml"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 
     let (code, out, err) = tangram(&state, &["submit", "open", "--trajectory", "t1", "--json"]);
     assert_eq!(code, 0, "{out}{err}");

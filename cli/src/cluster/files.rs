@@ -172,11 +172,23 @@ pub(crate) fn layer(
             });
         }
     }
-    let set: toml::Table = parsed
+    let mut set: toml::Table = parsed
         .iter()
         .filter(|(k, _)| !from_default(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // `metrics` is `no_metrics` turned round: a file's `metrics` and a `--metrics` flag
+    // land on `no_metrics`, so a flag still wins over the file.
+    let mut file = file.clone();
+    if let Some(on) = file.remove("metrics") {
+        let on = on
+            .as_bool()
+            .ok_or_else(|| "up.metrics: a boolean".to_string())?;
+        file.insert("no_metrics".into(), toml::Value::Boolean(!on));
+    }
+    if a.metrics && !from_default("metrics") {
+        set.insert("no_metrics".into(), toml::Value::Boolean(false));
+    }
     figment::Figment::from(Serialized::defaults(parsed))
         .merge(Serialized::defaults(file))
         .merge(Serialized::defaults(set))

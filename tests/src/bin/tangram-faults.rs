@@ -56,9 +56,14 @@ fn check_args(args: &[String]) -> Result<(), String> {
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
-            "--actions" | "--faults" | "--trajectories" | "--pause-s" => i += 2,
+            "--actions" | "--faults" | "--trajectories" | "--pause-s" => {
+                if i + 1 >= args.len() {
+                    return Err(format!("{} needs a value", args[i]));
+                }
+                i += 2
+            }
             "--fleet" => i += 1,
-            other => return Err(other.to_string()),
+            other => return Err(format!("unexpected argument {other:?}")),
         }
     }
     Ok(())
@@ -72,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if let Err(bad) = check_args(&args) {
-        eprintln!("tangram-faults: unexpected argument {bad:?}\n\n{USAGE}");
+        eprintln!("tangram-faults: {bad}\n\n{USAGE}");
         std::process::exit(2);
     }
     let actions: usize = flag(&args, "--actions").map_or(Ok(10_000), |v| v.parse())?;
