@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-tools.sh
 bash deploy/install-prometheus.sh
+bash deploy/install-registry.sh
 bash deploy/build-sandbox-image.sh
 cargo build --locked --bins
 profile=default

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod fit;
 pub mod heartbeat;
 pub mod ids;
+pub mod image;
 pub mod metric;
 pub mod pacing;
 pub mod result;

@@ -216,6 +216,13 @@ pub struct Timing {
     pub exec_us: u64,
     /// Action completion time: the sum of the three.
     pub act_us: u64,
+    /// Of `overhead_us`, the time an open spent pulling its image (absent or 0: no pull).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pull_us: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Timing {
@@ -226,6 +233,7 @@ impl Timing {
             overhead_us,
             exec_us,
             act_us: queued_us + overhead_us + exec_us,
+            pull_us: 0,
         }
     }
 }

@@ -11,6 +11,7 @@
 pub mod api_server;
 pub mod faults;
 pub mod prometheus;
+pub mod registry;
 
 use anyhow::{bail, Context as _};
 use async_nats::jetstream;

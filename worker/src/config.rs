@@ -16,8 +16,8 @@ use tangram_shared::WorkerId;
 mod sandbox;
 use sandbox::validate_sandbox;
 pub use sandbox::{
-    RawSandbox, SandboxConfig, DEFAULT_IMAGE, DEFAULT_OUTPUT_LIMIT, DEFAULT_PIDS_LIMIT,
-    DEFAULT_RUNTIMES, DEFAULT_USER,
+    PullConfig, RawSandbox, RegistryAuth, SandboxConfig, DEFAULT_IMAGE, DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_PIDS_LIMIT, DEFAULT_RUNTIMES, DEFAULT_USER,
 };
 
 /// How cores are granted to and taken from a sandbox.

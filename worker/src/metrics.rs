@@ -21,6 +21,8 @@ pub const FENCED: &str = "tangram_worker_fenced_total";
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
 pub const REGRANTS: &str = "tangram_worker_regrants_total";
 pub const WARM_CLAIMS: &str = "tangram_worker_warm_pool_claims_total";
+pub const IMAGE_PULLS: &str = "tangram_worker_image_pulls_total";
+pub const IMAGE_PULL_SECONDS: &str = "tangram_worker_image_pull_duration_seconds";
 pub const WARM_READY: &str = "tangram_worker_warm_pool_ready";
 pub const WARM_MEMORY: &str = "tangram_worker_warm_pool_memory_bytes";
 pub const REPLICAS_STARTED: &str = "tangram_worker_replicas_started_total";
@@ -68,6 +70,8 @@ pub const DEFS: &[MetricDef] = &[
     def(FENCED, C, &[], N, "Times this worker found itself fenced and rejoined as a new instance."),
     def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
     def(REGRANTS, C, &["direction"], N, "Running execs re-sized by a malleable policy (tangram-v2), by direction (widen, narrow)."),
+    def(IMAGE_PULLS, C, &["outcome"], N, "Sandbox images pulled because an open named one the worker lacked, by outcome (ok, refused: not allowed or not in the registry, failed: registry unreachable, credentials refused or too slow). Opens sharing a pull count once each."),
+    def(IMAGE_PULL_SECONDS, H, &[], S, "How long a successful image pull took."),
     def(WARM_CLAIMS, C, &["result"], N, "Opens the warm pool could serve, by result (hit: a parked sandbox was claimed; miss: the pool was empty and one was created)."),
     def(WARM_READY, G, &[], N, "Warm sandboxes ready to claim."),
     def(WARM_MEMORY, G, &[], B, "Memory the warm sandboxes may use (their limits, summed)."),
@@ -95,7 +99,7 @@ const OVERHEAD: &[f64] = &[
 const EXEC: &[f64] = &[
     1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
-/// Restores and API calls: milliseconds to minutes.
+/// Restores, API calls and image pulls: milliseconds to minutes.
 const SLOW: &[f64] = &[
     1e-3, 1e-2, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -107,6 +111,7 @@ pub const BUCKETS: &[(&str, &[f64])] = &[
     (EXEC_SECONDS, EXEC),
     (RESTORE_SECONDS, SLOW),
     (API_SECONDS, SLOW),
+    (IMAGE_PULL_SECONDS, SLOW),
 ];
 
 /// The exporter's builder with every histogram's buckets.

@@ -75,6 +75,8 @@ pub struct SandboxHandle {
     /// out-of-memory counter; `None` where they cannot be found (the runtime then falls back
     /// to killing from inside, and cannot tell an out-of-memory kill from another SIGKILL).
     pub containment: Option<Containment>,
+    /// How long pulling its image took, µs (0: the image was there).
+    pub pull_us: u64,
 }
 
 /// One command to run in a sandbox.
@@ -120,6 +122,13 @@ pub enum SandboxError {
     /// The image is not present (no registry is reachable, so it cannot be pulled).
     #[error("image {0:?} is not present on this worker; build or load it first (deploy/build-sandbox-image.sh builds the default)")]
     NoImage(String),
+    /// The image is absent and may not be pulled, or its registry does not have it.
+    #[error("{0}")]
+    ImageRefused(String),
+    /// The image is absent and its pull failed (registry unreachable, credentials refused,
+    /// too slow).
+    #[error("{0}")]
+    Pull(String),
     /// The sandbox is gone.
     #[error("sandbox {0} no longer exists")]
     Gone(String),
@@ -275,6 +284,7 @@ impl SandboxRuntime for InMemorySandboxes {
                 id,
                 cgroup: None,
                 containment: None,
+                pull_us: 0,
             })
         })
     }

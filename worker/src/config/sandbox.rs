@@ -39,6 +39,62 @@ pub struct RawSandbox {
     pub warm_pool: Option<usize>,
     /// Warm sandboxes kept at least, whatever the open rate (at most `warm_pool`).
     pub warm_pool_min: Option<usize>,
+    /// Images this worker may pull when a `sandbox_open` names one it lacks: rules
+    /// `registry/repository`, `registry/prefix/*` or `registry/*`. Unset or empty: nothing
+    /// is pulled (an absent image is refused).
+    pub pull: Option<Vec<String>>,
+    /// JSON file of registry credentials, `{"host[:port]": {"username": "...",
+    /// "password": "..."}}`, read at start. Credentials never come from an action.
+    pub registry_auth_file: Option<String>,
+    /// How long one pull may take [default: 300000].
+    pub pull_timeout_ms: Option<u64>,
+}
+
+/// Credentials for one registry. Its `Debug` never shows the password.
+#[derive(Clone, Deserialize)]
+pub struct RegistryAuth {
+    /// The user.
+    pub username: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RegistryAuth {{ username: {:?}, password: <redacted> }}",
+            self.username
+        )
+    }
+}
+
+/// What a worker pulls, from where, with which credentials.
+#[derive(Debug, Clone, Default)]
+pub struct PullConfig {
+    /// The allow rules (none: no pulls).
+    pub allow: Vec<tangram_shared::image::ImageRule>,
+    /// Credentials by registry (`host[:port]`).
+    pub auth: std::collections::BTreeMap<String, RegistryAuth>,
+    /// The longest one pull may take.
+    pub timeout: std::time::Duration,
+}
+
+impl PullConfig {
+    /// Why `image` may not be pulled, or `None` when it may.
+    pub fn refusal(&self, image: &str) -> Option<String> {
+        if self.allow.is_empty() {
+            return Some("this worker pulls no images (sandbox.pull is empty)".into());
+        }
+        match tangram_shared::image::ImageRef::parse(image) {
+            Err(e) => Some(e),
+            Ok(r) if self.allow.iter().any(|rule| rule.allows(&r)) => None,
+            Ok(r) => Some(format!(
+                "{}/{} is not in this worker's sandbox.pull allow-list",
+                r.registry, r.repository
+            )),
+        }
+    }
 }
 
 /// Validated sandbox settings.
@@ -66,6 +122,8 @@ pub struct SandboxConfig {
     /// Warm pool size, at most and at least (0 and 0: no pool).
     pub warm_max: usize,
     pub warm_min: usize,
+    /// Pulls of images a `sandbox_open` names and the worker lacks.
+    pub pull: PullConfig,
 }
 
 /// The largest warm pool a worker may keep.
@@ -113,6 +171,7 @@ const HOST_TREES: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/boot", "/root"]
 const GUARDED_TARGETS: &[&str] = &["/proc", "/sys", "/dev", "/etc"];
 
 pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigError> {
+    let pull = validate_pull(&raw)?;
     if raw.privileged == Some(true) {
         return refused(
             "sandbox.privileged",
@@ -173,6 +232,7 @@ pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigE
         return invalid("sandbox.warm_pool_min", "must be at most warm_pool");
     }
     Ok(SandboxConfig {
+        pull,
         warm_max,
         warm_min,
         image: raw.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
@@ -183,6 +243,40 @@ pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigE
         mounts,
         runtime: raw.runtime,
         cluster: String::new(),
+    })
+}
+
+/// The pull rules parsed, the credentials file read.
+fn validate_pull(raw: &RawSandbox) -> Result<PullConfig, ConfigError> {
+    let allow = raw
+        .pull
+        .iter()
+        .flatten()
+        .map(|r| tangram_shared::image::ImageRule::parse(r))
+        .collect::<Result<Vec<_>, _>>()
+        .or_else(|e| invalid("sandbox.pull", e))?;
+    let auth = match raw.registry_auth_file.as_deref() {
+        None => Default::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).or_else(|e| {
+                invalid("sandbox.registry_auth_file", format!("reading {path}: {e}"))
+            })?;
+            serde_json::from_str(&text).or_else(|e| {
+                invalid(
+                    "sandbox.registry_auth_file",
+                    format!("{path}: {e}; expected {{\"host[:port]\": {{\"username\": ..., \"password\": ...}}}}"),
+                )
+            })?
+        }
+    };
+    let timeout_ms = raw.pull_timeout_ms.unwrap_or(300_000);
+    if !(1_000..=3_600_000).contains(&timeout_ms) {
+        return invalid("sandbox.pull_timeout_ms", "must be 1000 to 3600000");
+    }
+    Ok(PullConfig {
+        allow,
+        auth,
+        timeout: std::time::Duration::from_millis(timeout_ms),
     })
 }
 
@@ -398,6 +492,42 @@ mod tests {
                 "{target}"
             );
         }
+    }
+
+    #[test]
+    fn pull_rules_and_registry_credentials_are_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = dir.path().join("auth.json");
+        std::fs::write(
+            &auth,
+            r#"{"127.0.0.1:5000": {"username": "u", "password": "pw"}}"#,
+        )
+        .unwrap();
+        let c = sandbox(&format!(
+            "pull = [\"127.0.0.1:5000/team/*\"]\nregistry_auth_file = {:?}\npull_timeout_ms = 5000",
+            auth.display().to_string()
+        ))
+        .unwrap();
+        assert!(c.pull.refusal("127.0.0.1:5000/team/app:1").is_none());
+        assert_eq!(c.pull.auth["127.0.0.1:5000"].username, "u");
+        assert!(
+            !format!("{c:?}").contains("pw"),
+            "the password shows in Debug"
+        );
+        for bad in [
+            "pull = [\"no-registry\"]",
+            "pull = [\"reg.example/a*b\"]",
+            "pull_timeout_ms = 5",
+        ] {
+            assert_eq!(kind(bad), ConfigErrorKind::Invalid, "{bad}");
+        }
+        std::fs::write(&auth, "{not json").unwrap();
+        let text = format!("registry_auth_file = {:?}", auth.display().to_string());
+        assert_eq!(kind(&text), ConfigErrorKind::Invalid);
+        assert_eq!(
+            kind("registry_auth_file = \"/no/such/auth.json\""),
+            ConfigErrorKind::Invalid
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub use crate::sandbox::ExecOutput;
 pub use replicas::{ReplicaContainers, LABEL_REPLICA};
 pub use runtime::DockerRuntime;
 
+pub mod pull;
 mod replicas;
 mod runtime;
 
@@ -52,9 +53,12 @@ pub const PARKED_QUOTA_US: i64 = 1_000;
 /// A Docker failure.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
-    /// The image is not present (no registry is reachable, so it cannot be pulled).
-    #[error("image {0:?} is not present on this worker; build or load it first (deploy/build-sandbox-image.sh builds the default)")]
+    /// The image is not present and this worker pulls no images (`sandbox.pull` is empty).
+    #[error("image {0:?} is not present on this worker; build or load it first (deploy/build-sandbox-image.sh builds the default), or allow pulls from its registry (sandbox.pull)")]
     NoImage(String),
+    /// The image is absent and could not be pulled.
+    #[error("{0}")]
+    Pull(#[from] pull::PullError),
     /// The daemon does not know the configured OCI runtime.
     #[error("sandbox runtime {want:?} is not configured in the Docker daemon (it has: {known})")]
     NoRuntime {
@@ -103,6 +107,8 @@ pub struct Created {
     pub id: String,
     /// Host PID of its init process (for the cgroup paths).
     pub pid: i64,
+    /// How long pulling its image took, µs (0: the image was there).
+    pub pull_us: u64,
 }
 
 /// Exit code of [`FILES_WRAPPER`] when the files could not be written.
@@ -156,6 +162,7 @@ pub struct DockerSandboxes {
     docker: Docker,
     worker: String,
     config: SandboxConfig,
+    pulls: pull::Pulls,
 }
 
 impl DockerSandboxes {
@@ -167,6 +174,7 @@ impl DockerSandboxes {
             docker,
             worker: worker.to_string(),
             config,
+            pulls: pull::Pulls::default(),
         })
     }
 
@@ -214,8 +222,18 @@ impl DockerSandboxes {
     ) -> Result<Created, DockerError> {
         let image = open.image.as_deref().unwrap_or(&self.config.image);
         let (memory_mb, workdir_mb, env) = (open.memory_mb, open.workdir_mb, &open.env);
+        let mut pull_us = 0;
         if !self.has_image(image).await? {
-            return Err(DockerError::NoImage(image.to_string()));
+            if self.config.pull.allow.is_empty() {
+                return Err(DockerError::NoImage(image.to_string()));
+            }
+            let pulled = self
+                .pulls
+                .pull(&self.docker, &self.config.pull, image)
+                .await;
+            crate::metrics::image_pull(&pulled);
+            pull_us = pulled?;
+            tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
         }
         // Unique per open: a trajectory's earlier sandbox may still be being removed (a
         // fence or a drain removes them while new opens arrive), and a fixed name would
@@ -316,7 +334,7 @@ impl DockerSandboxes {
             .inspect_container(&id, None::<InspectContainerOptions>)
             .await?;
         let pid = info.state.and_then(|s| s.pid).unwrap_or(0);
-        Ok(Created { id, pid })
+        Ok(Created { id, pid, pull_us })
     }
 
     /// Grants or parks cores through Docker's update API.

@@ -19,6 +19,10 @@ impl From<DockerError> for SandboxError {
     fn from(e: DockerError) -> Self {
         match e {
             DockerError::NoImage(image) => SandboxError::NoImage(image),
+            DockerError::Pull(super::pull::PullError::Refused(why)) => {
+                SandboxError::ImageRefused(why)
+            }
+            DockerError::Pull(super::pull::PullError::Failed(why)) => SandboxError::Pull(why),
             DockerError::Gone(id) => SandboxError::Gone(id),
             e => SandboxError::Backend(Box::new(e)),
         }
@@ -108,6 +112,7 @@ impl SandboxRuntime for DockerRuntime {
                 id: created.id,
                 cgroup,
                 containment,
+                pull_us: created.pull_us,
             })
         })
     }

@@ -32,6 +32,18 @@ pub(crate) fn fenced_result() {
 pub(crate) fn regrant(direction: &'static str) {
     counter!(REGRANTS, "direction" => direction).increment(1);
 }
+pub(crate) fn image_pull(r: &Result<u64, crate::docker::pull::PullError>) {
+    use crate::docker::pull::PullError;
+    let outcome = match r {
+        Ok(us) => {
+            histogram!(IMAGE_PULL_SECONDS).record(*us as f64 / 1e6);
+            "ok"
+        }
+        Err(PullError::Refused(_)) => "refused",
+        Err(PullError::Failed(_)) => "failed",
+    };
+    counter!(IMAGE_PULLS, "outcome" => outcome).increment(1);
+}
 pub(crate) fn warm_claim(hit: bool) {
     counter!(WARM_CLAIMS, "result" => if hit { "hit" } else { "miss" }).increment(1);
 }

@@ -65,8 +65,10 @@ impl Worker {
             ActionSpec::Reward(reward) => self.reward(d, reward, queued_us, &mut result).await,
             ActionSpec::Api(api) => self.api(d, api, queued_us, &mut result).await,
             ActionSpec::SandboxOpen(open) => {
-                result.outcome = self.open(&key, open, d.grant.mem_mb).await;
+                let (outcome, pull_us) = self.open(&key, open, d.grant.mem_mb).await;
+                result.outcome = outcome;
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
+                result.timing.pull_us = pull_us;
             }
             ActionSpec::SandboxClose(_) => {
                 let sandbox = self
@@ -97,7 +99,7 @@ impl Worker {
         key: &SandboxKey,
         open: &tangram_shared::SandboxOpen,
         mem_mb: u64,
-    ) -> Outcome {
+    ) -> (Outcome, u64) {
         if self
             .state
             .lock()
@@ -105,28 +107,28 @@ impl Worker {
             .sandboxes
             .contains_key(key)
         {
-            return Outcome::Completed { exit_code: 0 }; // a redelivered open: already done
+            return (Outcome::Completed { exit_code: 0 }, 0); // a redelivered open: already done
         }
         let created = self.dk().start(key, open, &self.config.parking_cores).await;
         let handle = match created {
             Ok(h) => h,
             Err(SandboxError::NoImage(image)) => {
-                return Outcome::Rejected {
-                    code: RejectCode::InvalidField,
-                    reason: format!(
-                        "image {image:?} is not present on worker {}",
-                        self.config.id
-                    ),
-                }
+                let reason = format!("image {image:?} is not present on worker {}", self.config.id);
+                return (Outcome::Rejected { code: RejectCode::InvalidField, reason }, 0);
             }
+            Err(SandboxError::ImageRefused(reason)) => {
+                return (Outcome::Rejected { code: RejectCode::InvalidField, reason }, 0);
+            }
+            Err(SandboxError::Pull(why)) => return (infra(InfraCode::Runtime, why), 0),
             Err(SandboxError::Cgroup(e)) => {
-                return infra(
+                return (infra(
                     InfraCode::Grant,
                     format!("finding the sandbox's cgroup ({e}); set grant_mode = \"docker\" on hosts without a writable cgroup tree"),
-                )
+                ), 0)
             }
-            Err(e) => return infra(InfraCode::Runtime, format!("creating the sandbox: {e}")),
+            Err(e) => return (infra(InfraCode::Runtime, format!("creating the sandbox: {e}")), 0),
         };
+        let pull_us = handle.pull_us;
         let sandbox = Arc::new(Sandbox {
             handle,
             mem_mb: mem_mb.max(open.memory_mb),
@@ -137,7 +139,7 @@ impl Worker {
             .expect("state lock")
             .sandboxes
             .insert(key.clone(), sandbox);
-        Outcome::Completed { exit_code: 0 }
+        (Outcome::Completed { exit_code: 0 }, pull_us)
     }
 
     async fn exec(

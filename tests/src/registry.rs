@@ -1,0 +1,138 @@
+//! A container registry on loopback for the image-pull tests: Debian's docker-registry (from
+//! `deploy/install-registry.sh`) with basic auth, its storage in a temporary folder, killed
+//! when dropped. Images are pushed with a Docker client config of the test's own, so the
+//! machine's `docker login` state is never touched.
+
+use crate::{free_port, repo_root, ChildGuard};
+use anyhow::Context as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The registry binary, when installed.
+pub fn binary() -> Option<PathBuf> {
+    let p = repo_root().join("tools/registry/bin/docker-registry");
+    p.exists().then_some(p)
+}
+
+/// The message a test prints when the registry is not installed.
+pub const MISSING: &str =
+    "tools/registry is not installed: run `bash deploy/install-registry.sh` to run this test";
+
+/// A running registry.
+#[derive(Debug)]
+pub struct Registry {
+    /// `127.0.0.1:port`: the registry part of image references.
+    pub addr: String,
+    user: String,
+    password: String,
+    child: Option<ChildGuard>,
+    dir: tempfile::TempDir,
+}
+
+impl Registry {
+    /// Starts one that lets in `user` with `password` and no one else; waits until it answers.
+    pub fn start(user: &str, password: &str) -> anyhow::Result<Self> {
+        let bin = binary().context(MISSING)?;
+        let dir = tempfile::tempdir()?;
+        let hash = Command::new("python3")
+            .args(["-W", "ignore", "-c"])
+            .arg("import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))")
+            .arg(password)
+            .output()?;
+        anyhow::ensure!(hash.status.success(), "bcrypt via python3 failed");
+        let hash = String::from_utf8(hash.stdout)?.trim().to_string();
+        std::fs::write(dir.path().join("htpasswd"), format!("{user}:{hash}\n"))?;
+        let addr = format!("127.0.0.1:{}", free_port());
+        let config = format!(
+            "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\nauth:\n  htpasswd:\n    realm: tangram-test\n    path: {}\n",
+            dir.path().join("data").display(),
+            dir.path().join("htpasswd").display()
+        );
+        std::fs::write(dir.path().join("config.yml"), config)?;
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("registry.log"))?)
+            .spawn()?;
+        let r = Self {
+            addr,
+            user: user.into(),
+            password: password.into(),
+            child: Some(ChildGuard(child)),
+            dir,
+        };
+        // Up to 20 s for it to listen.
+        let up = (0..400).any(|_| {
+            let ok = std::net::TcpStream::connect(&r.addr).is_ok();
+            if !ok {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            ok
+        });
+        anyhow::ensure!(up, "the registry did not start");
+        Ok(r)
+    }
+
+    fn docker(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("docker")
+            .arg("--config")
+            .arg(self.dir.path().join("client"))
+            .args(args)
+            .output()?;
+        let text = crate::output_text(&out);
+        anyhow::ensure!(out.status.success(), "docker {args:?}: {text}");
+        Ok(text)
+    }
+
+    /// Pushes the local image `local` as `repository:tag` and removes that name locally again
+    /// (the layers stay, under `local`), so a worker must pull it. Returns the reference.
+    pub fn push(&self, local: &str, repository_tag: &str) -> anyhow::Result<String> {
+        let reference = format!("{}/{repository_tag}", self.addr);
+        self.login()?;
+        self.docker(&["tag", local, &reference])?;
+        self.docker(&["push", "-q", &reference])?;
+        self.docker(&["rmi", &reference])?;
+        Ok(reference)
+    }
+
+    /// `docker login` into the test's own client config, the password on stdin.
+    fn login(&self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let mut child = Command::new("docker")
+            .arg("--config")
+            .arg(self.dir.path().join("client"))
+            .args(["login", &self.addr, "-u", &self.user, "--password-stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("docker login's stdin")?
+            .write_all(self.password.as_bytes())?;
+        let out = child.wait_with_output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "docker login: {}",
+            crate::output_text(&out)
+        );
+        Ok(())
+    }
+
+    /// Stops the registry (a registry outage).
+    pub fn stop(&mut self) {
+        self.child = None;
+    }
+
+    /// A credentials file for a worker: this registry's user and password.
+    pub fn auth_file(&self) -> anyhow::Result<PathBuf> {
+        let p = self.dir.path().join("auth.json");
+        let v =
+            serde_json::json!({ &self.addr: { "username": self.user, "password": self.password } });
+        std::fs::write(&p, v.to_string())?;
+        Ok(p)
+    }
+}

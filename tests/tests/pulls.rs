@@ -1,0 +1,125 @@
+//! Sandbox images pulled from a registry (issue 15): a real registry with basic auth on
+//! loopback (`deploy/install-registry.sh`), images pushed to it from the local sandbox image,
+//! and a real worker whose `sandbox.pull` allow-list and credentials file say what it may
+//! pull. An open of an allowed image pulls it and the sandbox runs; one outside the list, or
+//! unknown to the registry, is rejected with the reason; a registry outage is an infra error.
+
+use std::time::Duration;
+use tangram_shared::{ActionSpec, InfraCode, Outcome, RejectCode};
+use tangram_tests::build::{exec, open};
+use tangram_tests::registry::{self, Registry};
+use tangram_tests::Cluster;
+
+const T: Duration = Duration::from_secs(120);
+const LOCAL: &str = tangram_worker::config::DEFAULT_IMAGE;
+
+/// An open of `image` for trajectory `t`.
+fn open_image(id: &str, t: &str, image: &str) -> tangram_shared::Action {
+    let mut a = open(id, "pulls", t);
+    if let ActionSpec::SandboxOpen(o) = &mut a.spec {
+        o.image = Some(image.to_string());
+    }
+    a
+}
+
+/// Removes the pulled images when the test ends, whatever happened.
+struct Untag(Vec<String>);
+impl Drop for Untag {
+    fn drop(&mut self) {
+        for image in &self.0 {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", "-f", image])
+                .output();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() -> anyhow::Result<()>
+{
+    if registry::binary().is_none() {
+        if std::env::var("CI").is_ok_and(|v| !v.is_empty()) {
+            panic!("{}", registry::MISSING);
+        }
+        eprintln!("SKIPPED: {}", registry::MISSING);
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let mut reg = Registry::start("tangram", "s3cret")?;
+    let tag = format!("t{}", std::process::id());
+    let pulled = reg.push(LOCAL, &format!("tangram/pulltest:{tag}"))?;
+    let later = reg.push(LOCAL, &format!("tangram/pulltest:{tag}-later"))?;
+    let _untag = Untag(vec![pulled.clone(), later.clone()]);
+
+    let mut cluster = Cluster::start(&[]).await?;
+    let raw = tangram_worker::config::RawConfig {
+        id: Some("pull-a".into()),
+        nats_url: Some(cluster.nats.url()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(4096),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        sandbox: Some(tangram_worker::config::RawSandbox {
+            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
+            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut config = raw.validate()?;
+    config.credentials = cluster.credentials("worker-pull-a");
+    cluster.start_worker_config(config);
+    let c = cluster.client("pulls").await?;
+    c.wait_for_workers(&["pull-a"], T).await?;
+
+    // Allowed and in the registry: pulled with the worker's credentials, and the sandbox runs.
+    let r = c.run(&open_image("o1", "t1", &pulled), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    assert!(r.timing.pull_us > 0, "the pull is reported: {:?}", r.timing);
+    assert!(r.timing.pull_us <= r.timing.overhead_us, "{:?}", r.timing);
+    let r = c
+        .run(
+            &exec("x1", "pulls", "t1", &["python3", "-c", "print(6*7)"], 1, 1),
+            T,
+        )
+        .await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    assert_eq!(r.stdout.trim(), "42");
+
+    // Outside the allow-list: rejected before any pull, saying why.
+    let other = format!("{}/other/app:1", reg.addr);
+    let r = c.run(&open_image("o2", "t2", &other), T).await?;
+    match &r.outcome {
+        Outcome::Rejected { code, reason } => {
+            assert_eq!(*code, RejectCode::InvalidField);
+            assert!(reason.contains("allow-list"), "{reason}");
+        }
+        o => panic!("{o:?}"),
+    }
+    // Allowed but unknown to the registry: rejected, saying so.
+    let unknown = format!("{}/tangram/nope:1", reg.addr);
+    let r = c.run(&open_image("o3", "t3", &unknown), T).await?;
+    match &r.outcome {
+        Outcome::Rejected { code, reason } => {
+            assert_eq!(*code, RejectCode::InvalidField);
+            assert!(reason.contains("not in its registry"), "{reason}");
+        }
+        o => panic!("{o:?}"),
+    }
+
+    // The registry goes down: an allowed image the worker lacks is an infra error.
+    reg.stop();
+    let r = c.run(&open_image("o4", "t4", &later), T).await?;
+    match &r.outcome {
+        Outcome::InfraError { code, reason } => {
+            assert_eq!(*code, InfraCode::Runtime);
+            assert!(reason.contains("pulling image"), "{reason}");
+        }
+        o => panic!("{o:?}"),
+    }
+    // The worker is still serving: the image it pulled before opens again at once.
+    let r = c.run(&open_image("o5", "t5", &pulled), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    assert_eq!(r.timing.pull_us, 0, "nothing was pulled: {:?}", r.timing);
+    Ok(())
+}
