@@ -10,6 +10,10 @@ use tangram_shared::{
     RejectCode, Rejection, WorkerId,
 };
 
+/// Under GPU re-balancing, a reward call waiting this long is routed ahead of the longest
+/// queues.
+const GPU_AGING_MS: u64 = 1_000;
+
 pub(crate) fn chunk_ref(c: crate::gpu::Chunk) -> ChunkRef {
     ChunkRef {
         group: c.group,
@@ -147,7 +151,8 @@ impl Engine {
         }
     }
 
-    /// Reward actions, in queue order, through Evict-on-Execution.
+    /// Reward actions through Evict-on-Execution: in queue order, or under GPU re-balancing
+    /// (`tangram-v2`) the longest queue first with aging.
     fn plan_gpu(
         &mut self,
         now: Now,
@@ -164,6 +169,23 @@ impl Engine {
             .collect();
         for (_, s) in &rewards {
             *backlog.entry(s.clone()).or_default() += 1;
+        }
+        let mut rewards = rewards;
+        if self.eoe.rebalance {
+            // The longest queue first, so that a GPU that frees up goes where the most calls
+            // wait; a call waiting past GPU_AGING_MS goes ahead of every queue (no service
+            // starves). Stable: queue order within each rank.
+            let actions = &self.actions;
+            rewards.sort_by_key(|(id, s)| {
+                let aged = now.ms.saturating_sub(actions[id].arrived_ms) >= GPU_AGING_MS;
+                // Aged calls keep their queue order among themselves.
+                let queue = if aged {
+                    0
+                } else {
+                    backlog.get(s).copied().unwrap_or(0)
+                };
+                (!aged, std::cmp::Reverse(queue))
+            });
         }
         let mut routes = Vec::new();
         let mut busy: HashSet<String> = HashSet::new();

@@ -949,3 +949,66 @@ fn a_lost_worker_coming_back_ends_the_wait_for_it() {
     assert_eq!(r.len(), 1, "{fx:?}");
     assert_eq!(r[0].1, RejectCode::UnknownService);
 }
+
+/// One GPU and three one-slot services: `c` holds the GPU, `b` waits with one call and `a`
+/// with two.
+fn contended_gpu(policy: &str) -> Harness {
+    let config = EngineConfig {
+        policy: policy.into(),
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    let mut hb = gpu_heartbeat("i1");
+    hb.services = ["a", "b", "c"]
+        .iter()
+        .map(|s| tangram_shared::ServiceReport {
+            name: (*s).into(),
+            gpus: 1,
+            restore_ms: 10,
+            slots: 1,
+            replicas: vec![],
+        })
+        .collect();
+    h.step(Event::Heartbeat(Box::new(hb)));
+    h
+}
+
+fn reward_for(id: &str, service: &str) -> Action {
+    let mut a = reward(id);
+    if let ActionSpec::Reward(r) = &mut a.spec {
+        r.service = service.into();
+    }
+    a
+}
+
+/// Runs the scenario: `c1` on the GPU, then `b1`, `a1`, `a2` queued, `c1` ending after
+/// `hold_ms`. Returns the action the freed GPU went to.
+fn freed_gpu_goes_to(policy: &str, hold_ms: u64) -> String {
+    let mut h = contended_gpu(policy);
+    let (_, fx) = h.arrive(reward_for("c1", "c"));
+    let (_, c1) = dispatched(&fx).remove(0);
+    h.stored(&c1);
+    for (id, s) in [("b1", "b"), ("a1", "a"), ("a2", "a")] {
+        h.now += 1;
+        let (_, fx) = h.arrive(reward_for(id, s));
+        assert!(
+            dispatched(&fx).is_empty(),
+            "{id} found the GPU free: {fx:?}"
+        );
+    }
+    h.now += hold_ms;
+    let fx = h.complete(&c1, "g1");
+    let mut next = dispatched(&fx);
+    assert_eq!(next.len(), 1, "one GPU, one call: {fx:?}");
+    next.remove(0).1.action.id.to_string()
+}
+
+#[test]
+fn under_gpu_rebalancing_a_freed_gpu_goes_to_the_longest_queue_unless_a_call_has_aged() {
+    // The paper's policy routes in arrival order.
+    assert_eq!(freed_gpu_goes_to("tangram", 100), "b1");
+    // tangram-v2: where two calls wait rather than one...
+    assert_eq!(freed_gpu_goes_to("tangram-v2", 100), "a1");
+    // ...unless the lone call has waited past the aging bound.
+    assert_eq!(freed_gpu_goes_to("tangram-v2", 1_500), "b1");
+}
