@@ -124,7 +124,12 @@ fn encode(s: &str) -> String {
 /// The PromQL expressions of the dashboard's panels, with its variables given values that
 /// match everything (`$deployment` any, `$__rate_interval` one minute).
 pub fn dashboard_exprs() -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(repo_root().join("deploy/grafana/tangram.json"))?;
+    dashboard_exprs_of("tangram.json")
+}
+
+/// The expressions of one dashboard in `deploy/grafana/`.
+pub fn dashboard_exprs_of(file: &str) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(repo_root().join("deploy/grafana").join(file))?;
     let dash: serde_json::Value = serde_json::from_str(&text)?;
     let mut out = Vec::new();
     for p in dash["panels"].as_array().context("panels")? {

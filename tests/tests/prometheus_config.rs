@@ -2,7 +2,9 @@
 //! dashboard and the rules agree on what they read.
 
 use std::process::Command;
-use tangram_tests::prometheus::{alert_exprs, dashboard_exprs, selectors, tool, MISSING};
+use tangram_tests::prometheus::{
+    alert_exprs, dashboard_exprs, dashboard_exprs_of, selectors, tool, MISSING,
+};
 use tangram_tests::{output_text, repo_root};
 
 fn promtool(args: &[&str]) {
@@ -38,6 +40,7 @@ fn the_dashboard_and_the_rules_read_only_documented_metrics() {
     let exprs: Vec<String> = dashboard_exprs()
         .unwrap()
         .into_iter()
+        .chain(dashboard_exprs_of("tangram-gpus.json").unwrap())
         .chain(alert_exprs().unwrap())
         .collect();
     assert!(exprs.len() > 25, "expressions found: {exprs:?}");
