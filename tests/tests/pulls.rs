@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 use tangram_shared::{ActionSpec, InfraCode, Outcome, RejectCode};
-use tangram_tests::build::{exec, open};
+use tangram_tests::build::{close, exec, open};
 use tangram_tests::registry::{self, Registry};
 use tangram_tests::Cluster;
 
@@ -121,5 +121,11 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     let r = c.run(&open_image("o5", "t5", &pulled), T).await?;
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     assert_eq!(r.timing.pull_us, 0, "nothing was pulled: {:?}", r.timing);
+    // Closed, the sandboxes go: nothing of this worker is left behind.
+    for t in ["t1", "t5"] {
+        let r = c.run(&close(&format!("c-{t}"), "pulls", t), T).await?;
+        assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    }
+    assert_eq!(tangram_tests::containers_of("pull-a"), 0);
     Ok(())
 }
