@@ -13,13 +13,42 @@ use tangram_tests::Cluster;
 const T: Duration = Duration::from_secs(120);
 const LOCAL: &str = tangram_worker::config::DEFAULT_IMAGE;
 
-/// An open of `image` for trajectory `t`.
-fn open_image(id: &str, t: &str, image: &str) -> tangram_shared::Action {
-    let mut a = open(id, "pulls", t);
+/// An open of `image` for trajectory `t` of `job`.
+fn open_image(id: &str, job: &str, t: &str, image: &str) -> tangram_shared::Action {
+    let mut a = open(id, job, t);
     if let ActionSpec::SandboxOpen(o) = &mut a.spec {
         o.image = Some(image.to_string());
     }
     a
+}
+
+/// Builds an image of its own from the local sandbox image (one small layer more, so it has
+/// an id of its own); returns its local name.
+fn distinct_image(name: &str) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("marker"), name)?;
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        format!("FROM {LOCAL}\nCOPY marker /marker\n"),
+    )?;
+    let tag = format!("tangram-test/{name}");
+    let out = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &tag])
+        .arg(dir.path())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker build: {}",
+        tangram_tests::output_text(&out)
+    );
+    Ok(tag)
+}
+
+fn present(image: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["image", "inspect", image])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Removes the pulled images when the test ends, whatever happened.
@@ -73,7 +102,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     c.wait_for_workers(&["pull-a"], T).await?;
 
     // Allowed and in the registry: pulled with the worker's credentials, and the sandbox runs.
-    let r = c.run(&open_image("o1", "t1", &pulled), T).await?;
+    let r = c.run(&open_image("o1", "pulls", "t1", &pulled), T).await?;
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     assert!(r.timing.pull_us > 0, "the pull is reported: {:?}", r.timing);
     assert!(r.timing.pull_us <= r.timing.overhead_us, "{:?}", r.timing);
@@ -88,7 +117,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
 
     // Outside the allow-list: rejected before any pull, saying why.
     let other = format!("{}/other/app:1", reg.addr);
-    let r = c.run(&open_image("o2", "t2", &other), T).await?;
+    let r = c.run(&open_image("o2", "pulls", "t2", &other), T).await?;
     match &r.outcome {
         Outcome::Rejected { code, reason } => {
             assert_eq!(*code, RejectCode::InvalidField);
@@ -98,7 +127,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     }
     // Allowed but unknown to the registry: rejected, saying so.
     let unknown = format!("{}/tangram/nope:1", reg.addr);
-    let r = c.run(&open_image("o3", "t3", &unknown), T).await?;
+    let r = c.run(&open_image("o3", "pulls", "t3", &unknown), T).await?;
     match &r.outcome {
         Outcome::Rejected { code, reason } => {
             assert_eq!(*code, RejectCode::InvalidField);
@@ -109,7 +138,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
 
     // The registry goes down: an allowed image the worker lacks is an infra error.
     reg.stop();
-    let r = c.run(&open_image("o4", "t4", &later), T).await?;
+    let r = c.run(&open_image("o4", "pulls", "t4", &later), T).await?;
     match &r.outcome {
         Outcome::InfraError { code, reason } => {
             assert_eq!(*code, InfraCode::Runtime);
@@ -118,7 +147,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
         o => panic!("{o:?}"),
     }
     // The worker is still serving: the image it pulled before opens again at once.
-    let r = c.run(&open_image("o5", "t5", &pulled), T).await?;
+    let r = c.run(&open_image("o5", "pulls", "t5", &pulled), T).await?;
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     assert_eq!(r.timing.pull_us, 0, "nothing was pulled: {:?}", r.timing);
     // Closed, the sandboxes go: nothing of this worker is left behind.
@@ -127,5 +156,75 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
         assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     }
     assert_eq!(tangram_tests::containers_of("pull-a"), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulled_images_over_the_disk_budget_go_least_recently_used_first_never_one_in_use(
+) -> anyhow::Result<()> {
+    if registry::binary().is_none() {
+        if std::env::var("CI").is_ok_and(|v| !v.is_empty()) {
+            panic!("{}", registry::MISSING);
+        }
+        eprintln!("SKIPPED: {}", registry::MISSING);
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let reg = Registry::start("tangram", "s3cret")?;
+    let n = std::process::id();
+    let (local_a, local_b) = (
+        distinct_image(&format!("gc-a-{n}"))?,
+        distinct_image(&format!("gc-b-{n}"))?,
+    );
+    let a = reg.push(&local_a, &format!("tangram/gc:a{n}"))?;
+    let b = reg.push(&local_b, &format!("tangram/gc:b{n}"))?;
+    let _untag = Untag(vec![a.clone(), b.clone(), local_a.clone(), local_b.clone()]);
+    // Each image is about the size of the sandbox image (its layers are counted in full):
+    // one fits the budget, two do not.
+    let mut cluster = Cluster::start(&[]).await?;
+    let raw = tangram_worker::config::RawConfig {
+        id: Some("gc-a".into()),
+        nats_url: Some(cluster.nats.url()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(4096),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        sandbox: Some(tangram_worker::config::RawSandbox {
+            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
+            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
+            image_budget_mb: Some(150),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut config = raw.validate()?;
+    config.credentials = cluster.credentials("worker-gc-a");
+    cluster.start_worker_config(config);
+    let c = cluster.client("gc").await?;
+    c.wait_for_workers(&["gc-a"], T).await?;
+    let ok = Outcome::Completed { exit_code: 0 };
+
+    // a is pulled, used, and let go.
+    let r = c.run(&open_image("o1", "gc", "t1", &a), T).await?;
+    assert_eq!(r.outcome, ok, "{r:?}");
+    let r = c.run(&close("c1", "gc", "t1"), T).await?;
+    assert_eq!(r.outcome, ok, "{r:?}");
+    // Pulling b takes the images over the budget: a, unused, goes; b stays.
+    let r = c.run(&open_image("o2", "gc", "t2", &b), T).await?;
+    assert_eq!(r.outcome, ok, "{r:?}");
+    assert!(!present(&a), "{a} was kept over the budget");
+    assert!(present(&b));
+    // Pulling a again goes over the budget, but b is in use (t2's sandbox): both stay.
+    let r = c.run(&open_image("o3", "gc", "t3", &a), T).await?;
+    assert_eq!(r.outcome, ok, "{r:?}");
+    assert!(
+        present(&a) && present(&b),
+        "an image in use or just pulled was removed"
+    );
+    for t in ["t2", "t3"] {
+        let r = c.run(&close(&format!("c-{t}"), "gc", t), T).await?;
+        assert_eq!(r.outcome, ok, "{r:?}");
+    }
+    assert_eq!(tangram_tests::containers_of("gc-a"), 0);
     Ok(())
 }

@@ -48,6 +48,9 @@ pub struct RawSandbox {
     pub registry_auth_file: Option<String>,
     /// How long one pull may take [default: 300000].
     pub pull_timeout_ms: Option<u64>,
+    /// Disk the pulled images may take, MiB: after a pull, unused ones go, least recently
+    /// used first, until the rest fit. Unset: no limit.
+    pub image_budget_mb: Option<u64>,
 }
 
 /// Credentials for one registry. Its `Debug` never shows the password.
@@ -78,6 +81,8 @@ pub struct PullConfig {
     pub auth: std::collections::BTreeMap<String, RegistryAuth>,
     /// The longest one pull may take.
     pub timeout: std::time::Duration,
+    /// Disk the pulled images may take, bytes (`None`: no limit).
+    pub budget_bytes: Option<u64>,
 }
 
 impl PullConfig {
@@ -273,10 +278,17 @@ fn validate_pull(raw: &RawSandbox) -> Result<PullConfig, ConfigError> {
     if !(1_000..=3_600_000).contains(&timeout_ms) {
         return invalid("sandbox.pull_timeout_ms", "must be 1000 to 3600000");
     }
+    if raw.image_budget_mb == Some(0) {
+        return invalid(
+            "sandbox.image_budget_mb",
+            "must be at least 1 (leave it unset for no limit)",
+        );
+    }
     Ok(PullConfig {
         allow,
         auth,
         timeout: std::time::Duration::from_millis(timeout_ms),
+        budget_bytes: raw.image_budget_mb.map(|mb| mb << 20),
     })
 }
 

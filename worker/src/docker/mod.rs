@@ -29,6 +29,7 @@ pub use crate::sandbox::ExecOutput;
 pub use replicas::{ReplicaContainers, LABEL_REPLICA};
 pub use runtime::DockerRuntime;
 
+pub mod images;
 pub mod pull;
 mod replicas;
 mod runtime;
@@ -163,6 +164,8 @@ pub struct DockerSandboxes {
     worker: String,
     config: SandboxConfig,
     pulls: pull::Pulls,
+    /// When a sandbox last used each image, for the image collector.
+    last_used: std::sync::Arc<std::sync::Mutex<HashMap<String, tokio::time::Instant>>>,
 }
 
 impl DockerSandboxes {
@@ -175,6 +178,7 @@ impl DockerSandboxes {
             worker: worker.to_string(),
             config,
             pulls: pull::Pulls::default(),
+            last_used: Default::default(),
         })
     }
 
@@ -234,7 +238,11 @@ impl DockerSandboxes {
             crate::metrics::image_pull(&pulled);
             pull_us = pulled?;
             tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
+            if let Err(e) = self.collect(image).await {
+                tracing::warn!(error = %e, "collecting unused pulled images");
+            }
         }
+        self.used(image);
         // Unique per open: a trajectory's earlier sandbox may still be being removed (a
         // fence or a drain removes them while new opens arrive), and a fixed name would
         // collide with it. Leftovers of earlier instances are found by their labels.
