@@ -63,6 +63,22 @@ pub struct Heartbeat {
     /// The worker's warm pool of sandboxes, when it keeps one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<WarmPoolReport>,
+    /// Sandbox images the worker holds: its default image and those its pull allow-list
+    /// admits (none on a worker without sandboxes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageReport>,
+}
+
+/// One sandbox image a worker holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ImageReport {
+    /// The reference it is held under (`registry/repository:tag`).
+    pub reference: String,
+    /// The image's id (`sha256:...`): two references with one id are one image on disk.
+    pub id: String,
+    /// Its size on disk, bytes (layers shared with other images counted in full).
+    pub size_bytes: u64,
 }
 
 /// A worker's warm pool: sandboxes created and parked ahead of the opens that claim them.

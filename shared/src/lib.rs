@@ -31,8 +31,8 @@ pub use action::{
 pub use codec::{DecodeFailure, Encoding};
 pub use dispatch::{Dispatch, Evict, GpuRoute, Grant, Regrant};
 pub use heartbeat::{
-    ChunkRef, GpuInventory, Heartbeat, ProviderReport, ReplicaReport, SandboxRef, ServiceReport,
-    WarmPoolReport,
+    ChunkRef, GpuInventory, Heartbeat, ImageReport, ProviderReport, ReplicaReport, SandboxRef,
+    ServiceReport, WarmPoolReport,
 };
 /// GPUs per replica a service may use: chunks of 1, 2, 4 or 8 cards, aligned to their size
 /// inside one NVLink group.

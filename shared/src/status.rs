@@ -98,6 +98,9 @@ pub struct WorkerStatus {
     /// Its warm pool of parked sandboxes, when it keeps one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<crate::WarmPoolReport>,
+    /// The sandbox images it holds (from its heartbeats).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::ImageReport>,
 }
 
 /// One GPU service.

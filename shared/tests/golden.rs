@@ -229,6 +229,7 @@ fn dispatch_and_heartbeat() {
                 slow_ms: Some(2000),
             }],
             warm: None,
+            images: Vec::new(),
         },
     );
     golden(
@@ -253,6 +254,7 @@ fn dispatch_and_heartbeat() {
             services: vec![],
             providers: vec![],
             warm: None,
+            images: Vec::new(),
         },
     );
 }

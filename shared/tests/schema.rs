@@ -277,6 +277,7 @@ fn dispatches_heartbeats_status_and_kv_records_are_valid() {
         services: vec![],
         providers: vec![],
         warm: None,
+        images: Vec::new(),
     };
     let status = Status {
         epoch: 2,

@@ -106,6 +106,25 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     assert!(r.timing.pull_us > 0, "the pull is reported: {:?}", r.timing);
     assert!(r.timing.pull_us <= r.timing.overhead_us, "{:?}", r.timing);
+    // The worker advertises what it holds: the default image and the pulled one.
+    let mut advertised = Vec::new();
+    for _ in 0..100 {
+        let st = c.status().await?;
+        advertised = st
+            .workers
+            .iter()
+            .filter(|w| w.id == "pull-a")
+            .flat_map(|w| w.images.iter().map(|i| i.reference.clone()))
+            .collect();
+        if advertised.contains(&pulled) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        advertised.contains(&pulled) && advertised.iter().any(|r| r == LOCAL),
+        "{advertised:?}"
+    );
     let r = c
         .run(
             &exec("x1", "pulls", "t1", &["python3", "-c", "print(6*7)"], 1, 1),

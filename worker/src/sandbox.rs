@@ -193,6 +193,11 @@ pub trait SandboxRuntime: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The sandbox images this runtime holds, as last listed (none where it has no images).
+    fn images(&self) -> Vec<tangram_shared::ImageReport> {
+        Vec::new()
+    }
+
     /// The worker is stopping: whatever the runtime keeps beyond the sandboxes it handed out
     /// (a warm pool's parked ones) goes.
     fn shutdown(&self) -> BoxFuture<'_, ()> {

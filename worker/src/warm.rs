@@ -285,6 +285,10 @@ impl SandboxRuntime for WarmPool {
         self.inner.kind()
     }
 
+    fn images(&self) -> Vec<tangram_shared::ImageReport> {
+        self.inner.images()
+    }
+
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         self.inner.validate()
     }

@@ -748,6 +748,28 @@ pub fn status(
             );
         }
     }
+    let caches: Vec<_> = st.workers.iter().filter(|w| !w.images.is_empty()).collect();
+    if !caches.is_empty() {
+        println!(
+            "\n{:<10} {:>7} {:>10}  images",
+            "image cache", "images", "disk (MiB)"
+        );
+        for w in caches {
+            // One image on disk however many references name it.
+            let mut ids: BTreeMap<&str, u64> = BTreeMap::new();
+            for i in &w.images {
+                ids.insert(i.id.as_str(), i.size_bytes);
+            }
+            let refs: Vec<&str> = w.images.iter().map(|i| i.reference.as_str()).collect();
+            println!(
+                "{:<10} {:>7} {:>10}  {}",
+                w.id,
+                ids.len(),
+                ids.values().sum::<u64>() >> 20,
+                refs.join(", ")
+            );
+        }
+    }
     let fmt = |m: &BTreeMap<String, usize>| {
         if m.is_empty() {
             "none".to_string()

@@ -68,6 +68,7 @@ impl Bench {
             services: vec![],
             providers: vec![],
             warm: None,
+            images: Vec::new(),
         };
         let at = self.at();
         self.engine.handle(Event::Heartbeat(Box::new(hb)), at);

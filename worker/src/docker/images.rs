@@ -60,6 +60,42 @@ pub fn victims(held: &[Held], budget: u64, keep: &str) -> Vec<String> {
 }
 
 impl DockerSandboxes {
+    /// The images held, as last listed.
+    pub fn images(&self) -> Vec<tangram_shared::ImageReport> {
+        self.held.lock().expect("held lock").clone()
+    }
+
+    /// Lists the sandbox images held now (the default image and those the pull allow-list
+    /// admits) for the heartbeats; a failed listing keeps the last one.
+    pub async fn refresh_images(&self) {
+        let listed = self
+            .docker
+            .list_images(Some(ListImagesOptionsBuilder::default().build()))
+            .await;
+        let images = match listed {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing images");
+                return;
+            }
+        };
+        let mut held: Vec<tangram_shared::ImageReport> = images
+            .iter()
+            .flat_map(|i| {
+                i.repo_tags.iter().map(|t| tangram_shared::ImageReport {
+                    reference: t.clone(),
+                    id: i.id.clone(),
+                    size_bytes: i.size.max(0) as u64,
+                })
+            })
+            .filter(|r| {
+                r.reference == self.config.image || self.config.pull.refusal(&r.reference).is_none()
+            })
+            .collect();
+        held.sort_by(|a, b| a.reference.cmp(&b.reference));
+        *self.held.lock().expect("held lock") = held;
+    }
+
     /// Notes that a sandbox was created from `image` now.
     pub(super) fn used(&self, image: &str) {
         self.last_used

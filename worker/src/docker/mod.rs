@@ -166,6 +166,8 @@ pub struct DockerSandboxes {
     pulls: pull::Pulls,
     /// When a sandbox last used each image, for the image collector.
     last_used: std::sync::Arc<std::sync::Mutex<HashMap<String, tokio::time::Instant>>>,
+    /// The images held, as last listed (for heartbeats).
+    held: std::sync::Arc<std::sync::Mutex<Vec<tangram_shared::ImageReport>>>,
 }
 
 impl DockerSandboxes {
@@ -179,6 +181,7 @@ impl DockerSandboxes {
             config,
             pulls: pull::Pulls::default(),
             last_used: Default::default(),
+            held: Default::default(),
         })
     }
 
@@ -241,6 +244,7 @@ impl DockerSandboxes {
             if let Err(e) = self.collect(image).await {
                 tracing::warn!(error = %e, "collecting unused pulled images");
             }
+            self.refresh_images().await;
         }
         self.used(image);
         // Unique per open: a trajectory's earlier sandbox may still be being removed (a

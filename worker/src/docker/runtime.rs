@@ -56,11 +56,16 @@ impl SandboxRuntime for DockerRuntime {
         RuntimeKind::Docker
     }
 
+    fn images(&self) -> Vec<tangram_shared::ImageReport> {
+        self.docker.images()
+    }
+
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
             self.docker.check_runtime().await?;
             let image = self.docker.default_image();
             if self.docker.has_image(image).await? {
+                self.docker.refresh_images().await;
                 Ok(())
             } else {
                 Err(SandboxError::NoImage(image.to_string()))

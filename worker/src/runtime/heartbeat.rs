@@ -114,6 +114,11 @@ pub(super) async fn send_heartbeat(
                 .map(|p| p.report())
                 .unwrap_or_default(),
             warm: worker.sandboxes.as_ref().and_then(|s| s.warm()),
+            images: worker
+                .sandboxes
+                .as_ref()
+                .map(|s| s.images())
+                .unwrap_or_default(),
         }
     };
     match codec::encode(&hb, Encoding::Msgpack) {

@@ -67,6 +67,7 @@ impl Engine {
                     .filter(|s| &s.worker == id && s.state != super::lifecycle::SandboxState::Lost)
                     .count() as u32,
                 warm: w.hb.warm,
+                images: w.hb.images.clone(),
             });
         }
         for e in self.actions.values() {

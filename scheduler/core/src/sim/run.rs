@@ -285,6 +285,7 @@ impl Driver<'_> {
             services: vec![],
             providers: vec![],
             warm: None,
+            images: Vec::new(),
         };
         let mut out = Vec::new();
         for (i, &cores) in self.w.nodes.iter().enumerate() {

@@ -108,6 +108,7 @@ impl Harness {
             services: vec![],
             providers: vec![],
             warm: None,
+            images: Vec::new(),
         }
     }
 

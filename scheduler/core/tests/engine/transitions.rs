@@ -452,6 +452,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
         }],
         providers: vec![],
         warm: None,
+        images: Vec::new(),
     }
 }
 
