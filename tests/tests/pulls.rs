@@ -51,6 +51,50 @@ fn present(image: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// False (after saying why) when the registry is not installed; under CI that fails the test.
+fn registry_installed() -> bool {
+    if registry::binary().is_some() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| !v.is_empty()) {
+        panic!("{}", registry::MISSING);
+    }
+    eprintln!("SKIPPED: {}", registry::MISSING);
+    false
+}
+
+/// A cluster with one worker `id` that may pull from `reg`'s `tangram/*` with its
+/// credentials, under `budget_mb` when given; and a client of `job` once the worker reports.
+async fn pulling_worker(
+    reg: &Registry,
+    id: &str,
+    job: &str,
+    budget_mb: Option<u64>,
+) -> anyhow::Result<(Cluster, tangram_tests::Client)> {
+    let mut cluster = Cluster::start(&[]).await?;
+    let raw = tangram_worker::config::RawConfig {
+        id: Some(id.into()),
+        nats_url: Some(cluster.nats.url()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(4096),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        sandbox: Some(tangram_worker::config::RawSandbox {
+            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
+            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
+            image_budget_mb: budget_mb,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut config = raw.validate()?;
+    config.credentials = cluster.credentials(&format!("worker-{id}"));
+    cluster.start_worker_config(config);
+    let c = cluster.client(job).await?;
+    c.wait_for_workers(&[id], T).await?;
+    Ok((cluster, c))
+}
+
 /// Removes the pulled images when the test ends, whatever happened.
 struct Untag(Vec<String>);
 impl Drop for Untag {
@@ -66,11 +110,7 @@ impl Drop for Untag {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() -> anyhow::Result<()>
 {
-    if registry::binary().is_none() {
-        if std::env::var("CI").is_ok_and(|v| !v.is_empty()) {
-            panic!("{}", registry::MISSING);
-        }
-        eprintln!("SKIPPED: {}", registry::MISSING);
+    if !registry_installed() {
         return Ok(());
     }
     tangram_tests::init_logging();
@@ -80,26 +120,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     let later = reg.push(LOCAL, &format!("tangram/pulltest:{tag}-later"))?;
     let _untag = Untag(vec![pulled.clone(), later.clone()]);
 
-    let mut cluster = Cluster::start(&[]).await?;
-    let raw = tangram_worker::config::RawConfig {
-        id: Some("pull-a".into()),
-        nats_url: Some(cluster.nats.url()),
-        cores: Some("0-1".into()),
-        mem_mb: Some(4096),
-        heartbeat_ms: Some(200),
-        shutdown_grace_ms: Some(2000),
-        sandbox: Some(tangram_worker::config::RawSandbox {
-            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
-            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut config = raw.validate()?;
-    config.credentials = cluster.credentials("worker-pull-a");
-    cluster.start_worker_config(config);
-    let c = cluster.client("pulls").await?;
-    c.wait_for_workers(&["pull-a"], T).await?;
+    let (_cluster, c) = pulling_worker(&reg, "pull-a", "pulls", None).await?;
 
     // Allowed and in the registry: pulled with the worker's credentials, and the sandbox runs.
     let r = c.run(&open_image("o1", "pulls", "t1", &pulled), T).await?;
@@ -181,11 +202,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulled_images_over_the_disk_budget_go_least_recently_used_first_never_one_in_use(
 ) -> anyhow::Result<()> {
-    if registry::binary().is_none() {
-        if std::env::var("CI").is_ok_and(|v| !v.is_empty()) {
-            panic!("{}", registry::MISSING);
-        }
-        eprintln!("SKIPPED: {}", registry::MISSING);
+    if !registry_installed() {
         return Ok(());
     }
     tangram_tests::init_logging();
@@ -200,27 +217,7 @@ async fn pulled_images_over_the_disk_budget_go_least_recently_used_first_never_o
     let _untag = Untag(vec![a.clone(), b.clone(), local_a.clone(), local_b.clone()]);
     // Each image is about the size of the sandbox image (its layers are counted in full):
     // one fits the budget, two do not.
-    let mut cluster = Cluster::start(&[]).await?;
-    let raw = tangram_worker::config::RawConfig {
-        id: Some("gc-a".into()),
-        nats_url: Some(cluster.nats.url()),
-        cores: Some("0-1".into()),
-        mem_mb: Some(4096),
-        heartbeat_ms: Some(200),
-        shutdown_grace_ms: Some(2000),
-        sandbox: Some(tangram_worker::config::RawSandbox {
-            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
-            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
-            image_budget_mb: Some(150),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut config = raw.validate()?;
-    config.credentials = cluster.credentials("worker-gc-a");
-    cluster.start_worker_config(config);
-    let c = cluster.client("gc").await?;
-    c.wait_for_workers(&["gc-a"], T).await?;
+    let (_cluster, c) = pulling_worker(&reg, "gc-a", "gc", Some(150)).await?;
     let ok = Outcome::Completed { exit_code: 0 };
 
     // a is pulled, used, and let go.
