@@ -217,6 +217,7 @@ pub struct InMemorySandboxes {
     stopped: Mutex<Vec<String>>,
     honour_sleep: bool,
     leftovers: Mutex<usize>,
+    start_delay: Duration,
 }
 
 impl InMemorySandboxes {
@@ -229,6 +230,15 @@ impl InMemorySandboxes {
     pub fn with_sleep() -> Self {
         Self {
             honour_sleep: true,
+            ..Self::default()
+        }
+    }
+
+    /// A fake whose sandboxes take `delay` of tokio time to create. Like Docker's, a creation
+    /// exists from its first moment, whether or not its caller waits for it.
+    pub fn with_start_delay(delay: Duration) -> Self {
+        Self {
+            start_delay: delay,
             ..Self::default()
         }
     }
@@ -285,6 +295,9 @@ impl SandboxRuntime for InMemorySandboxes {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             let id = format!("mem-{}-{}-{n}", key.job, key.trajectory);
             self.open.lock().expect("open lock").insert(id.clone());
+            if !self.start_delay.is_zero() {
+                tokio::time::sleep(self.start_delay).await;
+            }
             Ok(SandboxHandle {
                 id,
                 cgroup: None,

@@ -36,6 +36,9 @@ const FIRST_CREATE: Duration = Duration::from_secs(2);
 const PRESSURE: f64 = 0.10;
 /// After a failed creation, the next waits this long.
 const RETRY: Duration = Duration::from_secs(2);
+/// How long a stopping pool waits for a creation in flight, to remove what it makes (the
+/// worker waits 3 s for its background tasks in all).
+const STOP_CREATE_WAIT: Duration = Duration::from_millis(2_500);
 /// Opens remembered for sizing, at most.
 const OPENS_KEPT: usize = 4096;
 
@@ -220,9 +223,16 @@ impl WarmPool {
                 trajectory: format!("pool-{n}"),
             };
             let t0 = Instant::now();
+            let start = self.inner.start(&key, &self.template, &self.parking);
+            tokio::pin!(start);
             let made = tokio::select! {
-                r = self.inner.start(&key, &self.template, &self.parking) => r,
+                r = &mut start => r,
                 _ = stop.cancelled() => {
+                    // The daemon goes on creating the container whatever becomes of this
+                    // future: let it finish (bounded) and remove it, or it outlives the worker.
+                    if let Ok(Ok(h)) = tokio::time::timeout(STOP_CREATE_WAIT, &mut start).await {
+                        let _ = self.inner.remove(&h).await;
+                    }
                     self.state.lock().expect("pool lock").creating -= 1;
                     break;
                 }

@@ -155,3 +155,31 @@ async fn memory_pressure_empties_the_pool_and_relief_fills_it() {
     f.stop.cancel();
     f.task.await.unwrap();
 }
+
+/// `tangram down` left warm-pool containers behind: a stop during a creation dropped the
+/// creation, which the daemon finished anyway, and no one removed what it made.
+#[tokio::test(start_paused = true)]
+async fn a_pool_stopped_while_creating_removes_what_the_creation_makes() {
+    let inner = Arc::new(InMemorySandboxes::with_start_delay(Duration::from_secs(2)));
+    let pool = Arc::new(WarmPool::with_pressure(
+        inner.clone(),
+        "img",
+        "0",
+        1,
+        1,
+        Box::new(|| false),
+    ));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(pool.clone().run(stop.clone()));
+    // The first creation is under way.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(inner.open_count(), 1);
+    assert_eq!(pool.report().ready, 0);
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        inner.open_count(),
+        0,
+        "the sandbox being created outlived the pool"
+    );
+}
