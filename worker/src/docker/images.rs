@@ -2,7 +2,7 @@
 //! image_budget_mb`): after a pull, while the pulled images (those the `sandbox.pull`
 //! allow-list admits; never the default image) take more than the budget, the least recently
 //! used one that no container uses is removed. The image just pulled is never a candidate.
-//! The choice is [`victims`] (pure); listing and removing is [`DockerSandboxes::collect`].
+//! The choice is [`victims`] (pure); listing and removing is [`DockerSandboxes::after_pull`].
 
 use super::{DockerError, DockerSandboxes};
 use bollard::query_parameters::{
@@ -68,17 +68,19 @@ impl DockerSandboxes {
     /// Lists the sandbox images held now (the default image and those the pull allow-list
     /// admits) for the heartbeats; a failed listing keeps the last one.
     pub async fn refresh_images(&self) {
-        let listed = self
+        match self.list_held().await {
+            Ok(held) => *self.held.lock().expect("held lock") = held,
+            Err(e) => tracing::warn!(error = %e, "listing images"),
+        }
+    }
+
+    /// The sandbox images on the daemon now, one entry per reference: the default image and
+    /// those the pull allow-list admits, sorted by reference.
+    async fn list_held(&self) -> Result<Vec<tangram_shared::ImageReport>, DockerError> {
+        let images = self
             .docker
             .list_images(Some(ListImagesOptionsBuilder::default().build()))
-            .await;
-        let images = match listed {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(error = %e, "listing images");
-                return;
-            }
-        };
+            .await?;
         let mut held: Vec<tangram_shared::ImageReport> = images
             .iter()
             .flat_map(|i| {
@@ -93,6 +95,28 @@ impl DockerSandboxes {
             })
             .collect();
         held.sort_by(|a, b| a.reference.cmp(&b.reference));
+        Ok(held)
+    }
+
+    /// After a pull of `keep`: removes pulled images, least recently used first, until they
+    /// fit the budget (`keep` stays), and records what is held for the heartbeats, from one
+    /// listing.
+    pub(super) async fn after_pull(&self, keep: &str) {
+        let listed = match self.list_held().await {
+            Ok(l) => l,
+            Err(e) => return tracing::warn!(error = %e, "listing images"),
+        };
+        let removed = match self.collect(keep, &listed).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "collecting unused pulled images");
+                Vec::new()
+            }
+        };
+        let held = listed
+            .into_iter()
+            .filter(|r| !removed.contains(&r.reference))
+            .collect();
         *self.held.lock().expect("held lock") = held;
     }
 
@@ -104,16 +128,16 @@ impl DockerSandboxes {
             .insert(image.to_string(), Instant::now());
     }
 
-    /// Removes pulled images, least recently used first, until they fit the budget; `keep`
-    /// (just pulled) stays. Returns the tags removed.
-    pub(super) async fn collect(&self, keep: &str) -> Result<Vec<String>, DockerError> {
+    /// Removes pulled images of `listed`, least recently used first, until they fit the
+    /// budget; `keep` (just pulled) stays. Returns the tags removed.
+    async fn collect(
+        &self,
+        keep: &str,
+        listed: &[tangram_shared::ImageReport],
+    ) -> Result<Vec<String>, DockerError> {
         let Some(budget) = self.config.pull.budget_bytes else {
             return Ok(Vec::new());
         };
-        let images = self
-            .docker
-            .list_images(Some(ListImagesOptionsBuilder::default().build()))
-            .await?;
         let containers = self
             .docker
             .list_containers(Some(
@@ -126,18 +150,16 @@ impl DockerSandboxes {
             .flatten()
             .collect();
         let last_used = self.last_used.lock().expect("last-used lock").clone();
-        let held: Vec<Held> = images
+        let held: Vec<Held> = listed
             .iter()
-            .flat_map(|i| {
-                i.repo_tags.iter().map(|t| Held {
-                    tag: t.clone(),
-                    id: i.id.clone(),
-                    bytes: i.size.max(0) as u64,
-                    last_used: last_used.get(t).copied(),
-                    in_use: in_use.contains(t) || in_use.contains(&i.id),
-                })
+            .filter(|r| r.reference != self.config.image)
+            .map(|r| Held {
+                tag: r.reference.clone(),
+                id: r.id.clone(),
+                bytes: r.size_bytes,
+                last_used: last_used.get(&r.reference).copied(),
+                in_use: in_use.contains(&r.reference) || in_use.contains(&r.id),
             })
-            .filter(|h| h.tag != self.config.image && self.config.pull.refusal(&h.tag).is_none())
             .collect();
         let mut removed = Vec::new();
         for tag in victims(&held, budget, keep) {

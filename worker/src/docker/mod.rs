@@ -241,10 +241,7 @@ impl DockerSandboxes {
             crate::metrics::image_pull(&pulled);
             pull_us = pulled?;
             tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
-            if let Err(e) = self.collect(image).await {
-                tracing::warn!(error = %e, "collecting unused pulled images");
-            }
-            self.refresh_images().await;
+            self.after_pull(image).await;
         }
         self.used(image);
         // Unique per open: a trajectory's earlier sandbox may still be being removed (a
