@@ -18,6 +18,7 @@ fn cluster(cores: u32) -> Snapshot {
                 free_mem_mb: 1 << 30,
                 accepting: true,
                 cordoned: false,
+                sandboxes: 0,
             })
             .collect(),
     )
@@ -40,6 +41,7 @@ fn queue(n: usize, nodes: usize, rng: &mut Rng) -> Vec<Pending> {
                     t1_ms: rng.lognormal(2000.0, 0.6),
                     speedup: Speedup::Amdahl(p),
                 }),
+                image: None,
             }
         })
         .collect()

@@ -9,6 +9,7 @@ mod cordon;
 mod creds;
 mod errors;
 mod gpu_sim;
+mod image_sim;
 mod inspect;
 mod nats_server;
 mod pipeline;
@@ -129,7 +130,7 @@ pub(crate) enum Command {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimulateArgs {
-    /// Built-in workload generator: ai-coding, bursty, mopd or deepsearch.
+    /// Built-in workload generator: ai-coding, bursty, mopd, deepsearch or swe-images.
     #[arg(long, conflicts_with = "trace")]
     pub(crate) workload: Option<String>,
     /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
@@ -176,6 +177,12 @@ pub(crate) struct SimulateArgs {
     /// size from 1 GPU up to the static baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
     #[arg(long)]
     pub(crate) gpu_sweep: bool,
+    /// swe-images: trajectories per task (one image per task).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) group: u32,
+    /// swe-images: a node's image pull throughput, MB/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub(crate) pull_mb_per_s: f64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -347,8 +354,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 ),
                 "mopd" => return gpu_sim::mopd(&args),
                 "deepsearch" => return gpu_sim::deepsearch(&args),
+                "swe-images" => return image_sim::swe_images(&args),
                 other => {
-                    crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch")
+                    crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch, swe-images")
                 }
             }
         }

@@ -48,6 +48,24 @@ pub struct RawConfig {
     /// cluster), and `[streams.<name>]` limits. Used when a stream is created; an existing
     /// stream is left as stored (differences are logged).
     pub streams: Option<tangram_nats::streams::StreamSettings>,
+    /// `[images]`: image-aware placement of sandbox opens.
+    pub images: Option<RawImages>,
+}
+
+/// `[images]`: a sandbox open naming an image goes to a worker holding it (or already
+/// fetching it) unless the load there costs more than the pull.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImages {
+    /// Prefer workers that hold an open's image (default true); false places opens as if
+    /// every worker had every image.
+    pub locality: Option<bool>,
+    /// A worker's expected pull throughput, MB/s (default 100): an image's pull time is its
+    /// advertised size over this.
+    pub pull_mb_per_s: Option<f64>,
+    /// What one more sandbox per core on a worker is expected to cost a trajectory, ms
+    /// (default 60000): the load weighed against a pull.
+    pub load_ms: Option<u64>,
 }
 
 /// The validated configuration.
@@ -87,6 +105,12 @@ pub struct Config {
     pub lease_ttl: Duration,
     /// Replicas and limits of streams it creates.
     pub streams: tangram_nats::streams::StreamSettings,
+    /// Image-aware placement: on or off.
+    pub image_locality: bool,
+    /// Expected pull throughput, MB/s.
+    pub pull_mb_per_s: f64,
+    /// Load weighed against a pull, ms per sandbox per core.
+    pub image_load_ms: u64,
 }
 
 /// Default NATS URL: the local cluster's server.
@@ -210,6 +234,14 @@ impl RawConfig {
                 }
                 (a, b) => b.or(a),
             },
+            images: match (self.images, over.images) {
+                (Some(a), Some(b)) => Some(RawImages {
+                    locality: b.locality.or(a.locality),
+                    pull_mb_per_s: b.pull_mb_per_s.or(a.pull_mb_per_s),
+                    load_ms: b.load_ms.or(a.load_ms),
+                }),
+                (a, b) => b.or(a),
+            },
         }
     }
 
@@ -330,7 +362,19 @@ impl RawConfig {
         }
         let streams = self.streams.unwrap_or_default();
         streams.validate().map_err(|why| invalid("streams", why))?;
+        let images = self.images.unwrap_or_default();
+        let engine_defaults = tangram_core::EngineConfig::default();
+        let pull_mb_per_s = images.pull_mb_per_s.unwrap_or(engine_defaults.pull_mb_per_s);
+        if !(pull_mb_per_s.is_finite() && pull_mb_per_s > 0.0) {
+            return Err(invalid(
+                "images.pull_mb_per_s",
+                format!("{pull_mb_per_s} must be a positive number of MB/s"),
+            ));
+        }
         Ok(Config {
+            image_locality: images.locality.unwrap_or(true),
+            pull_mb_per_s,
+            image_load_ms: images.load_ms.unwrap_or(engine_defaults.image_load_ms),
             streams,
             id,
             lease_ttl: Duration::from_millis(lease_ttl_ms),
@@ -417,6 +461,24 @@ mod tests {
         let e = load_layered(Some(&file)).unwrap_err().to_string();
         assert!(e.contains("no_such_key"), "{e}");
         std::env::remove_var(format!("{ENV_PREFIX}NO_SUCH_KEY"));
+    }
+
+    #[test]
+    fn images_table_sets_placement_and_refuses_a_zero_pull_rate() {
+        let c = toml::from_str::<RawConfig>("[images]\nlocality = false\nload_ms = 5000")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(!c.image_locality);
+        assert_eq!(c.image_load_ms, 5_000);
+        assert_eq!(c.pull_mb_per_s, 100.0);
+        assert!(RawConfig::default().validate().unwrap().image_locality);
+        let err = toml::from_str::<RawConfig>("[images]\npull_mb_per_s = 0.0")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), Some("images.pull_mb_per_s"));
+        assert!(toml::from_str::<RawConfig>("[images]\nlocalty = true").is_err());
     }
 
     #[test]

@@ -420,6 +420,9 @@ async fn lead(
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.
         reachable_every_ms: (config.lease_ttl / 4 + TICK).as_millis() as u64,
+        image_locality: config.image_locality,
+        pull_mb_per_s: config.pull_mb_per_s,
+        image_load_ms: config.image_load_ms,
         ..EngineConfig::default()
     });
     let mut shell = Shell::new(

@@ -22,6 +22,18 @@ pub struct ImageRef {
 }
 
 impl ImageRef {
+    /// The reference spelled in full, `registry/repository:tag` (or `@digest`): two spellings
+    /// of one image (`python:3.11`, `docker.io/library/python:3.11`) give the same string.
+    pub fn canonical(&self) -> String {
+        let sep = if self.reference.contains(':') { '@' } else { ':' };
+        format!("{}/{}{sep}{}", self.registry, self.repository, self.reference)
+    }
+
+    /// [`ImageRef::canonical`] of a reference, `None` when it does not parse.
+    pub fn canonical_of(s: &str) -> Option<String> {
+        Self::parse(s).ok().map(|r| r.canonical())
+    }
+
     /// Parses a reference; the error says what is wrong with it.
     pub fn parse(s: &str) -> Result<Self, String> {
         if s.is_empty() || s.len() > 512 {
@@ -176,6 +188,24 @@ mod tests {
 
     fn r(s: &str) -> ImageRef {
         ImageRef::parse(s).unwrap()
+    }
+
+    #[test]
+    fn two_spellings_of_one_image_have_one_canonical_form() {
+        let c = ImageRef::canonical_of;
+        assert_eq!(c("python:3.11"), c("docker.io/library/python:3.11"));
+        assert_eq!(c("python").as_deref(), Some("docker.io/library/python:latest"));
+        assert_eq!(
+            c("127.0.0.1:5000/team/app:1").as_deref(),
+            Some("127.0.0.1:5000/team/app:1")
+        );
+        let digest = format!("app@sha256:{}", "a".repeat(64));
+        assert_eq!(
+            c(&digest),
+            Some(format!("docker.io/library/app@sha256:{}", "a".repeat(64)))
+        );
+        assert_ne!(c("team/app:1"), c("localhost:5000/team/app:1"));
+        assert_eq!(c("Not An Image"), None);
     }
 
     #[test]

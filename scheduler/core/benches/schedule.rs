@@ -19,6 +19,7 @@ fn cluster(nodes: u32) -> Snapshot {
                 free_mem_mb: 1 << 30,
                 accepting: true,
                 cordoned: false,
+                sandboxes: 0,
             })
             .collect(),
     )
@@ -40,6 +41,7 @@ fn queue(n: usize, nodes: u32) -> Vec<Pending> {
                 t1_ms: rng.lognormal(2000.0, 0.6),
                 speedup: Speedup::Amdahl([0.0, 0.5, 0.9, 0.98][(rng.next_u64() % 4) as usize]),
             }),
+            image: None,
         })
         .collect()
 }

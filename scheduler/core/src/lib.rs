@@ -25,7 +25,7 @@ pub use engine::{Effect, Engine, EngineConfig, Event, Now};
 pub use fcfs::FcfsFirstFit;
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
-    Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
+    Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
     WorkerView,
 };
 pub use policies::{by_name, Tangram};

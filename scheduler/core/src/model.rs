@@ -24,6 +24,9 @@ pub struct WorkerView {
     /// Cordoned by an operator: only work pinned to it (commands in its open sandboxes)
     /// goes there.
     pub cordoned: bool,
+    /// Sandboxes it holds or is opening: the load image-aware placement weighs against a
+    /// pull.
+    pub sandboxes: u32,
 }
 
 impl WorkerView {
@@ -100,6 +103,37 @@ pub struct Pending {
     /// How its duration depends on its cores; `None` when unknown (policies then assume
     /// [`ElasticModel::unknown`]).
     pub model: Option<ElasticModel>,
+    /// A sandbox open's image, for image-aware placement; `None` for every other action, for
+    /// the worker's default image, and when placement ignores images.
+    pub image: Option<ImageNeed>,
+}
+
+/// What image-aware placement knows of a sandbox open's image. Among the workers with room,
+/// the open goes to the one with the least expected cost: the pull (none where the image is
+/// held or already being fetched, including by an open placed earlier in the same cycle)
+/// plus the load, `load_ms` for each sandbox per core the worker would then hold. When no
+/// worker with room holds the image, placement is the policy's usual one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageNeed {
+    /// The image, canonical (`registry/repository:tag`): opens naming one image in two
+    /// spellings share its holders.
+    pub key: String,
+    /// Workers holding it or fetching it, sorted by id.
+    pub holders: Vec<WorkerId>,
+    /// Expected pull on a worker without it, ms.
+    pub pull_ms: u64,
+    /// The delay one more sandbox per core is expected to cost the trajectory, ms.
+    pub load_ms: u64,
+}
+
+impl ImageNeed {
+    /// Expected cost of opening on a worker: its pull (0 when `held`) plus its load with
+    /// this sandbox, ms.
+    pub fn cost_ms(&self, held: bool, sandboxes: u32, cores: u32) -> u64 {
+        let pull = if held { 0 } else { self.pull_ms };
+        let load = self.load_ms.saturating_mul(sandboxes as u64 + 1) / cores.max(1) as u64;
+        pull.saturating_add(load)
+    }
 }
 
 impl Pending {
@@ -110,6 +144,7 @@ impl Pending {
             demand,
             constraint,
             model: None,
+            image: None,
         }
     }
 }

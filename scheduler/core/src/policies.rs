@@ -7,6 +7,7 @@ use crate::model::{
     Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
 };
 use tangram_shared::Grant;
+use std::collections::HashSet;
 
 /// Every policy name, in the order the simulator lists them.
 pub const NAMES: [&str; 11] = [
@@ -171,7 +172,9 @@ fn resolve(snapshot: &Snapshot, pending: &[Pending]) -> Vec<Result<Option<usize>
 /// cores `cores` says it needs, its memory) fits in what the candidates before it left free
 /// on an allowed worker that takes new work; `pick` chooses among such workers. Everything
 /// else is explained in `out`, as never fitting (pinned worker gone, more than any allowed
-/// worker has in all) or as waiting (no workers, not accepting, cores, memory).
+/// worker has in all) or as waiting (no workers, not accepting, cores, memory). A sandbox
+/// open with an [`ImageNeed`](crate::model::ImageNeed) goes where its expected pull plus
+/// load is least, when a worker with room holds its image.
 fn select<'a>(
     snapshot: &Snapshot,
     pending: &'a [Pending],
@@ -187,6 +190,9 @@ fn select<'a>(
         .map(|w| (w.free_cores, w.free_mem_mb))
         .collect();
     let mut cands = Vec::new();
+    // Image-aware placement: sandboxes per worker, and where this cycle's opens put images.
+    let mut sandboxes: Vec<u32> = workers.iter().map(|w| w.sandboxes).collect();
+    let mut fetched: HashSet<(&str, usize)> = HashSet::new();
     for &i in order {
         let p = &pending[i];
         let need_cores = cores.need(p);
@@ -222,7 +228,22 @@ fn select<'a>(
         let mut room = allowed.clone().filter(|&w| {
             workers[w].takes(&p.constraint) && free[w].0 >= need_cores && free[w].1 >= need_mem
         });
+        let local = p.image.as_ref().and_then(|img| {
+            let held = |w: usize| {
+                img.holders.binary_search(&workers[w].id).is_ok()
+                    || fetched.contains(&(img.key.as_str(), w))
+            };
+            let room: Vec<usize> = room.clone().collect();
+            if !room.iter().any(|&w| held(w)) {
+                return None;
+            }
+            room.into_iter().min_by_key(|&w| {
+                let cost = img.cost_ms(held(w), sandboxes[w], workers[w].total_cores);
+                (cost, std::cmp::Reverse(free[w].1), std::cmp::Reverse(free[w].0), w)
+            })
+        });
         let fit = match pick {
+            _ if local.is_some() => local,
             Pick::FirstById => room.next(),
             Pick::MostFree => room.max_by(|&a, &b| {
                 let by_cores = free[a].0.cmp(&free[b].0);
@@ -238,6 +259,10 @@ fn select<'a>(
         };
         match fit {
             Some(w) => {
+                if let Some(img) = &p.image {
+                    sandboxes[w] += 1;
+                    fetched.insert((&img.key, w));
+                }
                 let took = cores.take(p, free[w].0);
                 free[w].0 -= took;
                 free[w].1 -= need_mem;

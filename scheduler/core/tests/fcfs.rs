@@ -19,6 +19,7 @@ fn worker(id: &str, cores: u32, free: u32, mem: u64) -> WorkerView {
         free_mem_mb: mem,
         accepting: true,
         cordoned: false,
+        sandboxes: 0,
     }
 }
 
@@ -31,6 +32,7 @@ fn exec(id: &str, min: u32, max: u32) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
+        image: None,
     }
 }
 
@@ -43,6 +45,7 @@ fn open(id: &str, mem: u64) -> Pending {
         },
         constraint: Constraint::Any,
         model: None,
+        image: None,
     }
 }
 

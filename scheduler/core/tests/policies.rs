@@ -50,6 +50,7 @@ fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
                 free_mem_mb: mem / 2,
                 accepting,
                 cordoned: false,
+                sandboxes: 0,
             })
             .collect::<Vec<_>>()
     });
@@ -88,6 +89,7 @@ fn arb_cluster() -> impl Strategy<Value = (Vec<WorkerView>, Vec<Pending>)> {
                     Constraint::Any
                 },
                 model,
+                image: None,
             })
             .collect::<Vec<_>>()
     });
@@ -222,6 +224,7 @@ fn w(id: &str, cores: u32) -> WorkerView {
         free_mem_mb: 1 << 20,
         accepting: true,
         cordoned: false,
+        sandboxes: 0,
     }
 }
 
@@ -237,6 +240,7 @@ fn elastic(id: &str, min: u32, max: u32, t1_ms: f64, p: f64) -> Pending {
             t1_ms,
             speedup: Speedup::Amdahl(p),
         }),
+        image: None,
     }
 }
 

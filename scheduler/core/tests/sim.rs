@@ -290,3 +290,42 @@ fn bursty_has_every_resource_kind_waves_and_heavy_tails() {
     let r = simulate(&w, by_name("tangram-v2").unwrap().as_ref()).summary();
     assert_eq!(r.actions, tangram_core::sim::actions_in(&w));
 }
+
+#[test]
+fn image_aware_placement_pulls_each_task_image_once_and_cuts_mean_act() {
+    use tangram_core::sim::{run_images, Elasticity, SweImages};
+    let w = SweImages {
+        batch: 240,
+        group: 8,
+        seed: 3,
+        pull_mb_per_s: 100.0,
+    }
+    .generate();
+    let policy = by_name("tangram-v2").unwrap();
+    let (aware, a) = run_images(&w, policy.as_ref(), Elasticity::Oracle, true);
+    let (blind, b) = run_images(&w, policy.as_ref(), Elasticity::Oracle, false);
+    // Every action ran under both.
+    assert_eq!(aware.actions.len(), blind.actions.len());
+    assert_eq!(a.unserved + b.unserved, 0);
+    // One pull per task image when placement knows where images are; more without.
+    assert_eq!(a.pulls, w.images.images.len() as u64);
+    assert!(b.pulls > a.pulls * 2, "{} vs {}", b.pulls, a.pulls);
+    let (ma, mb) = (aware.summary().mean_act_s, blind.summary().mean_act_s);
+    assert!(ma * 1.5 < mb, "aware {ma} s, blind {mb} s");
+    assert!(aware.step_time_ms < blind.step_time_ms);
+}
+
+#[test]
+fn a_workload_without_images_places_the_same_with_and_without_image_locality() {
+    use tangram_core::sim::{run_images, Elasticity};
+    let w = AiCoding {
+        batch: 96,
+        seed: 2,
+        jobs: 1,
+    }
+    .generate();
+    let policy = by_name("tangram-v2").unwrap();
+    let (on, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, true);
+    let (off, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, false);
+    assert_eq!(on, off);
+}

@@ -50,6 +50,10 @@ impl Engine {
     /// The cluster as the policy sees it: capacity minus what is booked.
     pub fn snapshot(&self) -> Snapshot {
         let used = self.used();
+        let mut sandboxes: HashMap<&WorkerId, u32> = HashMap::new();
+        for s in self.sandboxes.values().filter(|s| s.holds()) {
+            *sandboxes.entry(&s.worker).or_default() += 1;
+        }
         Snapshot::new(
             self.workers
                 .iter()
@@ -63,6 +67,7 @@ impl Engine {
                         free_mem_mb: w.hb.mem_mb.saturating_sub(mem),
                         accepting: !w.hb.draining,
                         cordoned: self.cordons.contains_key(id),
+                        sandboxes: sandboxes.get(id).copied().unwrap_or(0),
                     }
                 })
                 .collect(),
@@ -254,6 +259,7 @@ impl Engine {
         let mut pending = Vec::with_capacity(self.queue.len());
         let mut direct = Vec::new();
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
+        let mut images: Option<ImageIndex> = None;
         for id in &self.queue {
             let e = &self.actions[id];
             let a = &e.action;
@@ -335,14 +341,44 @@ impl Engine {
                 }
             }
             let model = self.model_of(e);
+            let image = match super::lifecycle::open_image(a) {
+                Some(key) if self.config.image_locality && self.static_cores.is_none() => {
+                    let index = images.get_or_insert_with(|| self.image_index());
+                    Some(index.need(key, &self.config))
+                }
+                _ => None,
+            };
             pending.push(Pending {
                 id: a.id.clone(),
                 demand,
                 constraint,
                 model,
+                image,
             });
         }
         (pending, direct)
+    }
+
+    /// Where each image is, for image-aware placement: advertised in heartbeats, opened from
+    /// since, or fetched for a sandbox there now.
+    fn image_index(&self) -> ImageIndex {
+        let mut index = ImageIndex::default();
+        for (id, w) in &self.workers {
+            for img in &w.hb.images {
+                if let Some(key) = tangram_shared::image::ImageRef::canonical_of(&img.reference) {
+                    index.add(key, id, img.size_bytes);
+                }
+            }
+            for key in &w.pulled {
+                index.add(key.clone(), id, 0);
+            }
+        }
+        for s in self.sandboxes.values().filter(|s| s.holds()) {
+            if let Some(key) = &s.image {
+                index.add(key.clone(), &s.worker, 0);
+            }
+        }
+        index
     }
 
     /// Books a launch and hands out its dispatch: the action becomes `Dispatching`.
@@ -408,6 +444,7 @@ impl Engine {
                             0
                         },
                         state: SandboxState::Opening,
+                        image: super::lifecycle::open_image(&e.action),
                     },
                 );
             }
@@ -435,6 +472,40 @@ impl Engine {
             worker: launch.worker,
             dispatch: Box::new(dispatch),
         });
+    }
+}
+
+/// Images by canonical reference: the workers holding each and its largest advertised size.
+#[derive(Debug, Default)]
+struct ImageIndex {
+    by_key: HashMap<String, (Vec<WorkerId>, u64)>,
+}
+
+impl ImageIndex {
+    fn add(&mut self, key: String, worker: &WorkerId, size_bytes: u64) {
+        let (holders, size) = self.by_key.entry(key).or_default();
+        if !holders.contains(worker) {
+            holders.push(worker.clone());
+        }
+        *size = (*size).max(size_bytes);
+    }
+
+    /// What placement needs to know of `key`: its holders, sorted, and its expected pull.
+    fn need(&self, key: String, config: &super::EngineConfig) -> crate::model::ImageNeed {
+        let (mut holders, size) = self.by_key.get(&key).cloned().unwrap_or_default();
+        holders.sort();
+        let mb = if size > 0 {
+            size as f64 / 1e6
+        } else {
+            super::UNKNOWN_IMAGE_MB as f64
+        };
+        let pull_ms = mb / config.pull_mb_per_s.max(1e-3) * 1e3;
+        crate::model::ImageNeed {
+            key,
+            holders,
+            pull_ms: pull_ms.min(u64::MAX as f64 / 2.0) as u64,
+            load_ms: config.image_load_ms,
+        }
     }
 }
 

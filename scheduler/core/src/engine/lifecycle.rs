@@ -153,6 +153,20 @@ pub struct Sandbox {
     pub cores: u32,
     /// Where it is.
     pub state: SandboxState,
+    /// Its image, canonical, when its open named one (the worker holds it, or is fetching
+    /// it, while the sandbox is there).
+    pub image: Option<String>,
+}
+
+/// The canonical image a sandbox open names, if any.
+pub(crate) fn open_image(action: &tangram_shared::Action) -> Option<String> {
+    match &action.spec {
+        tangram_shared::ActionSpec::SandboxOpen(o) => o
+            .image
+            .as_deref()
+            .and_then(tangram_shared::image::ImageRef::canonical_of),
+        _ => None,
+    }
 }
 
 impl Sandbox {

@@ -73,7 +73,19 @@ pub struct EngineConfig {
     /// worker's grace and pushes result deadlines back by the gap, since nobody's silence
     /// could be judged during it.
     pub reachable_every_ms: u64,
+    /// Image-aware placement: a sandbox open naming an image prefers a worker that holds it
+    /// ([`crate::model::ImageNeed`]); off, placement ignores images.
+    pub image_locality: bool,
+    /// Expected pull throughput of a worker, MB/s, for the pull time of an image of known
+    /// size (an image no worker advertises is taken as [`UNKNOWN_IMAGE_MB`]).
+    pub pull_mb_per_s: f64,
+    /// What one more sandbox per core on a worker is expected to cost a trajectory, ms: the
+    /// load image-aware placement weighs against a pull.
+    pub image_load_ms: u64,
 }
+
+/// The size assumed for an image no worker advertises, MB.
+pub const UNKNOWN_IMAGE_MB: u64 = 1_024;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -94,6 +106,9 @@ impl Default for EngineConfig {
             task_pools: Vec::new(),
             static_trajectories: None,
             reachable_every_ms: 0,
+            image_locality: true,
+            pull_mb_per_s: 100.0,
+            image_load_ms: 60_000,
         }
     }
 }
@@ -103,6 +118,9 @@ impl Default for EngineConfig {
 pub(crate) struct WorkerState {
     pub(crate) hb: Heartbeat,
     pub(crate) last_seen_ms: u64,
+    /// Images (canonical) it opened a sandbox from since that heartbeat: it holds them now,
+    /// though its heartbeat does not say so yet.
+    pub(crate) pulled: std::collections::HashSet<String>,
 }
 
 /// An external API provider: its pooled quota, what may be called, who can call it.

@@ -212,6 +212,7 @@ impl Engine {
                             mem_mb: e.action.demand().mem_mb,
                             cores: self.static_cores.unwrap_or(0),
                             state: SandboxState::Open,
+                            image: super::lifecycle::open_image(&e.action),
                         });
                 }
                 _ => self.settle_sandbox(&e, &r.outcome),
@@ -281,6 +282,13 @@ impl Engine {
         let key = (e.action.job.clone(), e.action.trajectory.clone());
         match (e.action.kind(), outcome) {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
+                if let (Some(image), Some((worker, _))) =
+                    (super::lifecycle::open_image(&e.action), e.placed())
+                {
+                    if let Some(w) = self.workers.get_mut(worker) {
+                        w.pulled.insert(image);
+                    }
+                }
                 if let Some(s) = self.sandboxes.get_mut(&key) {
                     s.state = SandboxState::Open;
                 } else if let Some((worker, booking)) = e.placed() {
@@ -294,6 +302,7 @@ impl Engine {
                             mem_mb: booking.grant.mem_mb.max(e.action.demand().mem_mb),
                             cores: self.static_cores.unwrap_or(0),
                             state: SandboxState::Open,
+                            image: super::lifecycle::open_image(&e.action),
                         },
                     );
                 }

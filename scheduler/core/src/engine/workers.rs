@@ -79,6 +79,7 @@ impl Engine {
                             mem_mb: s.mem_mb,
                             cores: self.static_cores.unwrap_or(0),
                             state: SandboxState::Open,
+                            image: None,
                         },
                     );
                 }
@@ -91,6 +92,7 @@ impl Engine {
             WorkerState {
                 hb,
                 last_seen_ms: now.ms,
+                pulled: HashSet::new(),
             },
         );
         self.dirty = true;

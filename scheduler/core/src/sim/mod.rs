@@ -12,9 +12,11 @@
 
 mod bursty;
 pub mod calibrate;
+mod images;
 mod run;
 
 pub use bursty::Bursty;
+pub use images::{SimImages, SweImages};
 pub use run::SimStats;
 
 use crate::elastic::Speedup;
@@ -120,6 +122,8 @@ pub struct Workload {
     pub gpus: Vec<Vec<u8>>,
     /// API providers api actions name.
     pub providers: Vec<crate::quota::ProviderQuota>,
+    /// Sandbox images and the pull model (none: every sandbox uses the default image).
+    pub images: SimImages,
 }
 
 /// Per-action record.
@@ -193,7 +197,7 @@ pub fn simulate_with(
     policy: &dyn Policy,
     elasticity: Elasticity,
 ) -> SimReport {
-    run::run(workload, policy, elasticity).0
+    run::run(workload, policy, elasticity, true).0
 }
 
 /// [`simulate_with`], with the run's counters (GPU restores and evictions, rejections, GPU
@@ -203,7 +207,18 @@ pub fn run_stats(
     policy: &dyn Policy,
     elasticity: Elasticity,
 ) -> (SimReport, SimStats) {
-    run::run(workload, policy, elasticity)
+    run::run(workload, policy, elasticity, true)
+}
+
+/// [`run_stats`] with image-aware placement on or off (the engine's
+/// `image_locality`), for the side-by-side of a workload with [`SimImages`].
+pub fn run_images(
+    workload: &Workload,
+    policy: &dyn Policy,
+    elasticity: Elasticity,
+    image_locality: bool,
+) -> (SimReport, SimStats) {
+    run::run(workload, policy, elasticity, image_locality)
 }
 
 /// A small seeded generator (splitmix64), so workloads are reproducible without a

@@ -50,6 +50,12 @@ pub struct SimStats {
     pub gpus: u32,
     /// (time ms, fraction of the GPUs resident), sampled at events.
     pub gpu_utilisation: Vec<(f64, f64)>,
+    /// Image pulls started (a workload with [`super::SimImages`]).
+    pub pulls: u64,
+    /// MB pulled.
+    pub pulled_mb: f64,
+    /// Sandbox opens' waits for their image, summed, ms.
+    pub pull_wait_ms: f64,
 }
 
 /// An event on the virtual clock. In the max-heap the earliest comes out first, and events
@@ -152,6 +158,8 @@ struct Driver<'w> {
     pod_start_ms: Option<f64>,
     last_end: f64,
     next_delivery: u64,
+    /// Per CPU node: the images it holds and pulls.
+    node_images: Vec<super::images::NodeImages>,
 }
 
 /// Runs `w` under `policy` through the decision engine.
@@ -159,6 +167,7 @@ pub(crate) fn run(
     w: &Workload,
     policy: &dyn Policy,
     elasticity: Elasticity,
+    image_locality: bool,
 ) -> (SimReport, SimStats) {
     let static_cores = policy.per_trajectory_cores();
     let mut jobs_in_order: Vec<String> = Vec::new();
@@ -177,6 +186,12 @@ pub(crate) fn run(
         result_grace_ms: u64::MAX / 4,
         task_pools: jobs_in_order,
         static_trajectories: Some(w.trajectories.len() as u32),
+        image_locality,
+        pull_mb_per_s: if w.images.pull_mb_per_s > 0.0 {
+            w.images.pull_mb_per_s
+        } else {
+            EngineConfig::default().pull_mb_per_s
+        },
         ..EngineConfig::default()
     };
     let pool: u32 = w.nodes.iter().sum();
@@ -228,6 +243,7 @@ pub(crate) fn run(
         pod_start_ms: policy.pod_start_ms(),
         last_end: 0.0,
         next_delivery: 1,
+        node_images: vec![Default::default(); w.nodes.len()],
     };
     let first = w
         .trajectories
@@ -389,7 +405,11 @@ impl Driver<'_> {
                 let spec = &self.w.trajectories[t];
                 self.trajs[t].due_ms = spec.start_ms + spec.steps[0].think_ms;
                 if self.has_cpu[t] {
-                    let a = self.action(t, "open", ActionSpec::SandboxOpen(SandboxOpen::default()));
+                    let open = SandboxOpen {
+                        image: self.w.images.of(t).map(|(r, _)| r.to_string()),
+                        ..SandboxOpen::default()
+                    };
+                    let a = self.action(t, "open", ActionSpec::SandboxOpen(open));
                     events.push(self.arrival(a, None));
                 } else {
                     let due = self.trajs[t].due_ms;
@@ -581,7 +601,7 @@ impl Driver<'_> {
                     super::Rng::new(0x706f_6400 ^ t as u64)
                         .lognormal(median, crate::policies::K8s::START_SIGMA)
                 });
-                (0.0, start, 0)
+                (0.0, start + self.pull(worker, t, now), 0)
             }
             ActionKind::SandboxClose => (0.0, 0.0, 0),
             ActionKind::SandboxExec => {
@@ -657,6 +677,30 @@ impl Driver<'_> {
             );
         }
         self.push(now + overhead_ms + exec_ms, Kind::Done(Box::new(result), 0));
+    }
+
+    /// Trajectory `t`'s sandbox opens on `worker` at `now`: how long it waits for its image.
+    fn pull(&mut self, worker: &WorkerId, t: usize, now: f64) -> f64 {
+        let Some(i) = self.w.images.of_trajectory.get(t).copied().flatten() else {
+            return 0.0;
+        };
+        let Some(&(_, mb)) = self.w.images.images.get(i) else {
+            return 0.0;
+        };
+        let node = worker
+            .as_str()
+            .strip_prefix('n')
+            .and_then(|n| n.parse::<usize>().ok());
+        let Some(images) = node.and_then(|n| self.node_images.get_mut(n)) else {
+            return 0.0;
+        };
+        let (wait, pulled) = images.open(i, mb, now, &self.w.images);
+        if pulled {
+            self.stats.pulls += 1;
+            self.stats.pulled_mb += mb;
+        }
+        self.stats.pull_wait_ms += wait;
+        wait
     }
 
     /// A running exec gets `cores` from now on: its remaining work runs at the new size, and

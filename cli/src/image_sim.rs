@@ -1,0 +1,149 @@
+//! `tangram simulate --workload swe-images`: sandboxes from per-task images that no node
+//! holds at the start, each policy run twice, with image-aware placement and with placement
+//! that ignores images, side by side.
+
+use crate::{progress, report, SimulateArgs};
+use serde_json::json;
+use tangram_core::sim::{self, SimReport, SimStats, SweImages};
+
+/// One run: the policy, whether placement saw images, and what it measured.
+struct Run {
+    name: String,
+    aware: bool,
+    report: SimReport,
+    stats: SimStats,
+}
+
+pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
+    if !(args.pull_mb_per_s.is_finite() && args.pull_mb_per_s > 0.0) {
+        crate::usage!("--pull-mb-per-s must be a positive number");
+    }
+    if args.cluster.is_some() {
+        crate::usage!("swe-images runs on ai-coding's cluster; --cluster is not taken");
+    }
+    let gen = SweImages {
+        batch: args.batch,
+        group: args.group as usize,
+        seed: args.seed,
+        pull_mb_per_s: args.pull_mb_per_s,
+    };
+    let w = gen.generate();
+    let label = format!(
+        "swe-images, batch {}, group {}, seed {}, {} images, pulls at {} MB/s",
+        args.batch,
+        args.group,
+        args.seed,
+        w.images.images.len(),
+        args.pull_mb_per_s
+    );
+    let names: Vec<&str> = args
+        .policies
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut runs = Vec::new();
+    let spinner = progress::Spinner::start("simulating");
+    for (i, n) in names.iter().enumerate() {
+        let Some(policy) = tangram_core::by_name(n) else {
+            crate::usage!(
+                "unknown policy {n:?}; swe-images takes the action-level policies: {}",
+                tangram_core::policies::NAMES.join(", ")
+            );
+        };
+        if policy.per_trajectory_cores().is_some() {
+            crate::usage!("{n}: swe-images compares action-level placement; static has none");
+        }
+        for aware in [true, false] {
+            spinner.set_message(format!("simulating {n}"));
+            spinner.set_count((2 * i + usize::from(!aware)) as u64, 2 * names.len() as u64);
+            let (mut report, stats) =
+                sim::run_images(&w, policy.as_ref(), sim::Elasticity::Oracle, aware);
+            let name = if aware {
+                n.to_string()
+            } else {
+                format!("{n}/ignore-images")
+            };
+            report.policy = name.clone();
+            runs.push(Run {
+                name,
+                aware,
+                report,
+                stats,
+            });
+        }
+    }
+    spinner.finish();
+    if runs.is_empty() {
+        crate::usage!("--policies is empty");
+    }
+    let reports: Vec<SimReport> = runs.iter().map(|r| r.report.clone()).collect();
+    report::write_svg(&args.svg, &label, &reports)?;
+    let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
+    let base = &sums[0];
+    // Each aware run against the same policy ignoring images (the run after it).
+    let gain = |i: usize| -> Option<f64> {
+        (runs[i].aware && i + 1 < runs.len())
+            .then(|| report::ratio(sums[i + 1].mean_act_s, sums[i].mean_act_s))
+    };
+    if args.json {
+        let policies: Vec<_> = sums
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut o = report::policy_json(s, base);
+                let st = &runs[i].stats;
+                o.insert("image_aware".into(), json!(runs[i].aware));
+                o.insert("pulls".into(), json!(st.pulls));
+                o.insert("pulled_gb".into(), json!(st.pulled_mb / 1e3));
+                o.insert(
+                    "mean_open_wait_s".into(),
+                    json!(st.pull_wait_ms / 1e3 / w.trajectories.len().max(1) as f64),
+                );
+                if let Some(g) = gain(i) {
+                    o.insert("mean_act_gain_over_ignoring_images".into(), json!(g));
+                }
+                o
+            })
+            .collect();
+        let out = json!({
+            "workload": label,
+            "nodes": w.nodes.len(),
+            "trajectories": w.trajectories.len(),
+            "images": w.images.images.len(),
+            "image_gb": w.images.images.iter().map(|(_, mb)| mb).sum::<f64>() / 1e3,
+            "policies": policies,
+            "svg": args.svg.display().to_string(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{label}: {} trajectories on {} nodes, {:.0} GB of images",
+        w.trajectories.len(),
+        w.nodes.len(),
+        w.images.images.iter().map(|(_, mb)| mb).sum::<f64>() / 1e3
+    );
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>10} {:>8}",
+        "policy", "mean ACT", "p50", "p99", "step", "pulls", "pulled", "open wait", "gain"
+    );
+    for (i, s) in sums.iter().enumerate() {
+        let st = &runs[i].stats;
+        println!(
+            "{:<24} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.1}s {:>7} {:>7.0}GB {:>9.1}s {:>8}",
+            runs[i].name,
+            s.mean_act_s,
+            s.p50_act_s,
+            s.p99_act_s,
+            s.step_time_s,
+            st.pulls,
+            st.pulled_mb / 1e3,
+            st.pull_wait_ms / 1e3 / w.trajectories.len().max(1) as f64,
+            gain(i).map_or_else(String::new, |g| format!("{g:.2}x")),
+        );
+    }
+    println!("(open wait = mean per trajectory; gain = mean ACT ignoring images over image-aware)");
+    println!("picture: {}", args.svg.display());
+    Ok(())
+}
