@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds Tangram's default sandbox image locally: a minimal Debian root made with debootstrap
-# (python3 included), imported with `docker import`. No container registry is needed.
+# Builds Tangram's default sandbox image locally: a minimal Debian root made with debootstrap,
+# imported with `docker import`. No container registry is needed. Polyglot: Python 3, C and
+# C++ (gcc, g++), Java (OpenJDK 17), Go, Node.js and Rust, as Debian's release packages them,
+# so code in those languages runs with no custom image (about 2 GB unpacked).
 # Reuses the image when it already exists; pass --force to rebuild.
 set -euo pipefail
-IMAGE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:py3-v1}
+IMAGE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v1}
 SUITE=${TANGRAM_DEBIAN_SUITE:-bookworm}
+# The toolchains (Debian package names); dependencies come with them.
+PACKAGES=${TANGRAM_SANDBOX_PACKAGES:-python3,procps,gcc,g++,libc6-dev,make,default-jdk-headless,golang-go,nodejs,rustc}
 
 if [ "${1:-}" != "--force" ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "sandbox image $IMAGE present"
@@ -29,8 +33,8 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "debootstrap $SUITE (minbase + python3) ..."
-debootstrap --variant=minbase --include=python3,procps "$SUITE" "$work/root" "$mirror" >"$work/log" 2>&1 \
+echo "debootstrap $SUITE (minbase + $PACKAGES) ..."
+debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$work/root" "$mirror" >"$work/log" 2>&1 \
   || { tail -n 30 "$work/log" >&2; exit 1; }
 rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"* \
        "$work/root/usr/share/doc" "$work/root/usr/share/man" "$work/root/usr/share/locale"
@@ -38,5 +42,6 @@ mkdir -p "$work/root/work"
 chmod 1777 "$work/root/work"
 tar -C "$work/root" -c . | docker import \
   -c 'WORKDIR /work' -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8' \
+  -c 'ENV HOME=/work GOCACHE=/work/.cache/go-build GOPATH=/work/.cache/go GOFLAGS=-buildvcs=false' \
   -c 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
 echo "built $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE") bytes"

@@ -136,3 +136,58 @@ impl Registry {
         Ok(p)
     }
 }
+
+/// Imports a small image for the pull tests, tagged `tag`: a root holding only a shell
+/// (`/bin/sh`), `sleep` and the C runtime they load, plus `pad_mb` MB of random bytes (so two
+/// such images differ, and sizes are known to a disk budget). The default sandbox image is
+/// about 1.6 GB: pushing and pulling it would take most of a test's time.
+pub fn small_image(tag: &str, pad_mb: usize) -> anyhow::Result<String> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("root");
+    for sub in ["bin", "work", "tmp"] {
+        std::fs::create_dir_all(root.join(sub))?;
+    }
+    let shell = if std::path::Path::new("/bin/dash").exists() {
+        "/bin/dash"
+    } else {
+        "/bin/sh"
+    };
+    let copies = [(shell, "bin/sh"), ("/bin/sleep", "bin/sleep")];
+    for (from, to) in copies {
+        std::fs::copy(from, root.join(to)).with_context(|| format!("copying {from}"))?;
+        let ldd = Command::new("ldd").arg(from).output()?;
+        for lib in String::from_utf8_lossy(&ldd.stdout)
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+        {
+            let dest = root.join(lib.trim_start_matches('/'));
+            std::fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
+            std::fs::copy(lib, &dest).with_context(|| format!("copying {lib}"))?;
+        }
+    }
+    let mut pad = vec![0u8; pad_mb << 20];
+    let mut x = std::process::id() as u64 ^ tag.len() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    for b in pad.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(root.join("pad"), &pad)?;
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .args(["-c", "."])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let out = Command::new("docker")
+        .args(["import", "-c", "WORKDIR /work", "-", tag])
+        .stdin(tar.stdout.context("tar's stdout")?)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker import: {}",
+        crate::output_text(&out)
+    );
+    Ok(tag.to_string())
+}

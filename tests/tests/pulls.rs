@@ -22,26 +22,10 @@ fn open_image(id: &str, job: &str, t: &str, image: &str) -> tangram_shared::Acti
     a
 }
 
-/// Builds an image of its own from the local sandbox image (one small layer more, so it has
-/// an id of its own); returns its local name.
+/// A small image of its own (a shell, 20 MB of random bytes: an id and a size of its own);
+/// returns its local name.
 fn distinct_image(name: &str) -> anyhow::Result<String> {
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("marker"), name)?;
-    std::fs::write(
-        dir.path().join("Dockerfile"),
-        format!("FROM {LOCAL}\nCOPY marker /marker\n"),
-    )?;
-    let tag = format!("tangram-test/{name}");
-    let out = std::process::Command::new("docker")
-        .args(["build", "-q", "-t", &tag])
-        .arg(dir.path())
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "docker build: {}",
-        tangram_tests::output_text(&out)
-    );
-    Ok(tag)
+    tangram_tests::registry::small_image(&format!("tangram-test/{name}"), 20)
 }
 
 fn present(image: &str) -> bool {
@@ -116,9 +100,10 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     tangram_tests::init_logging();
     let mut reg = Registry::start("tangram", "s3cret")?;
     let tag = format!("t{}", std::process::id());
-    let pulled = reg.push(LOCAL, &format!("tangram/pulltest:{tag}"))?;
-    let later = reg.push(LOCAL, &format!("tangram/pulltest:{tag}-later"))?;
-    let _untag = Untag(vec![pulled.clone(), later.clone()]);
+    let small = distinct_image(&format!("pull-{tag}"))?;
+    let pulled = reg.push(&small, &format!("tangram/pulltest:{tag}"))?;
+    let later = reg.push(&small, &format!("tangram/pulltest:{tag}-later"))?;
+    let _untag = Untag(vec![pulled.clone(), later.clone(), small.clone()]);
 
     let (_cluster, c) = pulling_worker(&reg, "pull-a", "pulls", None).await?;
 
@@ -148,7 +133,7 @@ async fn an_open_pulls_an_allowed_image_and_refuses_or_fails_the_rest_clearly() 
     );
     let r = c
         .run(
-            &exec("x1", "pulls", "t1", &["python3", "-c", "print(6*7)"], 1, 1),
+            &exec("x1", "pulls", "t1", &["sh", "-c", "echo $((6 * 7))"], 1, 1),
             T,
         )
         .await?;
@@ -215,9 +200,9 @@ async fn pulled_images_over_the_disk_budget_go_least_recently_used_first_never_o
     let a = reg.push(&local_a, &format!("tangram/gc:a{n}"))?;
     let b = reg.push(&local_b, &format!("tangram/gc:b{n}"))?;
     let _untag = Untag(vec![a.clone(), b.clone(), local_a.clone(), local_b.clone()]);
-    // Each image is about the size of the sandbox image (its layers are counted in full):
-    // one fits the budget, two do not.
-    let (_cluster, c) = pulling_worker(&reg, "gc-a", "gc", Some(150)).await?;
+    // Each image is about 23 MB (its layers counted in full): one fits the budget, two do
+    // not.
+    let (_cluster, c) = pulling_worker(&reg, "gc-a", "gc", Some(35)).await?;
     let ok = Outcome::Completed { exit_code: 0 };
 
     // a is pulled, used, and let go.
