@@ -461,10 +461,15 @@ impl Cluster {
     /// Starts the scheduler.
     pub fn start_scheduler(&mut self) {
         let mut config = tangram_scheduler::Config::with_nats_url(self.nats.url());
-        config.credentials = self.credentials("scheduler");
         if let Some(p) = &self.policy {
             config.policy = p.clone();
         }
+        self.start_scheduler_config(config);
+    }
+
+    /// Starts the scheduler with this configuration (its credentials set here).
+    pub fn start_scheduler_config(&mut self, mut config: tangram_scheduler::Config) {
+        config.credentials = self.credentials("scheduler");
         let token = CancellationToken::new();
         let handle = tokio::spawn(tangram_scheduler::run(config, token.clone()));
         self.scheduler = Some((token, handle));

@@ -56,6 +56,19 @@ async fn pulling_worker(
     budget_mb: Option<u64>,
 ) -> anyhow::Result<(Cluster, tangram_tests::Client)> {
     let mut cluster = Cluster::start(&[]).await?;
+    start_pulling_worker(&mut cluster, reg, id, budget_mb)?;
+    let c = cluster.client(job).await?;
+    c.wait_for_workers(&[id], T).await?;
+    Ok((cluster, c))
+}
+
+/// Starts worker `id` in `cluster`, allowed to pull `reg`'s `tangram/*` with its credentials.
+fn start_pulling_worker(
+    cluster: &mut Cluster,
+    reg: &Registry,
+    id: &str,
+    budget_mb: Option<u64>,
+) -> anyhow::Result<()> {
     let raw = tangram_worker::config::RawConfig {
         id: Some(id.into()),
         nats_url: Some(cluster.nats.url()),
@@ -74,9 +87,7 @@ async fn pulling_worker(
     let mut config = raw.validate()?;
     config.credentials = cluster.credentials(&format!("worker-{id}"));
     cluster.start_worker_config(config);
-    let c = cluster.client(job).await?;
-    c.wait_for_workers(&[id], T).await?;
-    Ok((cluster, c))
+    Ok(())
 }
 
 /// Removes the pulled images when the test ends, whatever happened.
@@ -227,5 +238,64 @@ async fn pulled_images_over_the_disk_budget_go_least_recently_used_first_never_o
         assert_eq!(r.outcome, ok, "{r:?}");
     }
     assert_eq!(tangram_tests::containers_of("gc-a"), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_goes_to_the_worker_holding_its_image_and_ignoring_images_spreads_it(
+) -> anyhow::Result<()> {
+    if !registry_installed() {
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let reg = Registry::start("tangram", "s3cret")?;
+    let n = std::process::id();
+    let small = distinct_image(&format!("place-{n}"))?;
+    let image = reg.push(&small, &format!("tangram/place:{n}"))?;
+    let _untag = Untag(vec![image.clone(), small.clone()]);
+    let ok = Outcome::Completed { exit_code: 0 };
+    for aware in [true, false] {
+        // Both workers share this machine's Docker daemon: once one pulled the image, the
+        // other finds it too, so the runs differ in placement only.
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", "-f", &image])
+            .output();
+        let mut cluster = Cluster::start_without_scheduler(&[]).await?;
+        start_pulling_worker(&mut cluster, &reg, "place-a", None)?;
+        start_pulling_worker(&mut cluster, &reg, "place-b", None)?;
+        let mut config = tangram_scheduler::Config::with_nats_url(cluster.nats.url());
+        config.image_locality = aware;
+        // Load counts little next to a pull here: the holder wins while it has room.
+        config.image_load_ms = 100;
+        cluster.start_scheduler_config(config);
+        let c = cluster.client("place").await?;
+        c.wait_for_workers(&["place-a", "place-b"], T).await?;
+        let worker = |r: &tangram_shared::ActionResult| {
+            r.placement.as_ref().map(|p| p.worker.to_string())
+        };
+        // The first open of the image: no worker holds it; it is pulled where it lands.
+        let r1 = c.run(&open_image("o1", "place", "t1", &image), T).await?;
+        assert_eq!(r1.outcome, ok, "{r1:?}");
+        assert!(r1.timing.pull_us > 0, "{:?}", r1.timing);
+        // The second, with the first sandbox still open: the other worker is emptier.
+        let r2 = c.run(&open_image("o2", "place", "t2", &image), T).await?;
+        assert_eq!(r2.outcome, ok, "{r2:?}");
+        if aware {
+            assert_eq!(worker(&r2), worker(&r1), "image-aware: where the image is");
+        } else {
+            assert_ne!(worker(&r2), worker(&r1), "ignoring images: the emptier worker");
+        }
+        // An open of the default image spreads as before, either way.
+        let r3 = c.run(&open("o3", "place", "t3"), T).await?;
+        assert_eq!(r3.outcome, ok, "{r3:?}");
+        if aware {
+            assert_ne!(worker(&r3), worker(&r1), "the default image goes to the emptier worker");
+        }
+        for t in ["t1", "t2", "t3"] {
+            let r = c.run(&close(&format!("c-{t}"), "place", t), T).await?;
+            assert_eq!(r.outcome, ok, "{r:?}");
+        }
+        cluster.shutdown().await?;
+    }
     Ok(())
 }
