@@ -10,6 +10,7 @@ mod creds;
 mod errors;
 mod gpu_sim;
 mod image_sim;
+mod images;
 mod inspect;
 mod nats_server;
 mod pipeline;
@@ -77,6 +78,11 @@ pub(crate) enum Command {
     /// Cordon a worker and close its sandboxes at a deadline; waits until nothing runs
     /// there, so the worker can be stopped.
     Drain(cordon::DrainArgs),
+    /// Sandbox images on workers: `prepull` makes them present ahead of a step.
+    Images {
+        #[command(subcommand)]
+        what: images::ImagesCommand,
+    },
     /// Write a fleet's credentials: one nkey seed per role (operator, scheduler, rollout,
     /// each worker, each named job's rollout) and the servers' authorization.conf. Seeds
     /// already in the directory are kept.
@@ -270,6 +276,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(t) => cordon::set(t, cordon::Op::Cordon),
         Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
         Command::Drain(a) => cordon::drain(a),
+        Command::Images { what } => images::run(what),
         Command::Creds { dir, workers, jobs } => creds::fleet(&dir, &workers, &jobs),
         Command::Probe { addr, path } => {
             match probe::probe(&addr, &path, std::time::Duration::from_secs(3)) {
@@ -330,36 +337,34 @@ fn watch_status(
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     let (mut workload, label) = match (&args.workload, &args.trace) {
-        (Some(w), None) => {
-            match w.as_str() {
-                "ai-coding" => (
-                    AiCoding {
-                        batch: args.batch,
-                        seed: args.seed,
-                        jobs: args.jobs as usize,
-                    }
-                    .generate(),
-                    format!(
-                        "ai-coding, batch {}, seed {}, {} job(s)",
-                        args.batch, args.seed, args.jobs
-                    ),
-                ),
-                "bursty" => (
-                    sim::Bursty {
-                        batch: args.batch,
-                        seed: args.seed,
-                    }
-                    .generate(),
-                    format!("bursty, batch {}, seed {}", args.batch, args.seed),
-                ),
-                "mopd" => return gpu_sim::mopd(&args),
-                "deepsearch" => return gpu_sim::deepsearch(&args),
-                "swe-images" => return image_sim::swe_images(&args),
-                other => {
-                    crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch, swe-images")
+        (Some(w), None) => match w.as_str() {
+            "ai-coding" => (
+                AiCoding {
+                    batch: args.batch,
+                    seed: args.seed,
+                    jobs: args.jobs as usize,
                 }
+                .generate(),
+                format!(
+                    "ai-coding, batch {}, seed {}, {} job(s)",
+                    args.batch, args.seed, args.jobs
+                ),
+            ),
+            "bursty" => (
+                sim::Bursty {
+                    batch: args.batch,
+                    seed: args.seed,
+                }
+                .generate(),
+                format!("bursty, batch {}, seed {}", args.batch, args.seed),
+            ),
+            "mopd" => return gpu_sim::mopd(&args),
+            "deepsearch" => return gpu_sim::deepsearch(&args),
+            "swe-images" => return image_sim::swe_images(&args),
+            other => {
+                crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch, swe-images")
             }
-        }
+        },
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;

@@ -8,8 +8,9 @@
 //! - `operator`: everything (the CLI, an operator's `nats` CLI).
 //! - `scheduler`: the actions and results it consumes, dispatches, dead letters, status,
 //!   heartbeats, its KV bucket and the JetStream API.
-//! - `worker-<id>`: only its own dispatch consumer, results, its heartbeats, refusal records
-//!   and a read of the scheduler epoch; no stream administration, no other worker's work.
+//! - `worker-<id>`: only its own dispatch consumer, results, its heartbeats, refusal records,
+//!   a read of the scheduler epoch, and answers to pre-pull requests addressed to it; no
+//!   stream administration, no other worker's work.
 //! - `rollout` (every job) or `rollout-<job>` (one job): publish actions and read results of
 //!   its job(s), ask for status; never dispatches, heartbeats, stream administration or
 //!   other jobs' results and inboxes.
@@ -362,14 +363,17 @@ impl Role {
                         format!("$JS.API.STREAM.MSG.GET.{kv}"),
                         inbox.clone(),
                     ],
-                    subscribe: vec![inbox],
-                    allow_responses: false,
+                    // Pre-pull requests addressed to it, answered on the asker's inbox.
+                    subscribe: vec![inbox, subject::prepull_of(id)],
+                    allow_responses: true,
                 }
             }
             Role::Rollout => Permissions {
                 publish: s(&[
                     "tangram.v1.action.*.*",
                     subject::STATUS,
+                    // Pre-pulls ahead of a step (a worker's allow-list bounds what it pulls).
+                    "tangram.v1.prepull.*",
                     "$JS.API.INFO",
                     "$JS.API.STREAM.INFO.*",
                     "$JS.API.STREAM.MSG.GET.TANGRAM_RESULTS",
@@ -388,6 +392,7 @@ impl Role {
                 publish: vec![
                     format!("tangram.v1.action.{job}.*"),
                     subject::STATUS.into(),
+                    "tangram.v1.prepull.*".into(),
                     "$JS.API.INFO".into(),
                     // Last-message reads name the subject in the request subject, so the
                     // server can hold them to this job (a MSG.GET names it in the body).

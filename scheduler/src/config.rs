@@ -364,7 +364,9 @@ impl RawConfig {
         streams.validate().map_err(|why| invalid("streams", why))?;
         let images = self.images.unwrap_or_default();
         let engine_defaults = tangram_core::EngineConfig::default();
-        let pull_mb_per_s = images.pull_mb_per_s.unwrap_or(engine_defaults.pull_mb_per_s);
+        let pull_mb_per_s = images
+            .pull_mb_per_s
+            .unwrap_or(engine_defaults.pull_mb_per_s);
         if !(pull_mb_per_s.is_finite() && pull_mb_per_s > 0.0) {
             return Err(invalid(
                 "images.pull_mb_per_s",

@@ -25,8 +25,15 @@ impl ImageRef {
     /// The reference spelled in full, `registry/repository:tag` (or `@digest`): two spellings
     /// of one image (`python:3.11`, `docker.io/library/python:3.11`) give the same string.
     pub fn canonical(&self) -> String {
-        let sep = if self.reference.contains(':') { '@' } else { ':' };
-        format!("{}/{}{sep}{}", self.registry, self.repository, self.reference)
+        let sep = if self.reference.contains(':') {
+            '@'
+        } else {
+            ':'
+        };
+        format!(
+            "{}/{}{sep}{}",
+            self.registry, self.repository, self.reference
+        )
     }
 
     /// [`ImageRef::canonical`] of a reference, `None` when it does not parse.
@@ -182,6 +189,46 @@ impl ImageRule {
     }
 }
 
+/// A request to pre-pull a sandbox image on one worker (`tangram images prepull`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepullRequest {
+    /// The image reference, as a `sandbox_open` would name it.
+    pub image: String,
+}
+
+/// What a pre-pull came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrepullOutcome {
+    /// The worker held it already.
+    Present,
+    /// The worker pulled it.
+    Pulled,
+    /// Not allowed, unknown to the registry, or the request was malformed: asking again
+    /// will not help.
+    Refused,
+    /// The pull failed (registry unreachable, credentials refused, too slow): it may work later.
+    Failed,
+}
+
+/// A worker's answer to a [`PrepullRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrepullReply {
+    /// The worker.
+    pub worker: String,
+    /// The image asked for.
+    pub image: String,
+    /// What happened.
+    pub outcome: PrepullOutcome,
+    /// How long the pull took, ms (when it pulled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_ms: Option<u64>,
+    /// Why, when refused or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,7 +241,10 @@ mod tests {
     fn two_spellings_of_one_image_have_one_canonical_form() {
         let c = ImageRef::canonical_of;
         assert_eq!(c("python:3.11"), c("docker.io/library/python:3.11"));
-        assert_eq!(c("python").as_deref(), Some("docker.io/library/python:latest"));
+        assert_eq!(
+            c("python").as_deref(),
+            Some("docker.io/library/python:latest")
+        );
         assert_eq!(
             c("127.0.0.1:5000/team/app:1").as_deref(),
             Some("127.0.0.1:5000/team/app:1")

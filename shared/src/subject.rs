@@ -113,6 +113,16 @@ pub fn worker_consumer(worker: &WorkerId) -> String {
 pub fn heartbeat(worker: &WorkerId) -> String {
     format!("{PREFIX}.heartbeat.{worker}")
 }
+/// Core NATS request/reply subject a worker answers to pre-pull a sandbox image
+/// (`tangram.v1.prepull.<worker>`, JSON [`crate::image::PrepullRequest`] in,
+/// [`crate::image::PrepullReply`] out).
+pub fn prepull(worker: &WorkerId) -> String {
+    prepull_of(worker.as_str())
+}
+/// [`prepull`] of a worker id not yet checked (permissions are written from role names).
+pub fn prepull_of(worker: &str) -> String {
+    format!("{PREFIX}.prepull.{worker}")
+}
 /// Wildcard over every heartbeat.
 pub const HEARTBEAT_ALL: &str = "tangram.v1.heartbeat.*";
 

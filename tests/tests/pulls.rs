@@ -270,9 +270,8 @@ async fn an_open_goes_to_the_worker_holding_its_image_and_ignoring_images_spread
         cluster.start_scheduler_config(config);
         let c = cluster.client("place").await?;
         c.wait_for_workers(&["place-a", "place-b"], T).await?;
-        let worker = |r: &tangram_shared::ActionResult| {
-            r.placement.as_ref().map(|p| p.worker.to_string())
-        };
+        let worker =
+            |r: &tangram_shared::ActionResult| r.placement.as_ref().map(|p| p.worker.to_string());
         // The first open of the image: no worker holds it; it is pulled where it lands.
         let r1 = c.run(&open_image("o1", "place", "t1", &image), T).await?;
         assert_eq!(r1.outcome, ok, "{r1:?}");
@@ -283,13 +282,21 @@ async fn an_open_goes_to_the_worker_holding_its_image_and_ignoring_images_spread
         if aware {
             assert_eq!(worker(&r2), worker(&r1), "image-aware: where the image is");
         } else {
-            assert_ne!(worker(&r2), worker(&r1), "ignoring images: the emptier worker");
+            assert_ne!(
+                worker(&r2),
+                worker(&r1),
+                "ignoring images: the emptier worker"
+            );
         }
         // An open of the default image spreads as before, either way.
         let r3 = c.run(&open("o3", "place", "t3"), T).await?;
         assert_eq!(r3.outcome, ok, "{r3:?}");
         if aware {
-            assert_ne!(worker(&r3), worker(&r1), "the default image goes to the emptier worker");
+            assert_ne!(
+                worker(&r3),
+                worker(&r1),
+                "the default image goes to the emptier worker"
+            );
         }
         for t in ["t1", "t2", "t3"] {
             let r = c.run(&close(&format!("c-{t}"), "place", t), T).await?;
@@ -297,5 +304,94 @@ async fn an_open_goes_to_the_worker_holding_its_image_and_ignoring_images_spread
         }
         cluster.shutdown().await?;
     }
+    Ok(())
+}
+
+/// `tangram images prepull` with these arguments against `cluster`; its exit status and
+/// parsed JSON replies.
+fn prepull_cli(
+    cluster: &Cluster,
+    seed: &str,
+    args: &[&str],
+) -> anyhow::Result<(bool, Vec<serde_json::Value>)> {
+    let creds = cluster.creds.as_ref().expect("a secured cluster");
+    let out = std::process::Command::new(tangram_tests::built_binary("tangram"))
+        .args(["images", "prepull", "--json", "--timeout-s", "60"])
+        .args(args)
+        .arg("--nats-url")
+        .arg(cluster.nats.url())
+        .arg("--nkey-file")
+        .arg(creds.join(seed))
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let replies = serde_json::from_str(&stdout).map_err(|e| {
+        anyhow::anyhow!(
+            "prepull printed no JSON ({e}):\n{}",
+            tangram_tests::output_text(&out)
+        )
+    })?;
+    Ok((out.status.success(), replies))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepull_makes_an_image_present_so_the_open_pulls_nothing() -> anyhow::Result<()> {
+    if !registry_installed() {
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let reg = Registry::start("tangram", "s3cret")?;
+    let n = std::process::id();
+    let small = distinct_image(&format!("prepull-{n}"))?;
+    let image = reg.push(&small, &format!("tangram/prepull:{n}"))?;
+    let _untag = Untag(vec![image.clone(), small.clone()]);
+    // With users and permissions: the worker may answer pre-pulls, an operator and a job's
+    // rollout may ask.
+    let mut cluster = Cluster::start_secured_with(&[], &["pre-a"], &["pre"]).await?;
+    start_pulling_worker(&mut cluster, &reg, "pre-a", None)?;
+    let c = cluster.client("pre").await?;
+    c.wait_for_workers(&["pre-a"], T).await?;
+
+    let (ok, replies) = prepull_cli(&cluster, "operator.nk", &["--workers", "1", &image])?;
+    assert!(ok, "{replies:?}");
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0]["worker"], "pre-a");
+    assert_eq!(replies[0]["outcome"], "pulled", "{replies:?}");
+    assert!(replies[0]["pull_ms"].is_u64(), "{replies:?}");
+    // Asked again, by the job's rollout: present, nothing pulled.
+    let (ok, replies) = prepull_cli(&cluster, "rollout-pre.nk", &["--worker", "pre-a", &image])?;
+    assert!(ok, "{replies:?}");
+    assert_eq!(replies[0]["outcome"], "present", "{replies:?}");
+    // Outside the allow-list: refused with the reason, and the command fails.
+    let other = format!("{}/other/app:{n}", reg.addr);
+    let (ok, replies) = prepull_cli(&cluster, "operator.nk", &[&other])?;
+    assert!(!ok);
+    assert_eq!(replies[0]["outcome"], "refused", "{replies:?}");
+    assert!(
+        replies[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("allow")),
+        "{replies:?}"
+    );
+    // A malformed request gets a readable refusal, and the worker keeps answering.
+    let nc = tangram_nats::auth::connect(
+        &cluster.nats.url(),
+        "prepull-test",
+        &cluster.credentials("operator"),
+    )
+    .await?;
+    let reply = nc
+        .request("tangram.v1.prepull.pre-a", "not json".into())
+        .await?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    assert_eq!(reply["outcome"], "refused", "{reply}");
+    assert!(
+        reply["error"].as_str().is_some_and(|e| e.contains("JSON")),
+        "{reply}"
+    );
+    // The open finds the image: no pull on its path.
+    let r = c.run(&open_image("o1", "pre", "t1", &image), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    assert_eq!(r.timing.pull_us, 0, "{:?}", r.timing);
+    cluster.shutdown().await?;
     Ok(())
 }

@@ -198,6 +198,18 @@ pub trait SandboxRuntime: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// Makes `image` present ahead of the opens that will name it (`tangram images
+    /// prepull`): `None` when it was already, else the pull's duration, µs. Runtimes without
+    /// images refuse.
+    fn prepull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<u64>, SandboxError>> {
+        Box::pin(async move {
+            Err(SandboxError::ImageRefused(format!(
+                "{image}: this worker's sandbox runtime ({:?}) has no images to pull",
+                self.kind()
+            )))
+        })
+    }
+
     /// The worker is stopping: whatever the runtime keeps beyond the sandboxes it handed out
     /// (a warm pool's parked ones) goes.
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -299,6 +299,10 @@ impl SandboxRuntime for WarmPool {
         self.inner.images()
     }
 
+    fn prepull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<u64>, SandboxError>> {
+        self.inner.prepull(image)
+    }
+
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         self.inner.validate()
     }

@@ -25,8 +25,8 @@ pub use engine::{Effect, Engine, EngineConfig, Event, Now};
 pub use fcfs::FcfsFirstFit;
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
-    Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
-    WorkerView,
+    Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced,
+    WaitReason, WorkerView,
 };
 pub use policies::{by_name, Tangram};
 pub use v2::TangramV2;

@@ -6,8 +6,8 @@ use crate::fcfs::FcfsFirstFit;
 use crate::model::{
     Constraint, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced, WaitReason,
 };
-use tangram_shared::Grant;
 use std::collections::HashSet;
+use tangram_shared::Grant;
 
 /// Every policy name, in the order the simulator lists them.
 pub const NAMES: [&str; 11] = [
@@ -239,7 +239,12 @@ fn select<'a>(
             }
             room.into_iter().min_by_key(|&w| {
                 let cost = img.cost_ms(held(w), sandboxes[w], workers[w].total_cores);
-                (cost, std::cmp::Reverse(free[w].1), std::cmp::Reverse(free[w].0), w)
+                (
+                    cost,
+                    std::cmp::Reverse(free[w].1),
+                    std::cmp::Reverse(free[w].0),
+                    w,
+                )
             })
         });
         let fit = match pick {

@@ -219,6 +219,27 @@ impl DockerSandboxes {
         }
     }
 
+    /// Makes `image` present: `None` when it was already, else pulls it (under the allow-list,
+    /// with the worker's credentials, one pull per image at a time, then the disk budget's
+    /// collection) and returns how long the pull took, µs.
+    pub async fn ensure_image(&self, image: &str) -> Result<Option<u64>, DockerError> {
+        if self.has_image(image).await? {
+            return Ok(None);
+        }
+        if self.config.pull.allow.is_empty() {
+            return Err(DockerError::NoImage(image.to_string()));
+        }
+        let pulled = self
+            .pulls
+            .pull(&self.docker, &self.config.pull, image)
+            .await;
+        crate::metrics::image_pull(&pulled);
+        let pull_us = pulled?;
+        tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
+        self.after_pull(image).await;
+        Ok(Some(pull_us))
+    }
+
     /// Creates and starts a parked sandbox for `open` (the default image when it names none).
     pub async fn create(
         &self,
@@ -229,20 +250,7 @@ impl DockerSandboxes {
     ) -> Result<Created, DockerError> {
         let image = open.image.as_deref().unwrap_or(&self.config.image);
         let (memory_mb, workdir_mb, env) = (open.memory_mb, open.workdir_mb, &open.env);
-        let mut pull_us = 0;
-        if !self.has_image(image).await? {
-            if self.config.pull.allow.is_empty() {
-                return Err(DockerError::NoImage(image.to_string()));
-            }
-            let pulled = self
-                .pulls
-                .pull(&self.docker, &self.config.pull, image)
-                .await;
-            crate::metrics::image_pull(&pulled);
-            pull_us = pulled?;
-            tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
-            self.after_pull(image).await;
-        }
+        let pull_us = self.ensure_image(image).await?.unwrap_or(0);
         self.used(image);
         // Unique per open: a trajectory's earlier sandbox may still be being removed (a
         // fence or a drain removes them while new opens arrive), and a fixed name would

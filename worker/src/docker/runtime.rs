@@ -60,6 +60,10 @@ impl SandboxRuntime for DockerRuntime {
         self.docker.images()
     }
 
+    fn prepull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<u64>, SandboxError>> {
+        Box::pin(async move { Ok(self.docker.ensure_image(image).await?) })
+    }
+
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
             self.docker.check_runtime().await?;

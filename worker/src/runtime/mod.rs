@@ -11,6 +11,7 @@ mod execute;
 mod fence;
 mod heartbeat;
 pub(crate) mod intake;
+mod prepull;
 mod resize;
 #[cfg(test)]
 mod tests;
@@ -294,6 +295,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         fence::watch(worker.clone(), background_stop.clone())
             .instrument(tracing::info_span!("fence")),
     );
+    if worker.sandboxes.is_some() {
+        background.spawn(
+            prepull::serve(worker.clone(), client.clone(), background_stop.clone())
+                .instrument(tracing::info_span!("prepull")),
+        );
+    }
     if let Some(pool) = warm {
         background.spawn(
             pool.run(background_stop.clone())

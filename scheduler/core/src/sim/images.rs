@@ -135,7 +135,11 @@ mod tests {
         }
         .generate();
         assert_eq!(w.images.images.len(), 8);
-        assert!(w.images.images.iter().all(|(_, mb)| (1_000.0..=5_000.0).contains(mb)));
+        assert!(w
+            .images
+            .images
+            .iter()
+            .all(|(_, mb)| (1_000.0..=5_000.0).contains(mb)));
         assert_eq!(w.images.of_trajectory[7], Some(0));
         assert_eq!(w.images.of_trajectory[8], Some(1));
         let distinct: std::collections::HashSet<u64> =
