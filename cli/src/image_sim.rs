@@ -29,12 +29,13 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
     };
     let w = gen.generate();
     let label = format!(
-        "swe-images, batch {}, group {}, seed {}, {} images, pulls at {} MB/s",
+        "swe-images, batch {}, group {}, seed {}, {} images, pulls at {} MB/s, load {} ms",
         args.batch,
         args.group,
         args.seed,
         w.images.images.len(),
-        args.pull_mb_per_s
+        args.pull_mb_per_s,
+        args.image_load_ms
     );
     let names: Vec<&str> = args
         .policies
@@ -57,8 +58,9 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
         for aware in [true, false] {
             spinner.set_message(format!("simulating {n}"));
             spinner.set_count((2 * i + usize::from(!aware)) as u64, 2 * names.len() as u64);
+            let load = aware.then_some(args.image_load_ms);
             let (mut report, stats) =
-                sim::run_images(&w, policy.as_ref(), sim::Elasticity::Oracle, aware);
+                sim::run_images(&w, policy.as_ref(), sim::Elasticity::Oracle, load);
             let name = if aware {
                 n.to_string()
             } else {

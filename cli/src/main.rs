@@ -189,6 +189,10 @@ pub(crate) struct SimulateArgs {
     /// swe-images: a node's image pull throughput, MB/s.
     #[arg(long, default_value_t = 100.0)]
     pub(crate) pull_mb_per_s: f64,
+    /// swe-images: what one more sandbox per core costs against a pull, ms (the scheduler's
+    /// `[images] load_ms`).
+    #[arg(long, default_value_t = tangram_core::EngineConfig::default().image_load_ms)]
+    pub(crate) image_load_ms: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -302,8 +302,8 @@ fn image_aware_placement_pulls_each_task_image_once_and_cuts_mean_act() {
     }
     .generate();
     let policy = by_name("tangram-v2").unwrap();
-    let (aware, a) = run_images(&w, policy.as_ref(), Elasticity::Oracle, true);
-    let (blind, b) = run_images(&w, policy.as_ref(), Elasticity::Oracle, false);
+    let (aware, a) = run_images(&w, policy.as_ref(), Elasticity::Oracle, Some(60_000));
+    let (blind, b) = run_images(&w, policy.as_ref(), Elasticity::Oracle, None);
     // Every action ran under both.
     assert_eq!(aware.actions.len(), blind.actions.len());
     assert_eq!(a.unserved + b.unserved, 0);
@@ -325,7 +325,7 @@ fn a_workload_without_images_places_the_same_with_and_without_image_locality() {
     }
     .generate();
     let policy = by_name("tangram-v2").unwrap();
-    let (on, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, true);
-    let (off, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, false);
+    let (on, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, Some(60_000));
+    let (off, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, None);
     assert_eq!(on, off);
 }

@@ -197,7 +197,13 @@ pub fn simulate_with(
     policy: &dyn Policy,
     elasticity: Elasticity,
 ) -> SimReport {
-    run::run(workload, policy, elasticity, true).0
+    run::run(
+        workload,
+        policy,
+        elasticity,
+        Some(crate::EngineConfig::default().image_load_ms),
+    )
+    .0
 }
 
 /// [`simulate_with`], with the run's counters (GPU restores and evictions, rejections, GPU
@@ -207,18 +213,24 @@ pub fn run_stats(
     policy: &dyn Policy,
     elasticity: Elasticity,
 ) -> (SimReport, SimStats) {
-    run::run(workload, policy, elasticity, true)
+    run::run(
+        workload,
+        policy,
+        elasticity,
+        Some(crate::EngineConfig::default().image_load_ms),
+    )
 }
 
-/// [`run_stats`] with image-aware placement on or off (the engine's
-/// `image_locality`), for the side-by-side of a workload with [`SimImages`].
+/// [`run_stats`] with image-aware placement weighing `Some(load_ms)` per sandbox per core
+/// against a pull (the engine's `image_load_ms`), or ignoring images (`None`), for the
+/// side-by-side of a workload with [`SimImages`].
 pub fn run_images(
     workload: &Workload,
     policy: &dyn Policy,
     elasticity: Elasticity,
-    image_locality: bool,
+    image_load_ms: Option<u64>,
 ) -> (SimReport, SimStats) {
-    run::run(workload, policy, elasticity, image_locality)
+    run::run(workload, policy, elasticity, image_load_ms)
 }
 
 /// A small seeded generator (splitmix64), so workloads are reproducible without a

@@ -167,7 +167,7 @@ pub(crate) fn run(
     w: &Workload,
     policy: &dyn Policy,
     elasticity: Elasticity,
-    image_locality: bool,
+    image_load_ms: Option<u64>,
 ) -> (SimReport, SimStats) {
     let static_cores = policy.per_trajectory_cores();
     let mut jobs_in_order: Vec<String> = Vec::new();
@@ -186,7 +186,8 @@ pub(crate) fn run(
         result_grace_ms: u64::MAX / 4,
         task_pools: jobs_in_order,
         static_trajectories: Some(w.trajectories.len() as u32),
-        image_locality,
+        image_locality: image_load_ms.is_some(),
+        image_load_ms: image_load_ms.unwrap_or(0),
         pull_mb_per_s: if w.images.pull_mb_per_s > 0.0 {
             w.images.pull_mb_per_s
         } else {
