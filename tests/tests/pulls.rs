@@ -395,3 +395,35 @@ async fn prepull_makes_an_image_present_so_the_open_pulls_nothing() -> anyhow::R
     cluster.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_of_one_image_at_once_share_one_pull() -> anyhow::Result<()> {
+    if !registry_installed() {
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let reg = Registry::start("tangram", "s3cret")?;
+    let n = std::process::id();
+    let small = distinct_image(&format!("share-{n}"))?;
+    let image = reg.push(&small, &format!("tangram/share:{n}"))?;
+    let _untag = Untag(vec![image.clone(), small.clone()]);
+    let (_cluster, c) = pulling_worker(&reg, "share-a", "share", None).await?;
+    // Three opens of the image at once, on the one worker.
+    let (a, b, d) = (
+        open_image("o1", "share", "t1", &image),
+        open_image("o2", "share", "t2", &image),
+        open_image("o3", "share", "t3", &image),
+    );
+    let (r1, r2, r3) = tokio::join!(c.run(&a, T), c.run(&b, T), c.run(&d, T));
+    let pulls: Vec<u64> = [r1?, r2?, r3?]
+        .iter()
+        .map(|r| {
+            assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+            r.timing.pull_us
+        })
+        .collect();
+    // One pull served them all: each open reports that pull, to the microsecond.
+    assert!(pulls[0] > 0, "{pulls:?}");
+    assert!(pulls.iter().all(|&p| p == pulls[0]), "{pulls:?}");
+    Ok(())
+}

@@ -229,12 +229,10 @@ impl DockerSandboxes {
         if self.config.pull.allow.is_empty() {
             return Err(DockerError::NoImage(image.to_string()));
         }
-        let pulled = self
+        let pull_us = self
             .pulls
             .pull(&self.docker, &self.config.pull, image)
-            .await;
-        crate::metrics::image_pull(&pulled);
-        let pull_us = pulled?;
+            .await?;
         tracing::info!(image, pull_ms = pull_us / 1000, "pulled a sandbox image");
         self.after_pull(image).await;
         Ok(Some(pull_us))

@@ -44,13 +44,21 @@ impl Pulls {
         image: &str,
     ) -> Result<u64, PullError> {
         if let Some(why) = config.refusal(image) {
-            return Err(PullError::Refused(format!(
+            let refused = Err(PullError::Refused(format!(
                 "image {image:?} cannot be pulled: {why}"
             )));
+            crate::metrics::image_pull(&refused);
+            return refused;
         }
         let (docker, config, owned) = (docker.clone(), config.clone(), image.to_string());
         self.shared(image, move || {
-            async move { pull_once(&docker, &config, &owned).await }.boxed()
+            async move {
+                // Counted once per pull, however many opens wait for it.
+                let r = pull_once(&docker, &config, &owned).await;
+                crate::metrics::image_pull(&r);
+                r
+            }
+            .boxed()
         })
         .await
     }
