@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api_server;
+pub mod dockerd;
 pub mod faults;
 pub mod prometheus;
 pub mod registry;
@@ -863,6 +864,27 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Waits until the scheduler answers its status and lists every worker in `ids`: until
+    /// then, actions already queued may be placed on the workers it knows so far.
+    pub async fn wait_for_scheduler_to_know(
+        &self,
+        ids: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(st) = self.status().await {
+                if ids.iter().all(|id| st.workers.iter().any(|w| w.id == *id)) {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("the scheduler did not list workers {ids:?} within {timeout:?}");
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Dead-letter records in the stream now, as (code header, reason header) pairs.

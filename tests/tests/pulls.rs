@@ -269,7 +269,8 @@ async fn an_open_goes_to_the_worker_holding_its_image_and_ignoring_images_spread
         config.image_load_ms = 100;
         cluster.start_scheduler_config(config);
         let c = cluster.client("place").await?;
-        c.wait_for_workers(&["place-a", "place-b"], T).await?;
+        c.wait_for_scheduler_to_know(&["place-a", "place-b"], T)
+            .await?;
         let worker =
             |r: &tangram_shared::ActionResult| r.placement.as_ref().map(|p| p.worker.to_string());
         // The first open of the image: no worker holds it; it is pulled where it lands.
@@ -425,5 +426,145 @@ async fn opens_of_one_image_at_once_share_one_pull() -> anyhow::Result<()> {
     // One pull served them all: each open reports that pull, to the microsecond.
     assert!(pulls[0] > 0, "{pulls:?}");
     assert!(pulls.iter().all(|&p| p == pulls[0]), "{pulls:?}");
+    Ok(())
+}
+
+/// Starts worker `id` on the Docker daemon at `docker_host` (the machine's own when `None`),
+/// with `image` as its default and `reg`'s `tangram/*` allowed.
+fn start_worker_on(
+    cluster: &mut Cluster,
+    reg: &Registry,
+    id: &str,
+    docker_host: Option<&str>,
+    image: &str,
+) -> anyhow::Result<()> {
+    let raw = tangram_worker::config::RawConfig {
+        id: Some(id.into()),
+        nats_url: Some(cluster.nats.url()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(4096),
+        heartbeat_ms: Some(200),
+        shutdown_grace_ms: Some(2000),
+        sandbox: Some(tangram_worker::config::RawSandbox {
+            image: Some(image.into()),
+            docker_host: docker_host.map(str::to_string),
+            pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
+            registry_auth_file: Some(reg.auth_file()?.display().to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut config = raw.validate()?;
+    config.credentials = cluster.credentials(&format!("worker-{id}"));
+    cluster.start_worker_config(config);
+    Ok(())
+}
+
+/// Two workers that do not share an image store (two Docker daemons, as two hosts), two task
+/// images of 60 MB, three trajectories each, opened at once: image-aware placement pulls each
+/// image once, placement that ignores images pulls them on both workers. Prints the opens'
+/// times (docs/BENCHMARKS.md records a run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_image_stores_image_aware_placement_pulls_each_image_once() -> anyhow::Result<()> {
+    if !registry_installed() {
+        return Ok(());
+    }
+    if !tangram_tests::dockerd::available() {
+        anyhow::ensure!(
+            std::env::var_os("CI").is_none(),
+            "dockerd is not on PATH or this is not root: a second Docker daemon cannot start"
+        );
+        eprintln!("SKIPPED: a second Docker daemon needs dockerd and root");
+        return Ok(());
+    }
+    tangram_tests::init_logging();
+    let reg = Registry::start("tangram", "s3cret")?;
+    let second = tangram_tests::dockerd::SecondDaemon::start()?;
+    let n = std::process::id();
+    let base = tangram_tests::registry::small_image(&format!("tangram-test/base-{n}:1"), 0)?;
+    second.load(&base)?;
+    let (lx, ly) = (
+        tangram_tests::registry::small_image(&format!("tangram-test/task-x-{n}:1"), 60)?,
+        tangram_tests::registry::small_image(&format!("tangram-test/task-y-{n}:1"), 60)?,
+    );
+    let x = reg.push(&lx, &format!("tangram/task-x:{n}"))?;
+    let y = reg.push(&ly, &format!("tangram/task-y:{n}"))?;
+    let _untag = Untag(vec![x.clone(), y.clone(), lx, ly, base.clone()]);
+    let ok = Outcome::Completed { exit_code: 0 };
+    let mut summary = Vec::new();
+    for aware in [true, false] {
+        for image in [&x, &y] {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", "-f", image])
+                .output();
+            let _ = second.docker(&["rmi", "-f", image]);
+        }
+        let mut cluster = Cluster::start_without_scheduler(&[]).await?;
+        start_worker_on(&mut cluster, &reg, "two-a", None, &base)?;
+        start_worker_on(&mut cluster, &reg, "two-b", Some(&second.socket), &base)?;
+        let mut config = tangram_scheduler::Config::with_nats_url(cluster.nats.url());
+        config.image_locality = aware;
+        // Two-core workers: the default weight (60 s per sandbox per core) would make any
+        // pull cheaper than one more sandbox; here the pulls are what is being saved.
+        config.image_load_ms = 100;
+        cluster.start_scheduler_config(config);
+        let c = cluster.client("two").await?;
+        c.wait_for_scheduler_to_know(&["two-a", "two-b"], T).await?;
+        let opens: Vec<tangram_shared::Action> = (0..6)
+            .map(|i| {
+                let image = if i < 3 { &x } else { &y };
+                open_image(&format!("o{i}"), "two", &format!("t{i}"), image)
+            })
+            .collect();
+        let results =
+            futures::future::join_all(opens.iter().map(|a| c.run(a, Duration::from_secs(120))))
+                .await;
+        let mut pulled = std::collections::BTreeSet::new();
+        let mut open_ms = Vec::new();
+        let mut placed = Vec::new();
+        for (i, r) in results.into_iter().enumerate() {
+            let r = r?;
+            assert_eq!(r.outcome, ok, "{r:?}");
+            let worker = r.placement.as_ref().map(|p| p.worker.to_string());
+            if r.timing.pull_us > 0 {
+                pulled.insert((worker.clone(), i < 3));
+            }
+            open_ms.push(r.timing.act_us as f64 / 1e3);
+            placed.push(format!(
+                "{}{}",
+                worker.as_deref().unwrap_or("?"),
+                if r.timing.pull_us > 0 { "+pull" } else { "" }
+            ));
+        }
+        let mean = open_ms.iter().sum::<f64>() / open_ms.len() as f64;
+        summary.push(format!(
+            "{}: {} pulls, open ACT mean {mean:.0} ms, each {open_ms:.0?}, on {placed:?}",
+            if aware {
+                "image-aware"
+            } else {
+                "ignoring images"
+            },
+            pulled.len()
+        ));
+        if aware {
+            assert_eq!(pulled.len(), 2, "each image pulled once: {pulled:?}");
+        } else {
+            assert!(
+                pulled.len() >= 3,
+                "spread opens pull an image twice: {summary:?}"
+            );
+        }
+        for i in 0..6 {
+            let r = c
+                .run(&close(&format!("c{i}"), "two", &format!("t{i}")), T)
+                .await?;
+            assert_eq!(r.outcome, ok, "{r:?}");
+        }
+        cluster.shutdown().await?;
+    }
+    eprintln!(
+        "two image stores, 2 images x 3 opens:\n  {}",
+        summary.join("\n  ")
+    );
     Ok(())
 }

@@ -51,6 +51,10 @@ pub struct RawSandbox {
     /// Disk the pulled images may take, MiB: after a pull, unused ones go, least recently
     /// used first, until the rest fit. Unset: no limit.
     pub image_budget_mb: Option<u64>,
+    /// The Docker daemon's socket, `unix:///path` [default: `DOCKER_HOST`, else
+    /// `/var/run/docker.sock`]. Only local sockets: a daemon reached over TCP would put the
+    /// sandboxes on another host than the cores this worker grants.
+    pub docker_host: Option<String>,
 }
 
 /// Credentials for one registry. Its `Debug` never shows the password.
@@ -129,6 +133,8 @@ pub struct SandboxConfig {
     pub warm_min: usize,
     /// Pulls of images a `sandbox_open` names and the worker lacks.
     pub pull: PullConfig,
+    /// The daemon's socket, when not the local default.
+    pub docker_host: Option<String>,
 }
 
 /// The largest warm pool a worker may keep.
@@ -236,7 +242,16 @@ pub(super) fn validate_sandbox(raw: RawSandbox) -> Result<SandboxConfig, ConfigE
     if warm_min > warm_max {
         return invalid("sandbox.warm_pool_min", "must be at most warm_pool");
     }
+    if let Some(h) = raw.docker_host.as_deref() {
+        if !h.starts_with("unix:///") {
+            return invalid(
+                "sandbox.docker_host",
+                format!("{h:?}: only a local socket, unix:///path, is allowed"),
+            );
+        }
+    }
     Ok(SandboxConfig {
+        docker_host: raw.docker_host,
         pull,
         warm_max,
         warm_min,

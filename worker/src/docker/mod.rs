@@ -173,7 +173,10 @@ pub struct DockerSandboxes {
 impl DockerSandboxes {
     /// Connects to the local daemon and checks it answers.
     pub async fn connect(worker: &str, config: SandboxConfig) -> Result<Self, DockerError> {
-        let docker = Docker::connect_with_local_defaults()?;
+        let docker = match config.docker_host.as_deref() {
+            Some(socket) => Docker::connect_with_unix(socket, 120, bollard::API_DEFAULT_VERSION)?,
+            None => Docker::connect_with_local_defaults()?,
+        };
         docker.ping().await?;
         Ok(Self {
             docker,

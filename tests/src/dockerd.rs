@@ -1,0 +1,147 @@
+//! A second Docker daemon on this machine, for tests where workers must not share one image
+//! store (as workers on different hosts do not): its own data root, exec root, socket and
+//! containerd, no bridge and no iptables rules (sandboxes have no network). Stopped, and its
+//! folders removed, when dropped.
+
+use crate::ChildGuard;
+use anyhow::Context as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A running second daemon.
+#[derive(Debug)]
+pub struct SecondDaemon {
+    /// Its socket, `unix:///...`, for a worker's `[sandbox] docker_host`.
+    pub socket: String,
+    child: Option<ChildGuard>,
+    dir: PathBuf,
+}
+
+/// Whether this machine can start one: `dockerd` on PATH and root.
+pub fn available() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    root && Command::new("dockerd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+impl SecondDaemon {
+    /// Starts one with the main daemon's storage driver; waits (at most 60 s) until it answers.
+    pub fn start() -> anyhow::Result<Self> {
+        let driver = Command::new("docker")
+            .args(["info", "--format", "{{.Driver}}"])
+            .output()
+            .context("docker info")?;
+        let driver = String::from_utf8_lossy(&driver.stdout).trim().to_string();
+        // Short: the containerd socket under the exec root must fit a socket path.
+        let dir = PathBuf::from(format!("/tmp/tgd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("docker.sock");
+        let config = serde_json::json!({
+            "data-root": dir.join("root"),
+            "exec-root": dir.join("exec"),
+            "pidfile": dir.join("docker.pid"),
+            "hosts": [format!("unix://{}", socket.display())],
+            "storage-driver": driver,
+            "bridge": "none",
+            "iptables": false,
+            "ip6tables": false,
+            "ip-masq": false,
+        });
+        std::fs::write(dir.join("daemon.json"), config.to_string())?;
+        let log = std::fs::File::create(dir.join("dockerd.log"))?;
+        let child = Command::new("dockerd")
+            .arg("--config-file")
+            .arg(dir.join("daemon.json"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting a second dockerd")?;
+        let mut d = Self {
+            socket: format!("unix://{}", socket.display()),
+            child: Some(ChildGuard(child)),
+            dir,
+        };
+        // At most 60 s: 300 tries, 200 ms apart.
+        for _ in 0..300 {
+            if d.docker(&["info", "--format", "{{.ServerVersion}}"])
+                .is_ok()
+            {
+                return Ok(d);
+            }
+            if let Some(c) = d.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let log =
+                        std::fs::read_to_string(d.dir.join("dockerd.log")).unwrap_or_default();
+                    anyhow::bail!("the second dockerd exited ({status}):\n{log}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        anyhow::bail!("the second dockerd did not answer within 60 s")
+    }
+
+    /// Runs the docker CLI against this daemon; its stdout, or the error with its output.
+    pub fn docker(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("docker")
+            .args(["-H", &self.socket])
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            crate::output_text(&out)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Copies `image` from the main daemon into this one.
+    pub fn load(&self, image: &str) -> anyhow::Result<()> {
+        let save = Command::new("docker")
+            .args(["save", image])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let out = Command::new("docker")
+            .args(["-H", &self.socket, "load", "-q"])
+            .stdin(save.stdout.context("docker save's stdout")?)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "docker load: {}",
+            crate::output_text(&out)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for SecondDaemon {
+    fn drop(&mut self) {
+        // Whatever sandboxes are left, then the daemon (SIGTERM: it stops its containerd).
+        if let Ok(ids) = self.docker(&["ps", "-aq"]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = self.docker(&args);
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            // At most 20 s for it to stop.
+            for _ in 0..200 {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
