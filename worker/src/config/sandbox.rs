@@ -465,6 +465,17 @@ mod tests {
     }
 
     #[test]
+    fn docker_host_takes_a_local_socket_only() {
+        let c = sandbox("docker_host = \"unix:///run/d2/docker.sock\"").unwrap();
+        assert_eq!(c.docker_host.as_deref(), Some("unix:///run/d2/docker.sock"));
+        assert_eq!(sandbox("").unwrap().docker_host, None);
+        for bad in ["tcp://10.0.0.2:2375", "/var/run/docker.sock", "unix://relative"] {
+            let e = sandbox(&format!("docker_host = {bad:?}")).unwrap_err();
+            assert!(e.to_string().contains("sandbox.docker_host"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn runtime_socket_mounts_are_refused_however_the_path_is_spelled() {
         for m in [
             "/var/run/docker.sock:/s",
