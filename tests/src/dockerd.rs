@@ -1,7 +1,8 @@
 //! A second Docker daemon on this machine, for tests where workers must not share one image
-//! store (as workers on different hosts do not): its own data root, exec root, socket and
-//! containerd, no bridge and no iptables rules (sandboxes have no network). Stopped, and its
-//! folders removed, when dropped.
+//! store (as workers on different hosts do not): its own data root, exec root, socket,
+//! containerd and default bridge (an interface this module makes: a daemon told to use no
+//! bridge deletes the host's `docker0`), no iptables rules. Stopped, and its folders and
+//! bridge removed, when dropped.
 
 use crate::ChildGuard;
 use anyhow::Context as _;
@@ -16,6 +17,7 @@ pub struct SecondDaemon {
     pub socket: String,
     child: Option<ChildGuard>,
     dir: PathBuf,
+    bridge: String,
 }
 
 /// Whether this machine can start one: `dockerd` on PATH and root.
@@ -42,13 +44,29 @@ impl SecondDaemon {
         let dir = PathBuf::from(format!("/tmp/tgd-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("docker.sock");
+        // Its own bridge, on a private /24 of its own (the pid picks it).
+        let bridge = format!("tgd{}", std::process::id() % 100_000);
+        let pid = std::process::id();
+        let cidr = format!("10.231.{}.1/24", pid % 250);
+        for args in [
+            vec!["link", "add", &bridge, "type", "bridge"],
+            vec!["addr", "add", &cidr, "dev", &bridge],
+            vec!["link", "set", &bridge, "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output().context("ip")?;
+            anyhow::ensure!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                crate::output_text(&out)
+            );
+        }
         let config = serde_json::json!({
             "data-root": dir.join("root"),
             "exec-root": dir.join("exec"),
             "pidfile": dir.join("docker.pid"),
             "hosts": [format!("unix://{}", socket.display())],
             "storage-driver": driver,
-            "bridge": "none",
+            "bridge": bridge,
             "iptables": false,
             "ip6tables": false,
             "ip-masq": false,
@@ -66,6 +84,7 @@ impl SecondDaemon {
             socket: format!("unix://{}", socket.display()),
             child: Some(ChildGuard(child)),
             dir,
+            bridge,
         };
         // At most 60 s: 300 tries, 200 ms apart.
         for _ in 0..300 {
@@ -143,5 +162,8 @@ impl Drop for SecondDaemon {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
     }
 }

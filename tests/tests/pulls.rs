@@ -568,3 +568,37 @@ async fn with_two_image_stores_image_aware_placement_pulls_each_image_once() -> 
     );
     Ok(())
 }
+
+/// Regression: a second daemon told to use no bridge deleted the host's `docker0`, and every
+/// `docker build` with a `RUN` step failed afterwards (the image and fleet tests).
+#[test]
+fn a_second_docker_daemon_leaves_the_hosts_docker0_in_place() -> anyhow::Result<()> {
+    if !tangram_tests::dockerd::available() {
+        anyhow::ensure!(
+            std::env::var_os("CI").is_none(),
+            "a second dockerd cannot start here"
+        );
+        return Ok(());
+    }
+    let has_docker0 = || {
+        std::process::Command::new("ip")
+            .args(["link", "show", "docker0"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let before = has_docker0();
+    let second = tangram_tests::dockerd::SecondDaemon::start()?;
+    second.docker(&["info"])?;
+    assert_eq!(
+        has_docker0(),
+        before,
+        "docker0 while the second daemon runs"
+    );
+    drop(second);
+    assert_eq!(
+        has_docker0(),
+        before,
+        "docker0 after the second daemon stopped"
+    );
+    Ok(())
+}

@@ -469,7 +469,11 @@ mod tests {
         let c = sandbox("docker_host = \"unix:///run/d2/docker.sock\"").unwrap();
         assert_eq!(c.docker_host.as_deref(), Some("unix:///run/d2/docker.sock"));
         assert_eq!(sandbox("").unwrap().docker_host, None);
-        for bad in ["tcp://10.0.0.2:2375", "/var/run/docker.sock", "unix://relative"] {
+        for bad in [
+            "tcp://10.0.0.2:2375",
+            "/var/run/docker.sock",
+            "unix://relative",
+        ] {
             let e = sandbox(&format!("docker_host = {bad:?}")).unwrap_err();
             assert!(e.to_string().contains("sandbox.docker_host"), "{bad}: {e}");
         }
