@@ -11,6 +11,7 @@
 pub mod api_server;
 pub mod dockerd;
 pub mod faults;
+pub mod images;
 pub mod prometheus;
 pub mod registry;
 
