@@ -147,3 +147,62 @@ async fn a_replica_that_dies_after_scoring_is_not_sent_the_request_again() -> an
     s.stop_all(Duration::from_secs(5)).await;
     Ok(())
 }
+
+/// Regression: a replica's port can be taken between the check that it is free and the
+/// replica's bind (a CI run saw `Address already in use`, and the GPU worker never came up).
+/// A replica that exits while starting is started again on another port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_exits_while_starting_is_started_again_on_another_port() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut config = service(dir.path(), None);
+    // The first start fails as a lost bind would; the second runs the replica.
+    let marker = dir.path().join("failed-once");
+    let argv = config.command[2].clone();
+    config.command[2] = format!(
+        "echo {{port}} >> {starts}; if [ ! -e {m} ]; then touch {m}; exit 98; fi; {rest}",
+        starts = dir.path().join("attempts").display(),
+        m = marker.display(),
+        rest = argv
+    );
+    let s = Arc::new(Services::new(
+        "replica-test",
+        vec![config],
+        GpuInventory {
+            source: "declared".into(),
+            groups: vec![vec![0, 1]],
+            devices: Vec::new(),
+        },
+        dir.path().join("state"),
+    ));
+    s.start().await?;
+    let ports = std::fs::read_to_string(dir.path().join("attempts"))?;
+    let ports: Vec<&str> = ports.lines().collect();
+    assert_eq!(
+        ports.len(),
+        2,
+        "one failed start, one that served: {ports:?}"
+    );
+    assert_ne!(ports[0], ports[1], "the second start had a port of its own");
+    let r = tokio::time::timeout(
+        T,
+        s.serve(
+            &GpuRoute {
+                restore: false,
+                chunk: ChunkRef {
+                    group: 0,
+                    start: 0,
+                    len: 1,
+                },
+                ..second_chunk()
+            },
+            &["scored".to_string()],
+            &BTreeMap::new(),
+            T,
+        ),
+    )
+    .await?;
+    assert!(r.is_ok(), "{r:?}");
+    s.stop_all(Duration::from_secs(5)).await;
+    Ok(())
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tangram_shared::ChunkRef;
 use tokio::io::AsyncBufReadExt;
 use tokio::time::Instant;
-use tracing::{info, Instrument};
+use tracing::{info, warn, Instrument};
 
 /// How a replica runs.
 #[derive(Debug)]
@@ -64,6 +64,9 @@ impl Replica {
         }
     }
 }
+
+/// Starts of a process replica tried at most, when it exits while starting.
+const LAUNCH_TRIES: u32 = 3;
 
 /// A port free now on loopback, for a new replica.
 fn free_port() -> std::io::Result<u16> {
@@ -134,8 +137,34 @@ impl Services {
         killed
     }
 
-    /// Starts a replica of `service` on `chunk` (asleep) and waits until it answers.
+    /// Starts a replica of `service` on `chunk` (asleep) and waits until it answers. A
+    /// process replica that exits while starting is started again on another port, twice at
+    /// most: the port it was given can be taken between the check that it is free and the
+    /// replica's bind (another process, a replica of another worker on this host).
     pub(super) async fn launch(
+        &self,
+        service: &str,
+        chunk: ChunkRef,
+    ) -> Result<Arc<Replica>, ReplicaError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.launch_once(service, chunk).await {
+                Err(ReplicaError::Exited { .. })
+                    if tries < LAUNCH_TRIES
+                        && self.configs.get(service).is_some_and(|c| c.image.is_none()) =>
+                {
+                    warn!(
+                        service,
+                        tries, "a replica exited while starting; starting it again on another port"
+                    );
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn launch_once(
         &self,
         service: &str,
         chunk: ChunkRef,
