@@ -2,7 +2,7 @@
 # Builds Tangram's default sandbox image locally: a minimal Debian root made with debootstrap,
 # imported with `docker import`. No container registry is needed. Polyglot: Python 3, C and
 # C++ (gcc, g++), Java (OpenJDK 17), Go, Node.js and Rust, as Debian's release packages them,
-# so code in those languages runs with no custom image (about 2 GB unpacked).
+# so code in those languages runs with no custom image (about 1.6 GB).
 # Reuses the image when it already exists; pass --force to rebuild.
 set -euo pipefail
 IMAGE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v1}

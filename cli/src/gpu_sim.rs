@@ -41,12 +41,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         .map(|s| (per_service / s.gpus as u32).max(1) * s.gpus as u32)
         .sum();
     let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
-    for name in args
-        .policies
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
+    for name in args.policy_names() {
         let mode = match name {
             // tangram-v2 also re-balances replicas between services (`Eoe::rebalance`).
             "tangram" | "tangram-v2" => GpuMode::Pooled { gpus: args.gpus },
@@ -231,12 +226,7 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
         args.batch, args.seed, w.provider.rate_per_s, w.provider.burst, w.provider.concurrency
     );
     let mut reports = Vec::new();
-    for name in args
-        .policies
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
+    for name in args.policy_names() {
         let mode = match name {
             "tangram" | "tangram-v2" => QuotaMode::Pooled,
             "static" => QuotaMode::PerTrajectory,

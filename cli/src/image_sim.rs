@@ -37,12 +37,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
         args.pull_mb_per_s,
         args.image_load_ms
     );
-    let names: Vec<&str> = args
-        .policies
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
+    let names: Vec<&str> = args.policy_names().collect();
     let mut runs = Vec::new();
     let spinner = progress::Spinner::start("simulating");
     for (i, n) in names.iter().enumerate() {

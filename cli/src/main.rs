@@ -195,6 +195,16 @@ pub(crate) struct SimulateArgs {
     pub(crate) image_load_ms: u64,
 }
 
+impl SimulateArgs {
+    /// The policies `--policies` names, in order, blanks dropped.
+    pub(crate) fn policy_names(&self) -> impl Iterator<Item = &str> {
+        self.policies
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum BenchWhat {
     /// Decision cost of the scheduling core: full re-plan latency and incremental decisions/s.
@@ -415,12 +425,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let names: Vec<&str> = args
-        .policies
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
+    let names: Vec<&str> = args.policy_names().collect();
     let mut policies: Vec<Box<dyn tangram_core::Policy>> = Vec::new();
     for n in &names {
         if *n == "static" {

@@ -466,8 +466,10 @@ pub fn server_authorization(users: &[User]) -> String {
                 ", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{} }}",
                 list(&p.publish),
                 list(&p.subscribe),
+                // One answer per request, within an hour: the server's default of two
+                // minutes would drop the answer to a slow pre-pull.
                 if p.allow_responses {
-                    ", allow_responses: true"
+                    ", allow_responses: { max: 1, expires: \"1h\" }"
                 } else {
                     ""
                 }

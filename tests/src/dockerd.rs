@@ -40,13 +40,21 @@ impl SecondDaemon {
             .output()
             .context("docker info")?;
         let driver = String::from_utf8_lossy(&driver.stdout).trim().to_string();
+        sweep_leftovers();
         // Short: the containerd socket under the exec root must fit a socket path.
-        let dir = PathBuf::from(format!("/tmp/tgd-{}", std::process::id()));
+        let pid = std::process::id();
+        let dir = PathBuf::from(format!("/tmp/tgd-{pid}"));
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("docker.sock");
-        // Its own bridge, on a private /24 of its own (the pid picks it).
-        let bridge = format!("tgd{}", std::process::id() % 100_000);
-        let pid = std::process::id();
+        // Its own bridge, on a private /24 of its own (the pid picks it). The guard exists
+        // before the bridge does, so a failure below still removes it.
+        let bridge = format!("tgd{}", pid % 100_000);
+        let mut d = Self {
+            socket: format!("unix://{}", socket.display()),
+            child: None,
+            dir: dir.clone(),
+            bridge: bridge.clone(),
+        };
         let cidr = format!("10.231.{}.1/24", pid % 250);
         for args in [
             vec!["link", "add", &bridge, "type", "bridge"],
@@ -70,6 +78,10 @@ impl SecondDaemon {
             "iptables": false,
             "ip6tables": false,
             "ip-masq": false,
+            // Namespaces of its own, should it share a system containerd with the main
+            // daemon: its containers and images stay apart.
+            "containerd-namespace": format!("tgd{pid}"),
+            "containerd-plugins-namespace": format!("tgd{pid}-plugins"),
         });
         std::fs::write(dir.join("daemon.json"), config.to_string())?;
         let log = std::fs::File::create(dir.join("dockerd.log"))?;
@@ -80,12 +92,7 @@ impl SecondDaemon {
             .stderr(log)
             .spawn()
             .context("starting a second dockerd")?;
-        let mut d = Self {
-            socket: format!("unix://{}", socket.display()),
-            child: Some(ChildGuard(child)),
-            dir,
-            bridge,
-        };
+        d.child = Some(ChildGuard(child));
         // At most 60 s: 300 tries, 200 ms apart.
         for _ in 0..300 {
             if d.docker(&["info", "--format", "{{.ServerVersion}}"])
@@ -135,6 +142,40 @@ impl SecondDaemon {
             crate::output_text(&out)
         );
         Ok(())
+    }
+}
+
+/// What second daemons of test processes that are gone left behind (a test killed at its
+/// timeout runs no `Drop`): their daemons, bridges and folders.
+fn sweep_leftovers() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("tgd-")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue; // its test is still running
+        }
+        if let Ok(daemon) = std::fs::read_to_string(e.path().join("docker.pid")) {
+            let daemon = daemon.trim();
+            // Only a dockerd running on this folder's config (a pid may have been reused).
+            let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
+            let ours = String::from_utf8_lossy(&cmdline).contains(&format!("/tmp/tgd-{pid}/"));
+            if ours {
+                let _ = Command::new("kill").args(["-TERM", daemon]).status();
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &format!("tgd{}", pid % 100_000)])
+            .output();
+        let _ = std::fs::remove_dir_all(e.path());
     }
 }
 

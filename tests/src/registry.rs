@@ -138,7 +138,7 @@ impl Registry {
 }
 
 /// Imports a small image for the pull tests, tagged `tag`: a root holding only a shell
-/// (`/bin/sh`), `sleep` and the C runtime they load, plus `pad_mb` MB of random bytes (so two
+/// (`/bin/sh`), `sleep` and the C runtime they load, plus `pad_mb` MiB of random bytes (so two
 /// such images differ, and sizes are known to a disk budget). The default sandbox image is
 /// about 1.6 GB: pushing and pulling it would take most of a test's time.
 pub fn small_image(tag: &str, pad_mb: usize) -> anyhow::Result<String> {
@@ -166,7 +166,11 @@ pub fn small_image(tag: &str, pad_mb: usize) -> anyhow::Result<String> {
         }
     }
     let mut pad = vec![0u8; pad_mb << 20];
-    let mut x = std::process::id() as u64 ^ tag.len() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    // Seeded from the whole tag (FNV-1a) and the process: two tags, two paddings.
+    let mut x = tag.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    }) ^ std::process::id() as u64;
+    x |= 1;
     for b in pad.iter_mut() {
         x ^= x << 13;
         x ^= x >> 7;

@@ -259,8 +259,10 @@ async fn opens_of_one_image_at_once_share_one_pull() -> anyhow::Result<()> {
             r.timing.pull_us
         })
         .collect();
-    // One pull served them all: each open reports that pull, to the microsecond.
-    assert!(pulls[0] > 0, "{pulls:?}");
-    assert!(pulls.iter().all(|&p| p == pulls[0]), "{pulls:?}");
+    // One pull served them: each open that waited for it reports that pull, to the
+    // microsecond (an open placed after it ended finds the image and reports none).
+    let distinct: std::collections::BTreeSet<u64> =
+        pulls.iter().copied().filter(|&p| p > 0).collect();
+    assert_eq!(distinct.len(), 1, "one pull, not one per open: {pulls:?}");
     Ok(())
 }

@@ -120,8 +120,8 @@ impl DockerSandboxes {
         *self.held.lock().expect("held lock") = held;
     }
 
-    /// Notes that a sandbox was created from `image` now.
-    pub(super) fn used(&self, image: &str) {
+    /// Notes that a sandbox was created from `image` now (or that it was pre-pulled).
+    pub(crate) fn used(&self, image: &str) {
         self.last_used
             .lock()
             .expect("last-used lock")

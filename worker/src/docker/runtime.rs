@@ -61,7 +61,13 @@ impl SandboxRuntime for DockerRuntime {
     }
 
     fn prepull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<u64>, SandboxError>> {
-        Box::pin(async move { Ok(self.docker.ensure_image(image).await?) })
+        Box::pin(async move {
+            let pulled = self.docker.ensure_image(image).await?;
+            // Counted as a use, so the disk budget's collection keeps what was just asked
+            // for ahead of images nobody used lately.
+            self.docker.used(image);
+            Ok(pulled)
+        })
     }
 
     fn validate(&self) -> BoxFuture<'_, Result<(), SandboxError>> {

@@ -12,6 +12,15 @@ use tracing::{info, warn};
 
 /// Pre-pulls running at once on one worker, beyond which requests wait their turn.
 const MAX_AT_ONCE: usize = 4;
+/// Requests held at once (running and waiting); more are answered `failed` at once.
+const MAX_HELD: usize = 64;
+
+/// Whether a reply subject is an inbox: a role's (`_R_...`) or the operator's (`_INBOX.`).
+/// A request naming any other subject as its reply (another job's results, a heartbeat) is
+/// not answered, so that no one can make this worker publish where it chooses.
+fn is_inbox(subject: &str) -> bool {
+    subject.starts_with("_INBOX.") || subject.starts_with("_R_")
+}
 
 /// Answers pre-pull requests until `stop`.
 pub(super) async fn serve(
@@ -28,6 +37,7 @@ pub(super) async fn serve(
         }
     };
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_AT_ONCE));
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let msg = tokio::select! {
             _ = stop.cancelled() => break,
@@ -36,10 +46,33 @@ pub(super) async fn serve(
         let Some(reply_to) = msg.reply.clone() else {
             continue;
         };
-        let (worker, client, limit) = (worker.clone(), client.clone(), limit.clone());
+        if !is_inbox(&reply_to) {
+            warn!(reply = %reply_to, "a pre-pull asked for its answer outside an inbox; not answered");
+            continue;
+        }
+        use std::sync::atomic::Ordering;
+        if held.fetch_add(1, Ordering::SeqCst) >= MAX_HELD {
+            held.fetch_sub(1, Ordering::SeqCst);
+            let busy = PrepullReply {
+                worker: worker.config.id.to_string(),
+                image: String::new(),
+                outcome: PrepullOutcome::Failed,
+                pull_ms: None,
+                error: Some(format!(
+                    "{MAX_HELD} pre-pulls are waiting here already; ask again later"
+                )),
+            };
+            let body = serde_json::to_vec(&busy).unwrap_or_default();
+            let _ = client.publish(reply_to, body.into()).await;
+            continue;
+        }
+        let (worker, client, limit, held) =
+            (worker.clone(), client.clone(), limit.clone(), held.clone());
         tokio::spawn(async move {
-            let _permit = limit.acquire_owned().await;
+            let permit = limit.acquire_owned().await;
             let reply = answer(&worker, &msg.payload).await;
+            drop(permit);
+            held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             let body = serde_json::to_vec(&reply).unwrap_or_default();
             if let Err(e) = client.publish(reply_to, body.into()).await {
                 warn!(error = %e, "answering a pre-pull");
@@ -91,4 +124,24 @@ pub(crate) async fn answer(worker: &Worker, payload: &[u8]) -> PrepullReply {
         }
     }
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_inbox;
+
+    #[test]
+    fn answers_go_to_inboxes_only() {
+        assert!(is_inbox("_INBOX.abc.1"));
+        assert!(is_inbox("_R_rollout-job.xyz"));
+        for other in [
+            "tangram.v1.result.other-job.x",
+            "tangram.v1.heartbeat.w1",
+            "$JS.API.STREAM.PURGE.TANGRAM_RESULTS",
+            "_INBOXX",
+            "",
+        ] {
+            assert!(!is_inbox(other), "{other}");
+        }
+    }
 }

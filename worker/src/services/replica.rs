@@ -287,6 +287,7 @@ impl Services {
         let deadline = Instant::now() + Duration::from_millis(c.start_timeout_ms);
         loop {
             if replica.exited() {
+                let _ = std::fs::remove_file(self.pid_file(port));
                 return Err(ReplicaError::Exited {
                     service: service.to_string(),
                     gpus: replica.gpus.clone(),

@@ -70,6 +70,7 @@ impl Engine {
                 attempts: dispatch.attempt,
                 failures: 0,
                 pin: None,
+                pinned_since_ms: None,
                 state: ActionState::Running {
                     worker,
                     // The replica slot and the provider's quota are not booked again: the

@@ -168,6 +168,7 @@ impl Engine {
                 attempts: 0,
                 failures: 0,
                 pin,
+                pinned_since_ms: None,
                 state: ActionState::Queued {
                     last_progress_ms: now.ms,
                 },

@@ -95,8 +95,13 @@ pub struct Entry {
     pub attempts: u32,
     /// Dispatch stores that failed in a row (the next attempt waits longer each time).
     pub failures: u32,
-    /// The only worker it may go to, when a baseline confines it (`per-task` opens).
+    /// The only worker it may go to, when a baseline confines it (`per-task` opens) or a
+    /// failed store may have reached that worker after all.
     pub pin: Option<WorkerId>,
+    /// When a failed store pinned it: the pin is lifted once the worker has reported long
+    /// enough without the action ([`Engine::release_pins`](super::Engine)), so that a full
+    /// worker cannot hold it forever.
+    pub pinned_since_ms: Option<u64>,
     /// Where it is.
     pub state: ActionState,
 }

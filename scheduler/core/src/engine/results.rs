@@ -82,6 +82,9 @@ impl Engine {
         // The store may have happened though its acknowledgement was lost: the next attempt
         // goes to the same worker under the same `Nats-Msg-Id`, so JetStream keeps at most
         // one of the two and the worker runs it once.
+        if e.pin.is_none() {
+            e.pinned_since_ms = Some(now.ms);
+        }
         e.pin = Some(worker.clone());
         let (job, trajectory, kind) = (
             e.action.job.clone(),

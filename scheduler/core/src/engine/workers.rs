@@ -86,6 +86,7 @@ impl Engine {
             }
         }
         self.reconcile_running(&hb, now);
+        self.release_pins(&hb, now);
         self.request_adoption(&hb);
         self.workers.insert(
             hb.worker.clone(),
@@ -96,6 +97,30 @@ impl Engine {
             },
         );
         self.dirty = true;
+    }
+
+    /// Queued actions pinned to this worker by a failed store: once the worker has reported
+    /// for two redelivery windows after it without listing the action, the store did not
+    /// happen (a stored dispatch is delivered and listed within one), so the action may go
+    /// to any worker. Without this, a pinned open waited forever on a full worker while
+    /// others were free.
+    fn release_pins(&mut self, hb: &Heartbeat, now: Now) {
+        let listed: HashSet<&ActionId> = hb.running.iter().chain(&hb.finished).collect();
+        let window = 2 * (tangram_shared::DISPATCH_REDELIVERY_MS + self.grace_ms(hb));
+        for (id, e) in self.actions.iter_mut() {
+            let due = e
+                .pinned_since_ms
+                .is_some_and(|since| now.ms >= since + window);
+            if due
+                && matches!(e.state, ActionState::Queued { .. })
+                && e.pin.as_ref() == Some(&hb.worker)
+                && !listed.contains(id)
+            {
+                e.pin = None;
+                e.pinned_since_ms = None;
+                self.dirty = true;
+            }
+        }
     }
 
     /// The heartbeat's `running` list against the running set: an action the worker has not

@@ -296,3 +296,38 @@ fn run(policy: &str, steps: Vec<Step>) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+/// Regression (found by the property test in a CI run): an open whose store failed was pinned
+/// to that worker for good; the worker filled up with other sandboxes and the open waited
+/// forever while two workers were free. The pin is now lifted once the worker has reported
+/// for two redelivery windows without the action.
+#[test]
+fn a_failed_store_does_not_pin_an_open_to_a_full_worker_forever() {
+    use Step::*;
+    let s = |t| Submit { t, min: 1, max: 1 };
+    let steps = vec![
+        s(4),
+        s(4),
+        s(4),
+        s(4),
+        Store { k: 0, ok: false },
+        s(5),
+        s(5),
+        Wait { ms: 3001 },
+        s(5),
+        Kill { w: 0 },
+        s(0),
+        s(5),
+        s(3),
+        s(5),
+        s(5),
+        s(0),
+        s(0),
+        s(1),
+        s(2),
+        s(5),
+        Beat { w: 1 },
+        Store { k: 2, ok: false },
+    ];
+    run("tangram", steps).unwrap();
+}
