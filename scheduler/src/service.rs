@@ -330,6 +330,10 @@ async fn lead(
             let gate = status_gate.clone();
             async move {
                 let Some(reply) = msg.reply else { return true };
+                if !subject::is_reply_inbox(&reply) {
+                    tracing::warn!(%reply, "a status request asked for its answer outside an inbox; not answered");
+                    return true;
+                }
                 let (otx, orx) = tokio::sync::oneshot::channel();
                 if tx.send(Input::Status(otx)).await.is_err() {
                     return false;

@@ -119,6 +119,13 @@ pub fn heartbeat(worker: &WorkerId) -> String {
 pub fn prepull(worker: &WorkerId) -> String {
     prepull_of(worker.as_str())
 }
+/// Whether a request's reply subject is an inbox: a role's (`_R_<role>...`) or the default
+/// (`_INBOX.`). Answering services (the scheduler's status, a worker's pre-pull) answer only
+/// these, so that a request cannot make them publish on a subject of its choosing (another
+/// job's results, a heartbeat).
+pub fn is_reply_inbox(subject: &str) -> bool {
+    subject.starts_with("_INBOX.") || subject.starts_with("_R_")
+}
 /// [`prepull`] of a worker id not yet checked (permissions are written from role names).
 pub fn prepull_of(worker: &str) -> String {
     format!("{PREFIX}.prepull.{worker}")
@@ -158,6 +165,21 @@ pub const DEADLETTER_ALL: &str = "tangram.v1.deadletter.>";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_go_to_inboxes_only() {
+        assert!(is_reply_inbox("_INBOX.abc.1"));
+        assert!(is_reply_inbox("_R_rollout-job.xyz"));
+        for other in [
+            "tangram.v1.result.other-job.x",
+            "tangram.v1.heartbeat.w1",
+            "$JS.API.STREAM.PURGE.TANGRAM_RESULTS",
+            "_INBOXX",
+            "",
+        ] {
+            assert!(!is_reply_inbox(other), "{other}");
+        }
+    }
 
     #[test]
     fn subjects_are_versioned_and_parse_back() {

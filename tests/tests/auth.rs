@@ -263,3 +263,65 @@ async fn an_oversized_action_gets_a_clear_error_through_the_client() -> anyhow::
     assert!(e.to_string().to_lowercase().contains("payload"), "{e}");
     c.shutdown().await
 }
+
+/// A request that names another job's results as its reply subject gets no answer, from the
+/// scheduler (status) or a worker (pre-pull): answering services publish only to inboxes,
+/// so no one can make them publish where they choose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_another_jobs_results_as_its_reply_gets_no_answer() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[WorkerSpec::new("rs-a")], &["jobA", "jobB"]).await?;
+    let op = nats(&c, "operator").await?;
+    let a = nats(&c, "rollout-jobA").await?;
+    let mut theirs = op.subscribe("tangram.v1.result.jobB.>").await?;
+    op.flush().await?;
+    let prepull = subject::prepull_of("rs-a");
+    // Both services listening: the scheduler knows the worker, and the worker answers.
+    c.client("jobA")
+        .await?
+        .wait_for_scheduler_to_know(&["rs-a"], Duration::from_secs(60))
+        .await?;
+    let mut listening = false;
+    for _ in 0..100 {
+        if a.request(prepull.clone(), "{}".into()).await.is_ok() {
+            listening = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::ensure!(listening, "the worker never answered a pre-pull");
+    a.publish_with_reply(
+        subject::STATUS,
+        "tangram.v1.result.jobB.spoofed-status",
+        "".into(),
+    )
+    .await?;
+    a.publish_with_reply(
+        prepull.clone(),
+        "tangram.v1.result.jobB.spoofed-prepull",
+        r#"{"image": "not a reference!"}"#.into(),
+    )
+    .await?;
+    a.flush().await?;
+    // The same requests with inbox replies are answered: both services have read the
+    // spoofed ones before these.
+    let status = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.request(subject::STATUS, "".into()),
+    )
+    .await??;
+    assert!(!status.payload.is_empty());
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.request(prepull, r#"{"image": "not a reference!"}"#.into()),
+    )
+    .await??;
+    let answer: serde_json::Value = serde_json::from_slice(&answer.payload)?;
+    assert_eq!(answer["outcome"], "refused", "{answer}");
+    let spoofed = tokio::time::timeout(Duration::from_millis(500), theirs.next()).await;
+    assert!(
+        spoofed.is_err(),
+        "an answer went to another job's results: {:?}",
+        spoofed.ok().flatten().map(|m| m.subject)
+    );
+    c.shutdown().await
+}

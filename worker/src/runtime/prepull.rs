@@ -15,13 +15,6 @@ const MAX_AT_ONCE: usize = 4;
 /// Requests held at once (running and waiting); more are answered `failed` at once.
 const MAX_HELD: usize = 64;
 
-/// Whether a reply subject is an inbox: a role's (`_R_...`) or the operator's (`_INBOX.`).
-/// A request naming any other subject as its reply (another job's results, a heartbeat) is
-/// not answered, so that no one can make this worker publish where it chooses.
-fn is_inbox(subject: &str) -> bool {
-    subject.starts_with("_INBOX.") || subject.starts_with("_R_")
-}
-
 /// Answers pre-pull requests until `stop`.
 pub(super) async fn serve(
     worker: Arc<Worker>,
@@ -46,7 +39,7 @@ pub(super) async fn serve(
         let Some(reply_to) = msg.reply.clone() else {
             continue;
         };
-        if !is_inbox(&reply_to) {
+        if !tangram_shared::subject::is_reply_inbox(&reply_to) {
             warn!(reply = %reply_to, "a pre-pull asked for its answer outside an inbox; not answered");
             continue;
         }
@@ -124,24 +117,4 @@ pub(crate) async fn answer(worker: &Worker, payload: &[u8]) -> PrepullReply {
         }
     }
     reply
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_inbox;
-
-    #[test]
-    fn answers_go_to_inboxes_only() {
-        assert!(is_inbox("_INBOX.abc.1"));
-        assert!(is_inbox("_R_rollout-job.xyz"));
-        for other in [
-            "tangram.v1.result.other-job.x",
-            "tangram.v1.heartbeat.w1",
-            "$JS.API.STREAM.PURGE.TANGRAM_RESULTS",
-            "_INBOXX",
-            "",
-        ] {
-            assert!(!is_inbox(other), "{other}");
-        }
-    }
 }
