@@ -96,25 +96,16 @@ pub fn start_worker_on(
     image: Option<&str>,
     budget_mb: Option<u64>,
 ) -> anyhow::Result<()> {
-    let raw = tangram_worker::config::RawConfig {
-        id: Some(id.into()),
-        nats_url: Some(cluster.nats.url()),
-        cores: Some("0-1".into()),
-        mem_mb: Some(4096),
-        heartbeat_ms: Some(200),
-        shutdown_grace_ms: Some(2000),
-        sandbox: Some(tangram_worker::config::RawSandbox {
+    cluster.start_sandbox_worker(
+        id,
+        tangram_worker::config::RawSandbox {
             image: image.map(str::to_string),
             docker_host: docker_host.map(str::to_string),
             pull: Some(vec![format!("{}/tangram/*", reg.addr)]),
             registry_auth_file: Some(reg.auth_file()?.display().to_string()),
             image_budget_mb: budget_mb,
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut config = raw.validate()?;
-    config.credentials = cluster.credentials(&format!("worker-{id}"));
-    cluster.start_worker_config(config);
+        },
+    )?;
     Ok(())
 }

@@ -541,6 +541,30 @@ impl Cluster {
 
     /// Starts a worker from a validated config (a test that edits one, e.g. from
     /// [`gpu_worker_config`]).
+    /// Starts CPU worker `id` with these `[sandbox]` settings: cores 0-1, 4 GiB, 200 ms
+    /// heartbeats, its own credentials.
+    pub fn start_sandbox_worker(
+        &mut self,
+        id: &str,
+        sandbox: tangram_worker::config::RawSandbox,
+    ) -> anyhow::Result<()> {
+        let raw = tangram_worker::config::RawConfig {
+            id: Some(id.into()),
+            nats_url: Some(self.nats.url()),
+            cores: Some("0-1".into()),
+            mem_mb: Some(4096),
+            heartbeat_ms: Some(200),
+            shutdown_grace_ms: Some(2000),
+            sandbox: Some(sandbox),
+            ..Default::default()
+        };
+        let mut config = raw.validate()?;
+        config.credentials = self.credentials(&format!("worker-{id}"));
+        self.start_worker_config(config);
+        Ok(())
+    }
+
+    /// Starts a worker with this configuration.
     pub fn start_worker_config(&mut self, config: tangram_worker::Config) {
         let id = config.id.to_string();
         let token = CancellationToken::new();

@@ -43,23 +43,14 @@ async fn until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_claims_a_warm_hardened_sandbox_and_the_pool_fills_again() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(&[]).await?;
-    let raw = tangram_worker::config::RawConfig {
-        id: Some("warm-a".into()),
-        nats_url: Some(cluster.nats.url()),
-        cores: Some("0-1".into()),
-        mem_mb: Some(4096),
-        heartbeat_ms: Some(200),
-        shutdown_grace_ms: Some(2000),
-        sandbox: Some(tangram_worker::config::RawSandbox {
+    cluster.start_sandbox_worker(
+        "warm-a",
+        tangram_worker::config::RawSandbox {
             warm_pool: Some(2),
             warm_pool_min: Some(2),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut config = raw.validate()?;
-    config.credentials = cluster.credentials("worker-warm-a");
-    cluster.start_worker_config(config);
+        },
+    )?;
     let c = cluster.client("warm").await?;
     c.wait_for_workers(&["warm-a"], T).await?;
     let p = until(&c, "warm-a", |p| p.ready == 2).await?;
