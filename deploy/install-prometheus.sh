@@ -18,26 +18,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$PROMETHEUS_VERSION" ] \
   echo "prometheus $PROMETHEUS_VERSION already installed"
   exit 0
 fi
-if ! command -v apt-get >/dev/null; then
-  echo "install-prometheus.sh needs apt-get (a Debian or Ubuntu host) to fetch prometheus $PROMETHEUS_VERSION" >&2
-  exit 1
-fi
-candidate=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
-if [ "$candidate" != "$PROMETHEUS_VERSION" ] && [ "$(id -u)" = 0 ]; then
-  # A fresh machine may have no package lists yet.
-  apt-get update -q >/dev/null 2>&1 || true
-  candidate=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
-fi
-if [ "$candidate" != "$PROMETHEUS_VERSION" ]; then
-  echo "apt offers prometheus ${candidate:-none}, not the pinned $PROMETHEUS_VERSION;" \
-    "run apt-get update, or change the pin after checking the new version" >&2
-  exit 1
-fi
-work=$(mktemp -d)
-chmod 755 "$work"   # apt downloads as its own user
-trap 'rm -rf "$work"' EXIT
-(cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_VERSION" >/dev/null)
-dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
+. "$root/deploy/pinned-deb.sh"
+unpack_pinned_deb prometheus "$PROMETHEUS_VERSION"
 rm -rf "$dest"
 mkdir -p "$dest/bin"
 cp "$work/root/usr/bin/prometheus" "$work/root/usr/bin/promtool" "$dest/bin/"

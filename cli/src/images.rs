@@ -147,12 +147,8 @@ async fn ask_all(
     let asks = plan.iter().map(|(worker, image)| {
         let client = client.clone();
         async move {
-            let failed = |why: String| PrepullReply {
-                worker: worker.clone(),
-                image: image.clone(),
-                outcome: PrepullOutcome::Failed,
-                pull_ms: None,
-                error: Some(why),
+            let failed = |why: String| {
+                PrepullReply::not_done(worker.as_str(), image.as_str(), PrepullOutcome::Failed, why)
             };
             let body = match serde_json::to_vec(&PrepullRequest {
                 image: image.clone(),

@@ -229,6 +229,24 @@ pub struct PrepullReply {
     pub error: Option<String>,
 }
 
+impl PrepullReply {
+    /// An answer that did not make the image present: `outcome` (refused or failed), and why.
+    pub fn not_done(
+        worker: impl Into<String>,
+        image: impl Into<String>,
+        outcome: PrepullOutcome,
+        why: impl Into<String>,
+    ) -> Self {
+        Self {
+            worker: worker.into(),
+            image: image.into(),
+            outcome,
+            pull_ms: None,
+            error: Some(why.into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,15 +46,12 @@ pub(super) async fn serve(
         use std::sync::atomic::Ordering;
         if held.fetch_add(1, Ordering::SeqCst) >= MAX_HELD {
             held.fetch_sub(1, Ordering::SeqCst);
-            let busy = PrepullReply {
-                worker: worker.config.id.to_string(),
-                image: String::new(),
-                outcome: PrepullOutcome::Failed,
-                pull_ms: None,
-                error: Some(format!(
-                    "{MAX_HELD} pre-pulls are waiting here already; ask again later"
-                )),
-            };
+            let busy = PrepullReply::not_done(
+                worker.config.id.to_string(),
+                "",
+                PrepullOutcome::Failed,
+                format!("{MAX_HELD} pre-pulls are waiting here already; ask again later"),
+            );
             let body = serde_json::to_vec(&busy).unwrap_or_default();
             let _ = client.publish(reply_to, body.into()).await;
             continue;

@@ -259,7 +259,7 @@ impl Engine {
         let mut pending = Vec::with_capacity(self.queue.len());
         let mut direct = Vec::new();
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
-        let mut images: Option<ImageIndex> = None;
+        let mut images: Option<super::images::ImageIndex> = None;
         for id in &self.queue {
             let e = &self.actions[id];
             let a = &e.action;
@@ -359,28 +359,6 @@ impl Engine {
         (pending, direct)
     }
 
-    /// Where each image is, for image-aware placement: advertised in heartbeats, opened from
-    /// since, or fetched for a sandbox there now.
-    fn image_index(&self) -> ImageIndex {
-        let mut index = ImageIndex::default();
-        for (id, w) in &self.workers {
-            for img in &w.hb.images {
-                if let Some(key) = tangram_shared::image::ImageRef::canonical_of(&img.reference) {
-                    index.add(key, id, img.size_bytes);
-                }
-            }
-            for key in &w.pulled {
-                index.add(key.clone(), id, 0);
-            }
-        }
-        for s in self.sandboxes.values().filter(|s| s.holds()) {
-            if let Some(key) = &s.image {
-                index.add(key.clone(), &s.worker, 0);
-            }
-        }
-        index
-    }
-
     /// Books a launch and hands out its dispatch: the action becomes `Dispatching`.
     fn launch(
         &mut self,
@@ -472,40 +450,6 @@ impl Engine {
             worker: launch.worker,
             dispatch: Box::new(dispatch),
         });
-    }
-}
-
-/// Images by canonical reference: the workers holding each and its largest advertised size.
-#[derive(Debug, Default)]
-struct ImageIndex {
-    by_key: HashMap<String, (Vec<WorkerId>, u64)>,
-}
-
-impl ImageIndex {
-    fn add(&mut self, key: String, worker: &WorkerId, size_bytes: u64) {
-        let (holders, size) = self.by_key.entry(key).or_default();
-        if !holders.contains(worker) {
-            holders.push(worker.clone());
-        }
-        *size = (*size).max(size_bytes);
-    }
-
-    /// What placement needs to know of `key`: its holders, sorted, and its expected pull.
-    fn need(&self, key: String, config: &super::EngineConfig) -> crate::model::ImageNeed {
-        let (mut holders, size) = self.by_key.get(&key).cloned().unwrap_or_default();
-        holders.sort();
-        let mb = if size > 0 {
-            size as f64 / 1e6
-        } else {
-            super::UNKNOWN_IMAGE_MB as f64
-        };
-        let pull_ms = mb / config.pull_mb_per_s.max(1e-3) * 1e3;
-        crate::model::ImageNeed {
-            key,
-            holders,
-            pull_ms: pull_ms.min(u64::MAX as f64 / 2.0) as u64,
-            load_ms: config.image_load_ms,
-        }
     }
 }
 

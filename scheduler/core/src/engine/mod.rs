@@ -18,6 +18,7 @@ mod api;
 mod cordon;
 mod cycle;
 mod events;
+mod images;
 pub mod intake;
 pub mod lifecycle;
 mod queue;
@@ -118,9 +119,10 @@ impl Default for EngineConfig {
 pub(crate) struct WorkerState {
     pub(crate) hb: Heartbeat,
     pub(crate) last_seen_ms: u64,
-    /// Images (canonical) it opened a sandbox from since that heartbeat: it holds them now,
-    /// though its heartbeat does not say so yet.
-    pub(crate) pulled: std::collections::HashSet<String>,
+    /// Its images by canonical reference, with their sizes (0 when unknown): those the
+    /// heartbeat advertised, and those it opened a sandbox from since (it holds them now,
+    /// though its heartbeat does not say so yet).
+    pub(crate) images: std::collections::HashMap<String, u64>,
 }
 
 /// An external API provider: its pooled quota, what may be called, who can call it.

@@ -289,7 +289,7 @@ impl Engine {
                     (super::lifecycle::open_image(&e.action), e.placed())
                 {
                     if let Some(w) = self.workers.get_mut(worker) {
-                        w.pulled.insert(image);
+                        w.images.entry(image).or_insert(0);
                     }
                 }
                 if let Some(s) = self.sandboxes.get_mut(&key) {

@@ -88,12 +88,13 @@ impl Engine {
         self.reconcile_running(&hb, now);
         self.release_pins(&hb, now);
         self.request_adoption(&hb);
+        let images = super::images::from_heartbeat(&hb.images);
         self.workers.insert(
             hb.worker.clone(),
             WorkerState {
                 hb,
                 last_seen_ms: now.ms,
-                pulled: HashSet::new(),
+                images,
             },
         );
         self.dirty = true;
