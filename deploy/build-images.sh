@@ -17,7 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 TAG=${TANGRAM_IMAGE_TAG:-$(awk -F'"' '/^\[workspace.package\]/{w=1} w && /^version/{print $2; exit}' Cargo.toml)}
 NATS_VERSION=$(awk -F= '/^NATS_SERVER_VERSION=/{split($2,a," "); print a[1]; exit}' deploy/install-tools.sh)
-BASE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v1}
+BASE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v2}
 
 bash deploy/install-tools.sh >/dev/null
 bash deploy/build-sandbox-image.sh

@@ -3,9 +3,10 @@
 # imported with `docker import`. No container registry is needed. Polyglot: Python 3, C and
 # C++ (gcc, g++), Java (OpenJDK 17), Go, Node.js and Rust, as Debian's release packages them,
 # so code in those languages runs with no custom image (about 1.6 GB).
+# Go builds `go run`'s program in GOTMPDIR: /work, since /tmp is mounted noexec in a sandbox.
 # Reuses the image when it already exists; pass --force to rebuild.
 set -euo pipefail
-IMAGE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v1}
+IMAGE=${TANGRAM_SANDBOX_IMAGE:-tangram/sandbox:poly-v2}
 SUITE=${TANGRAM_DEBIAN_SUITE:-bookworm}
 # The toolchains (Debian package names); dependencies come with them.
 PACKAGES=${TANGRAM_SANDBOX_PACKAGES:-python3,procps,gcc,g++,libc6-dev,make,default-jdk-headless,golang-go,nodejs,rustc}
@@ -42,6 +43,6 @@ mkdir -p "$work/root/work"
 chmod 1777 "$work/root/work"
 tar -C "$work/root" -c . | docker import \
   -c 'WORKDIR /work' -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8' \
-  -c 'ENV HOME=/work GOCACHE=/work/.cache/go-build GOPATH=/work/.cache/go GOFLAGS=-buildvcs=false' \
+  -c 'ENV HOME=/work GOCACHE=/work/.cache/go-build GOPATH=/work/.cache/go GOFLAGS=-buildvcs=false GOTMPDIR=/work' \
   -c 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
 echo "built $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE") bytes"

@@ -303,7 +303,7 @@ async fn a_containerised_replica_serves_and_is_removed_when_the_worker_stops() -
     let script_dir = tangram_tests::repo_root().join("services/reference-replica");
     let s = &mut config.services[0];
     s.command.clear();
-    s.image = Some("tangram/sandbox:poly-v1".into());
+    s.image = Some("tangram/sandbox:poly-v2".into());
     s.args = tangram_tests::replica_argv("/opt/replica/replica.py", 16);
     s.args.push("--no-parent-watch".into());
     s.mounts = vec![format!("{}:/opt/replica:ro", script_dir.display())];

@@ -1,4 +1,4 @@
-"""The default sandbox image runs code in seven languages with no custom image: each program
+"""The default sandbox image runs code in seven languages with no custom image (Go both built and with `go run`): each program
 is sent as a file, compiled in the sandbox where the language compiles, and run."""
 
 import unittest
@@ -22,6 +22,10 @@ PROGRAMS = [
     ("go", {"go/go.mod": "module example.com/answer\n\ngo 1.19\n",
             "go/main.go": "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"go\", 6*7) }\n"},
      "cd go && go build -o ../main_go . && cd .. && ./main_go"),
+    # `go run` builds its program in Go's temporary directory: /tmp is noexec in a sandbox,
+    # so the image points GOTMPDIR at /work (regression: "fork/exec /tmp/go-build...: permission denied").
+    ("go-run", {"run/main.go": "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"go-run\", 6*7) }\n"},
+     "go run run/main.go"),
     ("node", {"main.js": "console.log('node', [20, 22].reduce((a, b) => a + b));\n"}, "node main.js"),
     ("rust", {"main.rs": "fn main() { let v: u32 = (20..=22).step_by(2).sum(); println!(\"rust {v}\"); }\n"},
      "rustc -O -o main_rs main.rs && ./main_rs"),

@@ -141,7 +141,7 @@ pub struct SandboxConfig {
 pub const MAX_WARM: usize = 256;
 
 /// The default sandbox image, built by `deploy/build-sandbox-image.sh`.
-pub const DEFAULT_IMAGE: &str = "tangram/sandbox:poly-v1";
+pub const DEFAULT_IMAGE: &str = "tangram/sandbox:poly-v2";
 /// `nobody`: sandboxes never run as root.
 pub const DEFAULT_USER: &str = "65534:65534";
 /// Enough for a parallel test runner, low enough to stop a fork bomb.
