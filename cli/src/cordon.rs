@@ -21,6 +21,23 @@ pub(crate) struct ClusterArgs {
     /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
     #[arg(long, env = "TANGRAM_NKEY_FILE")]
     pub(crate) nkey_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+}
+
+/// TLS toward NATS, as the scheduler and workers take it (a fleet whose servers have a
+/// `tls {}` block; DEPLOY.md).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TlsArgs {
+    /// CA certificate(s) to verify the NATS server with (PEM); requires TLS.
+    #[arg(long, global = true, env = "TANGRAM_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for NATS servers that verify clients (`verify: true`).
+    #[arg(long, global = true, env = "TANGRAM_TLS_CERT", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, global = true, env = "TANGRAM_TLS_KEY", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -28,7 +45,7 @@ impl ClusterArgs {
     pub(crate) fn resolve(&self) -> (String, tangram_nats::auth::Credentials) {
         (
             cluster::nats_url(self.nats_url.clone(), &self.state_dir),
-            cluster::credentials(self.nkey_file.clone(), &self.state_dir),
+            cluster::credentials(self.nkey_file.clone(), &self.tls, &self.state_dir),
         )
     }
 }
@@ -74,12 +91,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 async fn store(t: &Target) -> anyhow::Result<async_nats::jetstream::kv::Store> {
     let (url, creds) = t.cluster.resolve();
-    let client = tokio::time::timeout(
-        Duration::from_secs(5),
-        tangram_nats::auth::connect(&url, "tangram-cli", &creds),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("connecting to NATS at {url} timed out"))??;
+    let client = crate::errors::connect(&url, "tangram-cli", &creds).await?;
     let js = async_nats::jetstream::new(client);
     js.get_key_value(subject::SCHEDULER_BUCKET)
         .await

@@ -138,12 +138,7 @@ async fn ask_all(
     plan: &[(String, String)],
     timeout: Duration,
 ) -> anyhow::Result<Vec<PrepullReply>> {
-    let client = tokio::time::timeout(
-        Duration::from_secs(5),
-        tangram_nats::auth::connect(url, "tangram-cli", creds),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("connecting to NATS at {url} timed out"))??;
+    let client = crate::errors::connect(url, "tangram-cli", creds).await?;
     let asks = plan.iter().map(|(worker, image)| {
         let client = client.clone();
         async move {

@@ -42,6 +42,8 @@ pub struct SubmitArgs {
     /// NATS URL [default: the cluster `tangram up` started, else nats://127.0.0.1:4222].
     #[arg(long, global = true, env = "TANGRAM_NATS_URL")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: crate::cordon::TlsArgs,
 }
 
 /// The action.
@@ -218,7 +220,7 @@ pub async fn submit_and_wait(
     action: &Action,
     wait: Duration,
 ) -> anyhow::Result<ActionResult> {
-    let client = tangram_nats::auth::connect(url, "tangram-submit", creds).await?;
+    let client = crate::errors::connect(url, "tangram-submit", creds).await?;
     let js = async_nats::jetstream::new(client.clone());
     let result_subject = subject::result(&action.job, &action.id);
     // Listen first, so the result cannot slip by; then look for an earlier one (a resubmitted id).
@@ -289,7 +291,7 @@ pub fn submit(a: SubmitArgs, state: &std::path::Path) -> anyhow::Result<bool> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let creds = crate::cluster::credentials(a.nkey_file.clone(), state);
+    let creds = crate::cluster::credentials(a.nkey_file.clone(), &a.tls, state);
     let spinner =
         crate::progress::Spinner::start(format!("{} submitted; waiting for its result", action.id));
     let r = rt.block_on(submit_and_wait(

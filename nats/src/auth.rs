@@ -206,15 +206,18 @@ pub async fn connect(
         .filter(|u| !u.is_empty())
         .collect();
     options.connect(urls).await.map_err(|source| {
-        let text = source.to_string().to_ascii_lowercase();
-        let hint = if text.contains("authorization") || text.contains("authentication") {
-            if creds.nkey_file.is_none() {
+        use async_nats::ConnectErrorKind as K;
+        let hint = match source.kind() {
+            K::AuthorizationViolation | K::Authentication if creds.nkey_file.is_none() => {
                 " (the server requires credentials: pass --nkey-file <state-dir>/creds/<role>.nk)"
-            } else {
+            }
+            K::AuthorizationViolation | K::Authentication => {
                 " (the server does not accept this nkey: is it from this cluster's state dir?)"
             }
-        } else {
-            ""
+            _ => tls_hint(&source).unwrap_or(match source.kind() {
+                K::Tls => " (TLS failed: check --tls-ca, and --tls-cert/--tls-key where the server verifies clients)",
+                _ => "",
+            }),
         };
         ConnectError::Connect {
             url: url.to_string(),
@@ -222,6 +225,38 @@ pub async fn connect(
             hint,
         }
     })
+}
+
+/// What to do about a failed TLS handshake, from the TLS library's error in the chain.
+fn tls_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use async_nats::rustls::{AlertDescription as A, CertificateError as C, Error as T};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let tls = c.downcast_ref::<T>().or_else(|| {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<T>())
+        });
+        if let Some(t) = tls {
+            return Some(match t {
+                T::AlertReceived(A::CertificateRequired) => {
+                    " (the server verifies clients: pass --tls-cert and --tls-key, a certificate its CA signed)"
+                }
+                T::AlertReceived(A::BadCertificate | A::UnknownCA | A::CertificateUnknown) => {
+                    " (the server refused the client certificate: is it signed by the CA the server trusts, with clientAuth usage?)"
+                }
+                T::InvalidCertificate(C::UnknownIssuer) => {
+                    " (the server's certificate is not signed by a CA you trust: pass --tls-ca with the fleet's CA)"
+                }
+                T::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+                    " (the server's certificate does not name the address dialled: an IP needs an IP SAN, a host name a DNS SAN)"
+                }
+                _ => " (TLS failed: check --tls-ca, and --tls-cert/--tls-key where the server verifies clients)",
+            });
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// Reads a seed file: the first line starting with `SU`.
@@ -375,11 +410,21 @@ impl Role {
                     // Pre-pulls ahead of a step (a worker's allow-list bounds what it pulls).
                     "tangram.v1.prepull.*",
                     "$JS.API.INFO",
+                    // Looking a stream up by subject (nats-py's and nats.go's subscribe):
+                    // the answer names streams, nothing they hold.
+                    "$JS.API.STREAM.NAMES",
                     "$JS.API.STREAM.INFO.*",
                     "$JS.API.STREAM.MSG.GET.TANGRAM_RESULTS",
                     "$JS.API.DIRECT.GET.TANGRAM_RESULTS.>",
-                    // Ordered consumers over results (replaying what was missed).
+                    // Ordered consumers over results (replaying what was missed): named ones
+                    // with their filter in the subject (async-nats, our client), and the
+                    // unnamed form nats-py and nats.go use, whose filter is in the body.
+                    // This role reads every job's results, so the body's filter widens
+                    // nothing; the per-job role below is not given the unnamed form.
+                    "$JS.API.CONSUMER.CREATE.TANGRAM_RESULTS",
                     "$JS.API.CONSUMER.CREATE.TANGRAM_RESULTS.>",
+                    // Flow-control answers of those consumers.
+                    "$JS.FC.TANGRAM_RESULTS.>",
                     "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_RESULTS.*",
                     "$JS.API.CONSUMER.INFO.TANGRAM_RESULTS.*",
                     "$JS.API.CONSUMER.DELETE.TANGRAM_RESULTS.*",
@@ -397,10 +442,16 @@ impl Role {
                     // Last-message reads name the subject in the request subject, so the
                     // server can hold them to this job (a MSG.GET names it in the body).
                     format!("$JS.API.DIRECT.GET.TANGRAM_RESULTS.tangram.v1.result.{job}.>"),
+                    "$JS.API.STREAM.NAMES".into(),
                     "$JS.API.STREAM.INFO.*".into(),
                     // Ordered consumers over this job's results: the filter is in the
                     // request subject, so the server holds them to the job.
+                    // The unnamed form (`CONSUMER.CREATE.TANGRAM_RESULTS`, nats-py's and
+                    // nats.go's ordered consumers) carries its filter only in the body, which
+                    // the server does not check against permissions: allowed, it would read
+                    // every job's results. PROTOCOL.md shows the per-job forms instead.
                     format!("$JS.API.CONSUMER.CREATE.TANGRAM_RESULTS.*.tangram.v1.result.{job}.>"),
+                    "$JS.FC.TANGRAM_RESULTS.>".into(),
                     "$JS.API.CONSUMER.MSG.NEXT.TANGRAM_RESULTS.*".into(),
                     "$JS.API.CONSUMER.INFO.TANGRAM_RESULTS.*".into(),
                     "$JS.API.CONSUMER.DELETE.TANGRAM_RESULTS.*".into(),

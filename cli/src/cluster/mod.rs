@@ -478,7 +478,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             let _ = down_at(&state);
             bail!("{name} exited during start; its log ends with:\n{log}");
         }
-        let operator = credentials(None, &state_abs);
+        let operator = credentials(None, &Default::default(), &state_abs);
         if let Ok(st) = fetch_status(&url, &operator, Duration::from_secs(2)) {
             let seen: Vec<&str> = st.workers.iter().map(|w| w.id.as_str()).collect();
             spinner.set_count(
@@ -606,17 +606,26 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
 
 /// Credentials for the CLI: `--nkey-file` / `TANGRAM_NKEY_FILE`, else the operator seed of
 /// the cluster `up` started in `state` (`<state>/creds/operator.nk`), else none.
-pub fn credentials(explicit: Option<PathBuf>, state: &Path) -> tangram_nats::auth::Credentials {
+/// TLS settings come from `tls` (`--tls-ca`, `--tls-cert`, `--tls-key` or their variables).
+pub fn credentials(
+    explicit: Option<PathBuf>,
+    tls: &crate::cordon::TlsArgs,
+    state: &Path,
+) -> tangram_nats::auth::Credentials {
     let file = explicit
         .or_else(|| std::env::var_os("TANGRAM_NKEY_FILE").map(PathBuf::from))
         .or_else(|| {
             let f = state.join("creds").join("operator.nk");
             f.exists().then_some(f)
         });
-    match file {
+    let mut creds = match file {
         Some(f) => tangram_nats::auth::Credentials::from_seed_file(f),
-        None => Default::default(),
-    }
+        None => tangram_nats::auth::Credentials::default(),
+    };
+    creds.tls_ca = tls.tls_ca.clone();
+    creds.tls_cert = tls.tls_cert.clone();
+    creds.tls_key = tls.tls_key.clone();
+    creds
 }
 
 /// Asks the scheduler for its status.

@@ -253,7 +253,13 @@ pub(crate) fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     let (url, creds) = a.cluster.resolve();
     let into_creds = match &a.into_nkey_file {
-        Some(f) => tangram_nats::auth::Credentials::from_seed_file(f.clone()),
+        // The same TLS settings: --into is usually a cluster of the same fleet.
+        Some(f) => tangram_nats::auth::Credentials {
+            tls_ca: creds.tls_ca.clone(),
+            tls_cert: creds.tls_cert.clone(),
+            tls_key: creds.tls_key.clone(),
+            ..tangram_nats::auth::Credentials::from_seed_file(f.clone())
+        },
         None => creds.clone(),
     };
     let now_s = super::now_us() / 1_000_000;
