@@ -24,6 +24,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$pins" ]; then
   echo "python client installed in tools/venv ($pins)"
 fi
 
+# Go and nats.go, Debian's packages: the PROTOCOL.md Go examples are run by the test suite
+# (cli/tests/docs.rs) in GOPATH mode against the package's source.
+GO_NATS_DEB=golang-github-nats-io-go-nats-dev=1.22.1-1
+if ! command -v go >/dev/null || ! dpkg -s golang-github-nats-io-go-nats-dev >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go "$GO_NATS_DEB" >/dev/null
+    echo "go $(go version | cut -d' ' -f3) and nats.go installed"
+  else
+    echo "the docs test needs Go and nats.go: apt-get install golang-go $GO_NATS_DEB" >&2
+  fi
+fi
+
 mkdir -p "$tools/bin"
 bin="$tools/bin/nats-server"
 if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
