@@ -27,8 +27,8 @@ result); there is no fallback score, so a broken reward service stops training i
 teaching it noise.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a dataclass with string annotations looks its
+# module up in sys.modules, where verl's loader does not put a module it loads by path.
 import atexit
 import json
 import os
