@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
-
-import logging
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
