@@ -10,18 +10,23 @@ NATS_PY_VERSION=2.16.0       # the Python client's dependencies, for its tests a
 MSGPACK_VERSION=1.2.4
 # nkey credentials (nats-py's nkeys_seed=), with what it needs.
 AUTH_PINS="nkeys==0.2.1 pynacl==1.6.2 cffi==2.1.1 pycparser==3.12"
+# verl, without its dependencies (torch, ray...): the Python tests load our reward function
+# with verl's own loader for custom_reward_function.path (verl/utils/import_utils.py).
+VERL_VERSION=0.9.1
 
 # A virtual environment with the Python client (editable) and its pinned dependencies.
 venv="$tools/venv"
 stamp="$venv/.tangram-pins"
 pins="nats-py==$NATS_PY_VERSION msgpack==$MSGPACK_VERSION $AUTH_PINS"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$pins" ]; then
+nodeps_pins="verl==$VERL_VERSION"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$pins $nodeps_pins" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $pins
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $nodeps_pins
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root/clients/python"
-  echo "$pins" > "$stamp"
-  echo "python client installed in tools/venv ($pins)"
+  echo "$pins $nodeps_pins" > "$stamp"
+  echo "python client installed in tools/venv ($pins; $nodeps_pins without dependencies)"
 fi
 
 # Go and nats.go, Debian's packages: the PROTOCOL.md Go examples are run by the test suite

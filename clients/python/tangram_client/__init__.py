@@ -15,14 +15,17 @@
 loop (a verl reward function, a plain script). Actions are published to JetStream with
 their id as ``Nats-Msg-Id`` (retried with the same id, so a retry never runs an action
 twice); results come from one ordered consumer over the job's persisted result subjects,
-so a reconnect loses nothing. Every call returns an outcome or raises
-:class:`TangramTimeout`; nothing hangs. The reference is docs/PYTHON.md.
+so a reconnect loses nothing. Every call returns an outcome or raises a
+:class:`TangramError` (never a library's own exception); nothing hangs. ``connect`` fails
+within seconds with :class:`TangramConnectError` saying what to fix; transient failures
+(no responders, a stream electing a leader, a reconnect) are retried with jittered backoff
+before :class:`TangramUnavailable` is raised. The reference is docs/PYTHON.md.
 """
 
 from ._wire import inbox_prefix_for
 from .client import Action, BatchItem, Sandbox, Tangram
-from .errors import (ActionFailed, InvalidAction, TangramBackpressure, TangramError,
-                     TangramTimeout)
+from .errors import (ActionFailed, InvalidAction, TangramBackpressure, TangramConnectError, TangramError,
+                     TangramTimeout, TangramUnavailable)
 from .results import HttpReply, Outcome, Placement, Result, Timing
 from .sync import SyncClient, SyncSandbox
 
@@ -42,6 +45,8 @@ __all__ = [
     "InvalidAction",
     "TangramTimeout",
     "TangramBackpressure",
+    "TangramConnectError",
+    "TangramUnavailable",
     "ActionFailed",
     "inbox_prefix_for",
 ]

@@ -31,6 +31,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from ._retry import Backoff
 from ._wire import RESULTS_STREAM, decode, results_of
 
 log = logging.getLogger("tangram_client.feed")
@@ -123,24 +124,26 @@ class ResultFeed:
                 pass
 
     async def _run(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while not self._stopping:
             try:
                 if self._name is None:
                     await self._create()
                 await self._pull()
-                backoff = 0.1
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except _Reset as why:
                 log.info("result consumer %s replaced: %s", self._name, why)
                 self.resets += 1
                 await self._drop()
-            except Exception as e:  # noqa: BLE001 - disconnected, JetStream away: try again
-                log.info("result consumer %s: %r; retrying in %.1fs", self._name, e, backoff)
+            except Exception as e:  # noqa: BLE001 - the feed outlives any failure: try again
+                # Transient or not (a refused consumer may be allowed after an operator's
+                # fix), the one reader of the job's results keeps trying, jittered.
+                wait_s = backoff.next_s()
+                log.info("result consumer %s: %r; retrying in %.1fs", self._name, e, wait_s)
                 await self._drop()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(wait_s)
 
     async def _pull(self) -> None:
         """One pull request, read to its end: ``batch`` results, or the server saying it

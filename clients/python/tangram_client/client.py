@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
 
-import nats
+import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, NotFoundError
 
+from ._connect import open_connection
 from ._feed import ResultFeed
-from ._wire import (RESULTS_STREAM, STREAM_FULL, action_subject, check_id, decode, encode_action,
-                    inbox_prefix_for, new_id, result_subject)
-from .errors import ActionFailed, TangramBackpressure, TangramError, TangramTimeout
+from ._retry import Backoff, is_transient
+from ._wire import (RESULTS_STREAM, STREAM_FULL, action_subject, check_id, decode, encode_action, new_id,
+                    result_subject)
+from .errors import (ActionFailed, TangramBackpressure, TangramConnectError, TangramError, TangramTimeout,
+                     TangramUnavailable)
 from .results import HttpReply, Outcome, Result
 
-# Retried with the same Nats-Msg-Id: JetStream drops the copy if the first try was stored.
-_TRANSIENT = (NatsTimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
-              asyncio.TimeoutError, OSError)
+log = logging.getLogger("tangram_client")
 
 
 @dataclass(frozen=True)
@@ -63,38 +64,42 @@ class Tangram:
     @classmethod
     async def connect(
         cls,
-        url: str = "nats://127.0.0.1:4222",
+        url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222",
         job: str = "default",
         *,
-        publish_retries: int = 5,
+        publish_retries: int = 10,
         publish_timeout_s: float = 5.0,
         nkeys_seed: Optional[str] = None,
         **nats_options: Any,
     ) -> "Tangram":
-        """Connects to the cluster's NATS server and starts the job's result feed.
+        """Connects to the cluster's NATS servers and starts the job's result feed.
 
+        ``url`` is one server URL, several separated by commas, or a list of them.
         ``job`` names the RL job (letters, digits, ``-`` and ``_``); it is part of every
         subject this client uses. ``nkeys_seed`` is a credentials file ``tangram up`` wrote
         (``<state-dir>/creds/rollout.nk`` for every job, ``rollout-<job>.nk`` for one); the
         reply inbox prefix of its role is set to match, as the server's permissions expect.
-        TLS and any other nats-py option pass through (``tls=ssl_context``, ...)."""
+        TLS and any other nats-py option pass through (``tls=ssl_context``, ...).
+
+        Raises :class:`TangramConnectError` within a few seconds when no server can be
+        reached, none answers, the credentials are missing or refused, or the job's results
+        cannot be followed; its message names the likely fix. Once connected, a lost
+        connection is re-established for ever (``max_reconnect_attempts`` to change it)."""
         try:
             check_id("job", job)
         except TangramError as e:
             raise ValueError(str(e)) from None
-        nats_options.setdefault("max_reconnect_attempts", -1)
-        if nkeys_seed is not None:
-            nats_options["nkeys_seed"] = nkeys_seed
-            nats_options.setdefault("inbox_prefix", inbox_prefix_for(nkeys_seed))
-        nc = await nats.connect(url, **nats_options)
+        nc = await open_connection(url, nkeys_seed, nats_options)
         self = cls(nc, job, publish_retries, publish_timeout_s)
         try:
             await self._feed.start()
         except BaseException as e:
             await nc.close()
             if isinstance(e, Exception):
-                raise TangramError(f"could not follow job {job}'s results ({e!r}): do these credentials "
-                                   "belong to this job?") from e
+                raise TangramConnectError(
+                    f"connected, but could not follow job {job}'s results ({e!r}): do these credentials "
+                    "belong to this job (rollout-<job>.nk is for that job only), and is this a Tangram "
+                    "cluster (`tangram up` creates the streams)?", [u.geturl() for u in nc.servers]) from e
             raise
         return self
 
@@ -112,7 +117,12 @@ class Tangram:
                 w.future.exception()  # raised in whoever awaits it; nobody else needs telling
         self._waiters.clear()
         await self._feed.stop()
-        await self._nc.drain()
+        try:
+            await self._nc.drain()
+        except nats.errors.Error as e:
+            # Already closed, or reconnecting: nothing left to flush that could arrive.
+            log.debug("drain: %r", e)
+            await self._nc.close()
 
     @property
     def results_consumer(self) -> Optional[str]:
@@ -144,8 +154,9 @@ class Tangram:
 
     async def _look_up(self, action_id: str, w: _Waiter) -> None:
         """One read of the stored result, for an id whose result may predate the feed.
-        Repeated only when the read itself failed (disconnected), never to wait."""
-        delay = 0.1
+        Repeated only when the read itself failed for a transient reason (disconnected, no
+        leader yet), never to wait; the caller's ``wait_s`` bounds it."""
+        backoff = Backoff()
         while not w.future.done():
             try:
                 # Direct get: the subject is in the request subject, which one job's
@@ -153,9 +164,11 @@ class Tangram:
                 m = await self._js.get_last_msg(RESULTS_STREAM, result_subject(self.job, action_id), direct=True)
             except NotFoundError:
                 return  # not published yet: the feed will see it
-            except Exception:  # noqa: BLE001 - disconnected or slow: read again
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            except Exception as e:  # noqa: BLE001 - classified just below
+                if not is_transient(e):
+                    log.info("looking up %s: %r; the feed alone will deliver it", action_id, e)
+                    return
+                await backoff.sleep()
                 continue
             if not w.future.done():
                 w.future.set_result(decode(m.data or b"", m.headers))
@@ -197,24 +210,31 @@ class Tangram:
         headers = {"Nats-Msg-Id": action_id, "Content-Type": "application/msgpack"}
         # Registered before publishing, so the feed cannot deliver the result unclaimed.
         w = self._waiter(action_id)
-        delay = 0.1
+        backoff = Backoff()
         for attempt in range(self._publish_retries + 1):
             try:
                 ack = await self._js.publish(action_subject(self.job, kind), payload, headers=headers,
                                              timeout=self._publish_timeout_s)
-            except APIError as e:
-                # Stored nothing, and retrying at once would not help: say so, typed.
-                self._forget(action_id, w)
-                if e.err_code == STREAM_FULL:
-                    raise TangramBackpressure(action_id, e.description or "stream full") from e
-                raise TangramError(f"the server refused {action_id}: {e.description or e}") from e
-            except _TRANSIENT:
-                if attempt == self._publish_retries:
+            except Exception as e:  # noqa: BLE001 - classified just below, by type
+                if is_transient(e):
+                    if attempt < self._publish_retries:
+                        log.debug("publishing %s, try %d: %r", action_id, attempt + 1, e)
+                        await backoff.sleep()
+                        continue
                     self._forget(action_id, w)
-                    raise TangramError(f"could not publish {action_id} after {attempt + 1} tries") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
+                    raise TangramUnavailable(
+                        f"could not publish {action_id} after {attempt + 1} tries ({e!r}): the cluster "
+                        "did not answer; submitting the same id again is safe") from e
+                self._forget(action_id, w)
+                if isinstance(e, APIError):
+                    # Stored nothing, and retrying at once would not help: say so, typed.
+                    if e.err_code == STREAM_FULL:
+                        raise TangramBackpressure(action_id, e.description or "stream full") from e
+                    raise TangramError(f"the server refused {action_id}: {e.description or e}") from e
+                if isinstance(e, nats.errors.Error):
+                    # Closed or draining client, payload over the server's limit...
+                    raise TangramError(f"could not publish {action_id}: {e!r}") from e
+                raise
             # A new random id that the stream took as new cannot have an older result. A
             # duplicate, a retried publish or a caller's own id may: look it up.
             w.fresh = generated and attempt == 0 and not ack.duplicate

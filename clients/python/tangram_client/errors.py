@@ -3,7 +3,7 @@ apart by its message."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from .results import Result
@@ -16,6 +16,23 @@ class TangramError(Exception):
 class InvalidAction(TangramError, ValueError):
     """The action was refused before it was sent: an id, job or kind that the protocol does
     not allow in a subject. Nothing was published."""
+
+
+class TangramConnectError(TangramError):
+    """:meth:`Tangram.connect` could not connect, or could not follow the job's results.
+    The message says what to fix; ``servers`` are the URLs tried. Raised within a few
+    seconds: only a connection that once succeeded is retried for ever."""
+
+    def __init__(self, message: str, servers: "Sequence[str]" = ()) -> None:
+        super().__init__(message)
+        self.servers = list(servers)
+
+
+class TangramUnavailable(TangramError):
+    """The cluster did not answer a request after every retry: a server down and not yet
+    replaced, a stream still electing a leader, the connection still reconnecting. An
+    action's publish may or may not have been stored; submitting the same id again is safe
+    (the stream keeps one copy). The library's last error is ``__cause__``."""
 
 
 class TangramTimeout(TangramError):

@@ -32,8 +32,10 @@ class SyncClient:
         self.job = client.job
 
     @classmethod
-    def connect(cls, url: str = "nats://127.0.0.1:4222", job: str = "default", **options: Any) -> "SyncClient":
-        """Starts the client's thread and connects; takes :meth:`Tangram.connect`'s arguments."""
+    def connect(cls, url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222", job: str = "default",
+                **options: Any) -> "SyncClient":
+        """Starts the client's thread and connects; takes :meth:`Tangram.connect`'s arguments
+        and raises what it raises (:class:`TangramConnectError` when it cannot connect)."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name=f"tangram-client-{job}", daemon=True)
         thread.start()

@@ -2,6 +2,7 @@
 `judge` service. The framework itself is not needed: the function's shape and the HTTP
 request's shape are the contract."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -72,6 +73,70 @@ class VerlTest(unittest.TestCase):
             with self.assertRaises(TangramError) as e:
                 verl.compute_score("ds", "s", "g")
             self.assertIn("TANGRAM_REWARD_SERVICE", str(e.exception))
+
+
+def verl_loader():
+    """verl's own loader for ``custom_reward_function.path``: ``load_extern_object`` of
+    ``verl/utils/import_utils.py`` (what ``verl.trainer.ppo.reward.get_custom_reward_fn``
+    calls), from verl as installed (`deploy/install-tools.sh` pins it, with --no-deps).
+    Importing it as ``verl.utils.import_utils`` would run ``verl/__init__.py``, which
+    imports ray and torch; so its file is loaded on its own (it needs the standard library
+    only) and verl's function itself does the loading."""
+    spec = importlib.util.find_spec("verl")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("verl is not installed: run deploy/install-tools.sh "
+                           "(it installs the pinned verl into tools/venv with --no-deps)")
+    path = os.path.join(spec.submodule_search_locations[0], "utils", "import_utils.py")
+    utils_spec = importlib.util.spec_from_file_location("verl_import_utils_under_test", path)
+    module = importlib.util.module_from_spec(utils_spec)
+    utils_spec.loader.exec_module(module)
+    return module.load_extern_object
+
+
+class VerlLoadingTest(unittest.TestCase):
+    """verl loads the reward function the two ways its config allows."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.load = staticmethod(verl_loader())
+        cls.client = SyncClient.connect(URL, job=JOB, nkeys_seed=SEED)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def check_scores(self, compute_score, close):
+        try:
+            with verl_env():
+                self.assertEqual([compute_score("gsm8k", "loaded by verl", "4")],
+                                 self.client.reward(SERVICE, ["loaded by verl"]))
+        finally:
+            close()
+
+    def test_by_file_path(self):
+        # A module loaded from its file has no package: relative imports in it would fail.
+        compute_score = self.load(module_path=verl.__file__, object_name="compute_score")
+        self.assertIsNot(compute_score, verl.compute_score, "a copy, loaded from the file")
+        close = self.load(module_path=verl.__file__, object_name="close")
+        self.check_scores(compute_score, close)
+        self.assertTrue(callable(self.load(module_path="file://" + verl.__file__, object_name="compute_score_batch")))
+
+    def test_by_package_path(self):
+        compute_score = self.load(module_path="pkg://tangram_client.integrations.verl", object_name="compute_score")
+        self.assertIs(compute_score, verl.compute_score)
+        self.check_scores(compute_score, verl.close)
+
+    def test_it_imports_without_verl(self):
+        # A process where `import verl` fails loads the module both ways.
+        code = ("import sys, importlib, importlib.util\n"
+                "sys.modules['verl'] = None\n"
+                "spec = importlib.util.spec_from_file_location('by_path', sys.argv[1])\n"
+                "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+                "assert callable(m.compute_score)\n"
+                "assert callable(importlib.import_module('tangram_client.integrations.verl').compute_score_batch)\n"
+                "try:\n    import verl\nexcept ImportError:\n    print('ok')\n")
+        out = subprocess.run([PYTHON, "-c", code, verl.__file__], capture_output=True, text=True, timeout=60)
+        self.assertEqual((out.returncode, out.stdout), (0, "ok\n"), out.stderr)
 
 
 class OpenRlhfServerTest(unittest.TestCase):

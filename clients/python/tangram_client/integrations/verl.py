@@ -2,9 +2,9 @@
 
 verl calls a custom reward function as
 ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` and takes a
-float back; point its ``custom_reward_function.path`` at this module and ``name`` at
-``compute_score`` (or ``compute_score_batch`` for verl's batch reward manager, which passes
-lists). Each call becomes one ``reward`` action (docs/PROTOCOL.md): the text scored is
+float back; point its ``custom_reward_function.path`` at this module, as its file's path
+or as ``pkg://tangram_client.integrations.verl``, and ``name`` at ``compute_score`` (or
+``compute_score_batch`` for verl's batch reward manager, which passes lists). Each call becomes one ``reward`` action (docs/PROTOCOL.md): the text scored is
 ``TANGRAM_REWARD_TEMPLATE`` filled in with the sample, and the sample's ``data_source`` and
 ``ground_truth`` go along in the action's ``options`` for engines that judge against them.
 
@@ -27,8 +27,8 @@ result); there is no fallback score, so a broken reward service stops training i
 teaching it noise.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a dataclass with string annotations looks its
+# module up in sys.modules, where verl's loader does not put a module it loads by path.
 import atexit
 import json
 import os
@@ -36,9 +36,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..errors import ActionFailed, TangramError
-from ..results import Outcome
-from ..sync import SyncClient
+# Absolute imports: verl loads ``custom_reward_function.path`` as a file of no package
+# (importlib's spec_from_file_location), where relative imports fail. Loaded that way the
+# module is a copy with a client of its own; loaded as ``pkg://tangram_client.integrations.verl``
+# it is the package's module. Nothing here imports verl.
+from tangram_client.errors import ActionFailed, TangramError
+from tangram_client.results import Outcome
+from tangram_client.sync import SyncClient
 
 __all__ = ["RewardConfig", "compute_score", "compute_score_batch", "close"]
 
