@@ -306,7 +306,7 @@ fn the_docs_examples_run_as_written_against_tangram_up() {
     assert_eq!(tour_python.len(), 1, "{tour:#?}");
     let out = run_python(up, "readme", &tour_python[0].code);
     assert_no_failure("README python", &out);
-    assert!(out.contains("completed"), "{out}");
+    assert!(out.contains("Outcome.COMPLETED 0 1"), "{out}");
 
     // docs/PYTHON.md: every block that is a whole program.
     let python_doc = blocks(&doc("docs/PYTHON.md"));

@@ -204,6 +204,46 @@ async fn one_jobs_rollout_cannot_read_another_jobs_results_or_inboxes() -> anyho
         !matches!(other, Ok(Ok(_))),
         "read another job's stored result"
     );
+    // The unnamed consumer create (nats-py's and nats.go's ordered consumers) carries its
+    // filter in the body only: the per-job role is refused it, so it cannot aim one at jobB.
+    // The all-jobs role, which may read jobB anyway, is allowed it (its standard idiom).
+    let create = |deliver: &str, filter: &str| {
+        serde_json::json!({"stream_name": subject::RESULTS_STREAM, "config": {
+            "deliver_subject": deliver, "filter_subject": filter, "ack_policy": "none",
+            "deliver_policy": "all", "inactive_threshold": 5_000_000_000u64}})
+        .to_string()
+    };
+    let legacy = format!("$JS.API.CONSUMER.CREATE.{}", subject::RESULTS_STREAM);
+    let mut delivered = a.subscribe("_R_rollout.jobA.pushed").await?;
+    a.flush().await?;
+    let asked = tokio::time::timeout(
+        Duration::from_secs(2),
+        a.request(
+            legacy.clone(),
+            create("_R_rollout.jobA.pushed", "tangram.v1.result.jobB.>").into(),
+        ),
+    )
+    .await;
+    assert!(
+        !matches!(asked, Ok(Ok(_))),
+        "a per-job rollout created an unnamed consumer: {asked:?}"
+    );
+    let got = tokio::time::timeout(Duration::from_millis(500), delivered.next()).await;
+    assert!(!matches!(got, Ok(Some(_))), "jobB's result reached jobA");
+    let all = nats(&c, "rollout").await?;
+    let mut mine = all.subscribe("_R_rollout.pushed").await?;
+    all.flush().await?;
+    let reply = all
+        .request(
+            legacy,
+            create("_R_rollout.pushed", "tangram.v1.result.jobB.>").into(),
+        )
+        .await?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    assert!(reply.get("error").is_none(), "{reply}");
+    // A pushed message keeps the subject it was stored under.
+    let m = tokio::time::timeout(T, mine.next()).await?.expect("pushed");
+    assert!(m.subject.starts_with("tangram.v1.result.jobB."), "{m:?}");
     c.shutdown().await
 }
 
