@@ -11,4 +11,13 @@ bash deploy/build-sandbox-image.sh
 cargo build --locked --bins
 profile=default
 [ -n "${CI:-}" ] && profile=ci
-cargo nextest run --locked --workspace --profile "$profile" "$@"
+# The suite ends by checking that it left nothing running (deploy/leftovers.sh).
+before=$(mktemp)
+trap 'rm -f "$before"' EXIT
+bash deploy/leftovers.sh snapshot "$before"
+rc=0
+cargo nextest run --locked --workspace --profile "$profile" "$@" || rc=$?
+if ! bash deploy/leftovers.sh check "$before"; then
+  [ "$rc" = 0 ] && rc=1
+fi
+exit "$rc"

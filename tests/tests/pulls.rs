@@ -244,7 +244,7 @@ async fn opens_of_one_image_at_once_share_one_pull() -> anyhow::Result<()> {
     let Some((reg, image, _untag)) = registry_with_image("share")? else {
         return Ok(());
     };
-    let (_cluster, c) = pulling_worker(&reg, "share-a", "share", None).await?;
+    let (cluster, c) = pulling_worker(&reg, "share-a", "share", None).await?;
     // Three opens of the image at once, on the one worker.
     let (a, b, d) = (
         open_image("o1", "share", "t1", &image),
@@ -264,5 +264,12 @@ async fn opens_of_one_image_at_once_share_one_pull() -> anyhow::Result<()> {
     let distinct: std::collections::BTreeSet<u64> =
         pulls.iter().copied().filter(|&p| p > 0).collect();
     assert_eq!(distinct.len(), 1, "one pull, not one per open: {pulls:?}");
+    // Closed, the sandboxes go (regression: this test left its three sandboxes running).
+    for t in ["t1", "t2", "t3"] {
+        let r = c.run(&close(&format!("c-{t}"), "share", t), T).await?;
+        assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    }
+    assert_eq!(tangram_tests::containers_of("share-a"), 0);
+    cluster.shutdown().await?;
     Ok(())
 }
