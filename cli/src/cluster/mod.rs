@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
+use rustix::process::Signal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -115,6 +116,20 @@ pub struct Running {
     /// Component name → its metrics endpoint (`host:port`), when metrics are on.
     #[serde(default)]
     pub metrics: Vec<(String, String)>,
+}
+
+/// Sends `sig` to `pid` with a system call (no `kill` child process).
+pub(crate) fn signal(pid: u32, sig: Signal) -> std::io::Result<()> {
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("no such pid {pid}"),
+            )
+        })?;
+    rustix::process::kill_process(target, sig).map_err(std::io::Error::from)
 }
 
 fn alive(pid: u32) -> bool {
@@ -580,10 +595,7 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
     ] {
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill")
-                    .arg("-TERM")
-                    .arg(pid.to_string())
-                    .status();
+                let _ = signal(*pid, Signal::TERM);
                 stopped += 1;
             }
         }
@@ -593,10 +605,7 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
         }
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill")
-                    .arg("-KILL")
-                    .arg(pid.to_string())
-                    .status();
+                let _ = signal(*pid, Signal::KILL);
             }
         }
     }
