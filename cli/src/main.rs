@@ -33,7 +33,7 @@ use tangram_core::sim::{self, AiCoding, Workload};
 
 /// Tangram: action-level resource orchestration for agentic RL.
 #[derive(Debug, Parser)]
-#[command(version = tangram_shared::build::VERSION, about)]
+#[command(name = "tangram", version = tangram_shared::build::VERSION, about)]
 struct Cli {
     /// Config file, read by `up` and `check-config` only (other commands ignore it): an
     /// `[up]` table with `up`'s options; flags and environment variables win over it
