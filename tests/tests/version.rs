@@ -20,7 +20,8 @@ fn every_binary_prints_its_version_and_git_revision() {
         assert_eq!(
             text.trim(),
             format!("{name} {}", tangram_shared::build::VERSION),
-            "{name} --version"
+            "{name} --version: not the revision these tests were built at (a binary older than \
+             the last commit: `cargo build --bins`)"
         );
     }
     // Built from this checkout (and not told otherwise): the revision is the checkout's.
