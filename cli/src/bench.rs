@@ -131,31 +131,35 @@ pub fn scheduler(json_out: bool, iterations: usize) -> anyhow::Result<()> {
             )?
         );
     } else {
-        println!(
-            "{:<12} {:>6} {:>8} {:>14} {:>14} {:>9}",
-            "policy", "cores", "pending", "re-plan p50", "re-plan p99", "launched"
-        );
+        let mut t = crate::table::new([
+            "policy",
+            "cores",
+            "pending",
+            "re-plan p50",
+            "re-plan p99",
+            "launched",
+        ]);
         for r in &rows {
-            println!(
-                "{:<12} {:>6} {:>8} {:>12.1}us {:>12.1}us {:>9}",
-                r["policy"].as_str().unwrap_or(""),
-                r["cores"],
-                r["pending"],
-                r["replan_p50_us"].as_f64().unwrap_or(0.0),
-                r["replan_p99_us"].as_f64().unwrap_or(0.0),
-                r["launched"]
-            );
+            t.add_row([
+                r["policy"].as_str().unwrap_or("").to_string(),
+                r["cores"].to_string(),
+                r["pending"].to_string(),
+                format!("{:.1}us", r["replan_p50_us"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}us", r["replan_p99_us"].as_f64().unwrap_or(0.0)),
+                r["launched"].to_string(),
+            ]);
         }
+        print!("{}", crate::table::render(&t, ""));
         for r in &incr {
             println!(
-                "{:<12} incremental: {:.0} decisions/s",
+                "{} incremental: {:.0} decisions/s",
                 r["policy"].as_str().unwrap_or(""),
                 r["decisions_per_s"].as_f64().unwrap_or(0.0)
             );
         }
         for r in &engine {
             println!(
-                "{:<12} engine on {}: {:.1} us per action (simulator included)",
+                "{} engine on {}: {:.1} us per action (simulator included)",
                 r["policy"].as_str().unwrap_or(""),
                 r["workload"].as_str().unwrap_or(""),
                 r["us_per_action"].as_f64().unwrap_or(0.0)

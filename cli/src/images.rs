@@ -108,21 +108,19 @@ fn prepull(a: PrepullArgs) -> anyhow::Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&replies)?);
     } else {
-        println!(
-            "{:<20} {:<10} {:>9}  image / error",
-            "worker", "outcome", "pull"
-        );
+        let mut t = crate::table::new(["worker", "outcome", "pull", "image / error"]);
+        crate::table::left(&mut t, &[1, 3]);
         for r in &replies {
             let outcome = serde_json::to_value(r.outcome)?;
-            println!(
-                "{:<20} {:<10} {:>9}  {}",
-                r.worker,
-                outcome.as_str().unwrap_or("?"),
+            t.add_row([
+                r.worker.to_string(),
+                outcome.as_str().unwrap_or("?").to_string(),
                 r.pull_ms
                     .map_or_else(String::new, |ms| format!("{:.1}s", ms as f64 / 1e3)),
-                r.error.as_deref().unwrap_or(&r.image)
-            );
+                r.error.as_deref().unwrap_or(&r.image).to_string(),
+            ]);
         }
+        print!("{}", crate::table::render(&t, ""));
     }
     if bad > 0 {
         anyhow::bail!("{bad} of {} pre-pulls did not complete", replies.len());

@@ -284,31 +284,32 @@ pub fn render(s: &Story) -> String {
     }
     if !s.dispatches.is_empty() {
         let _ = writeln!(o, "\ndispatches:");
-        let _ = writeln!(
-            o,
-            "  {:>6}  {:<16} {:>5} {:>7} {:>5} {:>8}  gpu",
-            "seq", "worker", "epoch", "attempt", "cores", "mem_mb"
-        );
+        let mut t = crate::table::new([
+            "seq", "worker", "epoch", "attempt", "cores", "mem_mb", "gpu",
+        ]);
+        crate::table::left(&mut t, &[1, 6]);
+        crate::table::right(&mut t, &[0]);
         for d in &s.dispatches {
-            let _ = writeln!(
-                o,
-                "  {:>6}  {:<16} {:>5} {:>7} {:>5} {:>8}  {}",
-                d.seq,
-                d.worker,
-                d.epoch,
-                d.attempt,
-                d.grant.cores,
-                d.grant.mem_mb,
-                d.gpu.as_ref().map_or("-".to_string(), |g| format!(
-                    "{} g{}:{}+{}{}",
-                    g.service,
-                    g.chunk.group,
-                    g.chunk.start,
-                    g.chunk.len,
-                    if g.restore { " restore" } else { "" }
-                ))
-            );
+            t.add_row([
+                d.seq.to_string(),
+                d.worker.to_string(),
+                d.epoch.to_string(),
+                d.attempt.to_string(),
+                d.grant.cores.to_string(),
+                d.grant.mem_mb.to_string(),
+                d.gpu.as_ref().map_or("-".to_string(), |g| {
+                    format!(
+                        "{} g{}:{}+{}{}",
+                        g.service,
+                        g.chunk.group,
+                        g.chunk.start,
+                        g.chunk.len,
+                        if g.restore { " restore" } else { "" }
+                    )
+                }),
+            ]);
         }
+        o.push_str(&crate::table::render(&t, "  "));
     }
     for r in &s.results {
         let _ = writeln!(o, "\nresult #{}: {}", r.seq, outcome_text(&r.result));

@@ -21,6 +21,7 @@ mod report;
 mod streams;
 mod submit;
 mod svg;
+mod table;
 mod trace;
 
 use anyhow::{bail, Context as _};
@@ -32,7 +33,7 @@ use tangram_core::sim::{self, AiCoding, Workload};
 
 /// Tangram: action-level resource orchestration for agentic RL.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "tangram", version = tangram_shared::build::VERSION, about)]
 struct Cli {
     /// Config file, read by `up` and `check-config` only (other commands ignore it): an
     /// `[up]` table with `up`'s options; flags and environment variables win over it
@@ -514,8 +515,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             workload.nodes.len(),
             workload.nodes.iter().map(|&c| c as u64).sum::<u64>()
         );
-        println!(
-            "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>10}",
+        let mut t = crate::table::new([
             "policy",
             "mean ACT",
             "p50",
@@ -525,23 +525,24 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             "step",
             "reserved",
             "used",
-            "ACT ratio"
-        );
+            "ACT ratio",
+        ]);
         for s in &sums {
-            println!(
-                "{:<14} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.1}s {:>10.0}cs {:>10.0}cs {:>9.2}x",
-                s.name,
-                s.mean_act_s,
-                s.p50_act_s,
-                s.p99_act_s,
-                s.mean_queue_s,
-                s.mean_exec_s,
-                s.step_time_s,
-                s.reserved_cpu_s,
-                s.used_cpu_s,
-                ratio(s.mean_act_s, base.mean_act_s)
-            );
+            let secs = |v: f64| format!("{v:.3}s");
+            t.add_row([
+                s.name.to_string(),
+                secs(s.mean_act_s),
+                secs(s.p50_act_s),
+                secs(s.p99_act_s),
+                secs(s.mean_queue_s),
+                secs(s.mean_exec_s),
+                format!("{:.1}s", s.step_time_s),
+                format!("{:.0}cs", s.reserved_cpu_s),
+                format!("{:.0}cs", s.used_cpu_s),
+                format!("{:.2}x", ratio(s.mean_act_s, base.mean_act_s)),
+            ]);
         }
+        print!("{}", crate::table::render(&t, ""));
         println!(
             "(cs = core-seconds; ACT ratio = mean ACT over {}'s)",
             base.name

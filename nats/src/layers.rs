@@ -1,6 +1,8 @@
-//! Configuration layering shared by the scheduler and the worker: a TOML file with
-//! `<PREFIX><KEY>` environment variables laid over it, through one library (figment), and
-//! the merged result printed back with secrets redacted (`--check-config`).
+//! Configuration layering shared by the scheduler, the worker and `tangram up`: a TOML file
+//! with `<PREFIX><KEY>` environment variables laid over it (a flag, read by clap, is laid
+//! over both by the binary), and the merged result printed back with secrets redacted
+//! (`--check-config`). One TOML parser (the `toml` crate) does all of it, so an error names
+//! the file's line or the variable that set the key.
 
 use std::path::{Path, PathBuf};
 
@@ -24,23 +26,128 @@ pub enum LayerError {
 
 /// The file (when given) with the variables `<prefix><KEY>` laid over it, nested keys'
 /// parts joined by `__` (`TANGRAM_WORKER_SANDBOX__PIDS_LIMIT`); `<prefix>CONFIG` (the path
-/// itself) is not a key.
+/// itself) is not a key. The prefix is matched without regard to case and keys are
+/// lowercased.
 pub fn layered<T: serde::de::DeserializeOwned>(
     path: Option<&Path>,
     prefix: &str,
 ) -> Result<T, LayerError> {
-    use figment::providers::{Env, Format as _, Toml};
-    let mut f = figment::Figment::new();
+    layered_from(path, prefix, std::env::vars_os())
+}
+
+/// [`layered`] with the environment given (for tests).
+pub fn layered_from<T: serde::de::DeserializeOwned>(
+    path: Option<&Path>,
+    prefix: &str,
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<T, LayerError> {
+    let mut table = toml::Table::new();
     if let Some(p) = path {
-        std::fs::metadata(p).map_err(|source| LayerError::Read {
+        let text = std::fs::read_to_string(p).map_err(|source| LayerError::Read {
             path: p.to_path_buf(),
             source,
         })?;
-        f = f.merge(Toml::file_exact(p));
+        // Parsed into the type first: the error then carries the file's line and column.
+        toml::from_str::<T>(&text).map_err(|e| {
+            LayerError::Layered(format!("{}: {}", p.display(), e.to_string().trim()))
+        })?;
+        table = toml::from_str(&text).map_err(|e| {
+            LayerError::Layered(format!("{}: {}", p.display(), e.to_string().trim()))
+        })?;
     }
-    f.merge(Env::prefixed(prefix).split("__").ignore(&["config"]))
-        .extract()
-        .map_err(|e| LayerError::Layered(e.to_string()))
+    let mut vars: Vec<(String, Vec<String>, String)> = vars
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter_map(|(name, value)| {
+            let key = strip_prefix_ignoring_case(&name, prefix)?.to_ascii_lowercase();
+            if key.is_empty() || key == "config" {
+                return None;
+            }
+            let path = key.split("__").map(str::to_string).collect();
+            Some((name, path, value))
+        })
+        .collect();
+    // Sorted, so that two variables naming one key (differing in case) always settle the
+    // same way.
+    vars.sort();
+    for (name, key, text) in vars {
+        // A value that reads as TOML (a number, a boolean, `[1, 2]`, `{a = 1}`) is taken as
+        // such, unless only its text fits the key (`TANGRAM_WORKER_ID=7`); anything else is
+        // a string.
+        let mut tried = Vec::with_capacity(2);
+        if let Some(v) = toml_value(&text) {
+            tried.push(v);
+        }
+        tried.push(toml::Value::String(text));
+        let mut last = None;
+        for value in tried {
+            let mut with = table.clone();
+            set(&mut with, &key, value);
+            match T::deserialize(toml::Value::Table(with.clone())) {
+                Ok(_) => {
+                    table = with;
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            return Err(LayerError::Layered(format!(
+                "{name} (key {}): {}",
+                key.join("."),
+                e.to_string().trim()
+            )));
+        }
+    }
+    T::deserialize(toml::Value::Table(table)).map_err(|e| LayerError::Layered(e.to_string()))
+}
+
+/// `over` laid on `base`: tables merge key by key, anything else in `over` replaces.
+pub fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+fn set(table: &mut toml::Table, key: &[String], value: toml::Value) {
+    let Some((last, parents)) = key.split_last() else {
+        return;
+    };
+    let mut at = table;
+    for part in parents {
+        let entry = at
+            .entry(part.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        let toml::Value::Table(t) = entry else {
+            unreachable!("made a table above")
+        };
+        at = t;
+    }
+    at.insert(last.clone(), value);
+}
+
+/// `text` as a TOML value, when it is one (a datetime stays text).
+fn toml_value(text: &str) -> Option<toml::Value> {
+    let mut doc: toml::Table = toml::from_str(&format!("v = {text}")).ok()?;
+    match doc.remove("v")? {
+        toml::Value::Datetime(_) => None,
+        v => Some(v),
+    }
+}
+
+fn strip_prefix_ignoring_case<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = name.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &name[prefix.len()..])
 }
 
 /// A configuration as TOML, unset keys left out, secrets redacted ([`crate::auth::redact`]).
@@ -59,5 +166,115 @@ fn strip_nulls(v: &mut serde_json::Value) {
         }
         serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Raw {
+        id: Option<String>,
+        heartbeat_ms: Option<u64>,
+        cores: Option<Vec<u32>>,
+        debug: Option<bool>,
+        sandbox: Option<Sandbox>,
+    }
+
+    #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Sandbox {
+        pids_limit: Option<u32>,
+        runtime: Option<String>,
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn variables_are_laid_over_the_file_key_by_key_in_nested_tables() {
+        let (_d, path) = file("id = \"file\"\nheartbeat_ms = 100\n[sandbox]\nruntime = \"runc\"\n");
+        let raw: Raw = layered_from(
+            Some(&path),
+            "T_",
+            vars(&[
+                ("T_HEARTBEAT_MS", "250"),
+                ("t_sandbox__pids_limit", "64"),
+                ("T_CORES", "[0, 1]"),
+                ("T_DEBUG", "true"),
+                ("T_CONFIG", "/ignored.toml"),
+                ("OTHER_ID", "not ours"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            raw,
+            Raw {
+                id: Some("file".into()),
+                heartbeat_ms: Some(250),
+                cores: Some(vec![0, 1]),
+                debug: Some(true),
+                sandbox: Some(Sandbox {
+                    pids_limit: Some(64),
+                    runtime: Some("runc".into()),
+                }),
+            }
+        );
+    }
+
+    #[test]
+    fn a_value_that_reads_as_a_number_still_sets_a_text_key() {
+        let raw: Raw = layered_from(
+            None,
+            "T_",
+            vars(&[("T_ID", "7"), ("T_SANDBOX__RUNTIME", "2024-01-01")]),
+        )
+        .unwrap();
+        assert_eq!(raw.id.as_deref(), Some("7"));
+        assert_eq!(raw.sandbox.unwrap().runtime.as_deref(), Some("2024-01-01"));
+    }
+
+    #[test]
+    fn errors_name_the_variable_or_the_files_line() {
+        let e = layered_from::<Raw>(None, "T_", vars(&[("T_NO_SUCH_KEY", "1")])).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("T_NO_SUCH_KEY") && e.contains("no_such_key"),
+            "{e}"
+        );
+        let e = layered_from::<Raw>(None, "T_", vars(&[("T_HEARTBEAT_MS", "soon")])).unwrap_err();
+        assert!(e.to_string().contains("T_HEARTBEAT_MS"), "{e}");
+        let (_d, path) = file("id = \"a\"\nbogus = 1\n");
+        let e = layered_from::<Raw>(Some(&path), "T_", vars(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2") && e.contains("bogus") && e.contains("c.toml"),
+            "{e}"
+        );
+        let e = layered_from::<Raw>(Some(Path::new("/no/such/file.toml")), "T_", vars(&[]))
+            .unwrap_err();
+        assert!(matches!(e, LayerError::Read { .. }), "{e}");
+    }
+
+    #[test]
+    fn merge_replaces_values_and_merges_tables() {
+        let mut base: toml::Table = toml::from_str("a = 1\n[t]\nx = 1\ny = 2\n").unwrap();
+        merge(&mut base, toml::from_str("a = 2\n[t]\ny = 3\n").unwrap());
+        assert_eq!(base, toml::from_str("a = 2\n[t]\nx = 1\ny = 3\n").unwrap());
     }
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod backoff;
 pub mod layers;
 pub mod streams;
 
@@ -143,7 +144,7 @@ pub async fn wait_for_streams(js: &jetstream::Context, within: Duration) -> Resu
                 tracing::info!(stream = %config.name, "waiting for the scheduler to create the stream");
                 logged = true;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(backoff::jitter(Duration::from_millis(200))).await;
         }
     }
     Ok(())
@@ -301,7 +302,13 @@ pub async fn publish_result(
     let mut attempt = 0;
     loop {
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+            // 200 ms, doubling, at most 6.4 s, spread.
+            let wait = backoff::backoff(
+                attempt,
+                Duration::from_millis(200),
+                Duration::from_millis(6400),
+            );
+            tokio::time::sleep(wait).await;
         }
         attempt += 1;
         // Both the send and the store acknowledgement fail with the same error type.

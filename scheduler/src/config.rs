@@ -423,8 +423,9 @@ pub const ENV_PREFIX: &str = "TANGRAM_SCHEDULER_";
 /// same decisions as `tangram` on GPU and API calls (docs/BENCHMARKS.md).
 pub const DEFAULT_POLICY: &str = "tangram-v2";
 
-/// The file (when given) with the environment variables laid over it, read through one
-/// layering library (figment): its errors name the key and where it was set.
+/// The file (when given) with the environment variables laid over it
+/// (`tangram_nats::layers`): its errors name the key and where it was set (the file's line,
+/// or the variable).
 pub fn load_layered(path: Option<&Path>) -> Result<RawConfig, ConfigError> {
     use tangram_nats::layers::{layered, LayerError};
     layered(path, ENV_PREFIX).map_err(|e| match e {

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Tangram's scheduler: consumes actions from NATS JetStream and dispatches them to workers.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version = tangram_shared::build::VERSION, about)]
 struct Args {
     /// TOML config file.
     #[arg(long, short, env = "TANGRAM_SCHEDULER_CONFIG")]

@@ -75,7 +75,7 @@ const fn def(
 /// Every metric the scheduler emits.
 #[rustfmt::skip]
 pub const DEFS: &[MetricDef] = &[
-    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha only when the build was given one."),
+    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha when the build knows its commit (a git checkout, or TANGRAM_GIT_SHA)."),
     def(ACTIONS_RECEIVED, C, &["kind"], N, "Actions received, by kind (unknown when undecodable)."),
     def(ACTIONS_REJECTED, C, &["code"], N, "Actions rejected at intake or placement, by reject code; each leaves a dead letter."),
     def(ACTIONS_DUPLICATE, C, &[], N, "Resubmissions of an action already known, dropped."),

@@ -33,7 +33,7 @@ const EVENT_CHANNEL: usize = 4096;
 const MAX_FAILED_TERMS: u32 = 8;
 
 /// Counts a term that failed on NATS and waits before the next campaign: 1 s, doubling, at
-/// most 30 s. The error is returned (the process exits) once MAX_FAILED_TERMS fail in a
+/// most 30 s, spread at random (`tangram_nats::backoff`). The error is returned (the process exits) once MAX_FAILED_TERMS fail in a
 /// row, about two and a half minutes.
 async fn term_failed(failed: &mut u32, e: anyhow::Error) -> anyhow::Result<()> {
     *failed += 1;
@@ -42,7 +42,8 @@ async fn term_failed(failed: &mut u32, e: anyhow::Error) -> anyhow::Result<()> {
     }
     error!(error = %format!("{e:#}"), "standing by after a failed term");
     crate::metrics::term_failed();
-    let wait = Duration::from_secs((1u64 << failed.saturating_sub(1).min(5)).min(30));
+    let wait =
+        tangram_nats::backoff::backoff(*failed, Duration::from_secs(1), Duration::from_secs(30));
     tokio::time::sleep(wait).await;
     Ok(())
 }
@@ -71,7 +72,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             Ok(d) => break d,
             Err(e) if tokio::time::Instant::now() < deadline && !shutdown.is_cancelled() => {
                 warn!(error = %e, "setting up the streams; trying again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(tangram_nats::backoff::jitter(Duration::from_secs(1))).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -500,7 +501,13 @@ async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> Re
     let mut last = String::new();
     for attempt in 0..LOOKUP_TRIES {
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            // 200 ms, then 400 ms, spread.
+            let wait = tangram_nats::backoff::backoff(
+                attempt,
+                Duration::from_millis(200),
+                Duration::from_millis(400),
+            );
+            tokio::time::sleep(wait).await;
         }
         match results.direct_get_last_for_subject(subject).await {
             Ok(_) => return Ok(true),

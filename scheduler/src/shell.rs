@@ -316,7 +316,13 @@ async fn write_fence(
     let key = tangram_shared::subject::fence_key(&worker);
     for attempt in 0..10u32 {
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(250 << attempt.min(4))).await;
+            // 500 ms, doubling, at most 4 s, spread.
+            let wait = tangram_nats::backoff::backoff(
+                attempt,
+                Duration::from_millis(500),
+                Duration::from_secs(4),
+            );
+            tokio::time::sleep(wait).await;
         }
         if !fence.holds() {
             warn!(%worker, "not the leader any more; fence record left to the next one");

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod action;
+pub mod build;
 pub mod codec;
 pub mod dispatch;
 pub mod fit;

@@ -72,7 +72,7 @@ pub struct MetricDef {
 }
 
 /// The build of a process, as `tangram_build_info` labels it: the crate version, and the
-/// commit when the build was given one (`TANGRAM_GIT_SHA` at compile time).
+/// commit it was built from when known ([`crate::build::GIT_SHA`]).
 pub const BUILD_INFO: &str = "tangram_build_info";
 
 /// Describes every metric of `defs` to the installed recorder, sets `tangram_build_info` for
@@ -106,7 +106,7 @@ pub fn register(defs: &[MetricDef], component: &'static str, version: &'static s
             }
         }
     }
-    match option_env!("TANGRAM_GIT_SHA") {
+    match crate::build::GIT_SHA {
         Some(sha) => {
             gauge!(BUILD_INFO, "version" => version, "git_sha" => sha, "component" => component)
                 .set(1.0)

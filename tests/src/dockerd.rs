@@ -168,7 +168,9 @@ fn sweep_leftovers() {
             let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
             let ours = String::from_utf8_lossy(&cmdline).contains(&format!("/tmp/tgd-{pid}/"));
             if ours {
-                let _ = Command::new("kill").args(["-TERM", daemon]).status();
+                if let Ok(daemon) = daemon.parse() {
+                    let _ = crate::signal(daemon, crate::Signal::TERM);
+                }
                 std::thread::sleep(Duration::from_secs(2));
             }
         }
@@ -191,9 +193,7 @@ impl Drop for SecondDaemon {
             }
         }
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
+            let _ = crate::signal(c.id(), crate::Signal::TERM);
             // At most 20 s for it to stop.
             for _ in 0..200 {
                 if let Ok(Some(_)) = c.try_wait() {

@@ -73,6 +73,23 @@ pub fn output_text(out: &std::process::Output) -> String {
     )
 }
 
+pub use rustix::process::Signal;
+
+/// Sends `signal` to process `pid` (a system call, not a `kill` child process). A process
+/// already gone is an error (`ESRCH`); callers that race its exit ignore it.
+pub fn signal(pid: u32, signal: Signal) -> std::io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("no such pid {pid}"),
+            )
+        })?;
+    rustix::process::kill_process(pid, signal).map_err(std::io::Error::from)
+}
+
 /// A port free now on loopback.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

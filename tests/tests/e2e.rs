@@ -493,9 +493,7 @@ async fn a_restarted_worker_removes_leftovers_and_reports_lost_work() -> anyhow:
         .await?;
     assert_eq!(r.stdout, "back\n");
     // SIGTERM: a graceful stop removes the worker's sandboxes.
-    std::process::Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
-        .status()?;
+    tangram_tests::signal(worker.id(), tangram_tests::Signal::TERM)?;
     let status = worker.wait()?;
     assert!(status.success(), "worker exited with {status}");
     assert_eq!(containers_of("crash-a"), 0);
@@ -553,9 +551,7 @@ async fn worker_stops_on_sigterm_even_when_nats_is_gone() -> anyhow::Result<()> 
         .await,
         "NATS still accepts connections after it was killed"
     );
-    std::process::Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
-        .status()?;
+    tangram_tests::signal(worker.id(), tangram_tests::Signal::TERM)?;
     let mut exited = None;
     assert!(
         tangram_tests::eventually(Duration::from_secs(20), || {

@@ -219,10 +219,7 @@ async fn replica_killed_mid_request_never_hangs_and_a_fresh_replica_serves_next(
         .is_err(),
         "the request must still be running when its replica is killed"
     );
-    let _ = std::process::Command::new("kill")
-        .arg("-9")
-        .arg(before[0].to_string())
-        .status();
+    tangram_tests::signal(before[0], tangram_tests::Signal::KILL)?;
     let r = c.result(&tangram_shared::ActionId::new("slow")?, T).await?;
     match &r.outcome {
         // The kill can land before the scoring request is sent (it is then retried on a

@@ -11,9 +11,7 @@ use tokio::time::Instant;
 const T: Duration = Duration::from_secs(30);
 
 fn sigkill(pid: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
+    let _ = tangram_tests::signal(pid, tangram_tests::Signal::KILL);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 /// Tangram's CPU worker: runs sandbox actions in hardened Docker containers.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version = tangram_shared::build::VERSION, about)]
 struct Args {
     /// TOML config file.
     #[arg(long, short, env = "TANGRAM_WORKER_CONFIG")]

@@ -58,7 +58,7 @@ const fn def(
 /// Every metric the worker emits.
 #[rustfmt::skip]
 pub const DEFS: &[MetricDef] = &[
-    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha only when the build was given one."),
+    def(BUILD_INFO, G, &["version", "git_sha", "component"], Info, "The build of this process (value 1); git_sha when the build knows its commit (a git checkout, or TANGRAM_GIT_SHA)."),
     def(ACTIONS, C, &["kind", "outcome"], N, "Actions finished, by kind and outcome."),
     def(DISPATCH_REDELIVERIES, C, &[], N, "Dispatch messages JetStream delivered more than once (to this or an earlier instance)."),
     def(GRANT_SECONDS, H, &["mode", "direction"], S, "Time to grant or park cores, by mode (cgroup, docker) and direction (grant, park)."),

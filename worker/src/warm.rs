@@ -263,7 +263,7 @@ impl WarmPool {
                 warn!(error = %e, "creating a warm sandbox failed; trying again shortly");
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(RETRY) => {}
+                    _ = tokio::time::sleep(tangram_nats::backoff::jitter(RETRY)) => {}
                 }
             }
             self.publish_gauges();

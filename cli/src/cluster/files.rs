@@ -150,7 +150,7 @@ pub(crate) fn apply_config_file(
 }
 
 /// The options with the file's `[up]` values laid over those that came from defaults,
-/// through figment as the scheduler's and the worker's files are (`tangram_nats::layers`):
+/// merged as the scheduler's and the worker's files are (`tangram_nats::layers::merge`):
 /// the options as parsed, then the file, then the options a flag or a variable set. Each of
 /// the file's keys is checked on its own first, so an error names the key.
 pub(crate) fn layer(
@@ -158,7 +158,6 @@ pub(crate) fn layer(
     file: &toml::Table,
     from_default: impl Fn(&str) -> bool,
 ) -> Result<UpArgs, String> {
-    use figment::providers::Serialized;
     let parsed = toml::Table::try_from(a).map_err(|e| e.to_string())?;
     for (key, value) in file {
         let mut with = parsed.clone();
@@ -189,11 +188,10 @@ pub(crate) fn layer(
     if a.metrics && !from_default("metrics") {
         set.insert("no_metrics".into(), toml::Value::Boolean(false));
     }
-    figment::Figment::from(Serialized::defaults(parsed))
-        .merge(Serialized::defaults(file))
-        .merge(Serialized::defaults(set))
-        .extract()
-        .map_err(|e| format!("[up]: {e}"))
+    let mut merged = parsed;
+    tangram_nats::layers::merge(&mut merged, file);
+    tangram_nats::layers::merge(&mut merged, set);
+    UpArgs::deserialize(toml::Value::Table(merged)).map_err(|e| format!("[up]: {e}"))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! reference replicas, and a local search API stand-in called through the quota manager).
 
 use anyhow::{bail, Context as _};
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,20 @@ pub struct Running {
     /// Component name → its metrics endpoint (`host:port`), when metrics are on.
     #[serde(default)]
     pub metrics: Vec<(String, String)>,
+}
+
+/// Sends `sig` to `pid` with a system call (no `kill` child process).
+pub(crate) fn signal(pid: u32, sig: Signal) -> std::io::Result<()> {
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("no such pid {pid}"),
+            )
+        })?;
+    rustix::process::kill_process(target, sig).map_err(std::io::Error::from)
 }
 
 fn alive(pid: u32) -> bool {
@@ -580,10 +595,7 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
     ] {
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill")
-                    .arg("-TERM")
-                    .arg(pid.to_string())
-                    .status();
+                let _ = signal(*pid, Signal::TERM);
                 stopped += 1;
             }
         }
@@ -593,10 +605,7 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
         }
         for (_, pid) in group.iter() {
             if alive(*pid) {
-                let _ = Command::new("kill")
-                    .arg("-KILL")
-                    .arg(pid.to_string())
-                    .status();
+                let _ = signal(*pid, Signal::KILL);
             }
         }
     }
@@ -668,16 +677,16 @@ pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
 /// What `tangram status` says after a worker's row: stopping, draining, cordoned.
 fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
     if w.draining {
-        "  stopping".into()
+        "stopping".into()
     } else if let Some(by) = w.drain_by_unix_ms {
         let left_s = by.saturating_sub(crate::cordon::unix_ms()) / 1000;
         format!(
-            "  draining ({} running, {} sandboxes, closed in {left_s} s)",
+            "draining ({} running, {} sandboxes, closed in {left_s} s)",
             w.running, w.sandboxes
         )
     } else if w.cordoned {
         format!(
-            "  cordoned ({} running, {} sandboxes)",
+            "cordoned ({} running, {} sandboxes)",
             w.running, w.sandboxes
         )
     } else {
@@ -713,37 +722,46 @@ pub fn status(
             .collect();
         println!("standbys: {}", list.join(", "));
     }
-    println!(
-        "\n{:<10} {:>11} {:>15} {:>6} {:>10}",
-        "worker", "cores used", "memory used", "GPUs", "last seen"
-    );
+    let mut t = crate::table::new([
+        "worker",
+        "cores used",
+        "memory used (MiB)",
+        "GPUs",
+        "last seen",
+        "state",
+    ]);
+    crate::table::left(&mut t, &[5]);
     for w in &st.workers {
-        println!(
-            "{:<10} {:>5} / {:<4} {:>6} / {:<6} {:>6} {:>9.1}s{}",
-            w.id,
-            w.cores_used,
-            w.cores,
-            w.mem_used_mb,
-            w.mem_mb,
+        t.add_row([
+            w.id.to_string(),
+            format!("{} / {}", w.cores_used, w.cores),
+            format!("{} / {}", w.mem_used_mb, w.mem_mb),
             if w.gpus > 0 {
                 format!("{} {}", w.gpus, w.gpu_source.as_deref().unwrap_or(""))
+                    .trim_end()
+                    .to_string()
             } else {
                 "-".into()
             },
-            w.last_seen_s,
-            worker_state(w)
-        );
+            format!("{:.1}s", w.last_seen_s),
+            worker_state(w),
+        ]);
     }
+    print!("\n{}", crate::table::render(&t, ""));
     let pools: Vec<_> = st
         .workers
         .iter()
         .filter_map(|w| w.warm.map(|p| (w.id.as_str(), p)))
         .collect();
     if !pools.is_empty() {
-        println!(
-            "\n{:<10} {:>13} {:>6} {:>7} {:>9} {:>12}",
-            "warm pool", "ready/target", "hits", "misses", "hit rate", "memory (MiB)"
-        );
+        let mut t = crate::table::new([
+            "warm pool",
+            "ready/target",
+            "hits",
+            "misses",
+            "hit rate",
+            "memory (MiB)",
+        ]);
         for (id, p) in pools {
             let claims = p.hits + p.misses;
             let rate = if claims == 0 {
@@ -751,18 +769,21 @@ pub fn status(
             } else {
                 format!("{:.0}%", 100.0 * p.hits as f64 / claims as f64)
             };
-            println!(
-                "{:<10} {:>6} / {:<4} {:>6} {:>7} {:>9} {:>12}",
-                id, p.ready, p.target, p.hits, p.misses, rate, p.mem_mb
-            );
+            t.add_row([
+                id.to_string(),
+                format!("{} / {}", p.ready, p.target),
+                p.hits.to_string(),
+                p.misses.to_string(),
+                rate,
+                p.mem_mb.to_string(),
+            ]);
         }
+        print!("\n{}", crate::table::render(&t, ""));
     }
     let caches: Vec<_> = st.workers.iter().filter(|w| !w.images.is_empty()).collect();
     if !caches.is_empty() {
-        println!(
-            "\n{:<10} {:>7} {:>10}  images",
-            "image cache", "images", "disk (MiB)"
-        );
+        let mut t = crate::table::new(["image cache", "images", "disk (MiB)", "references"]);
+        crate::table::left(&mut t, &[3]);
         for w in caches {
             // One image on disk however many references name it.
             let mut ids: BTreeMap<&str, u64> = BTreeMap::new();
@@ -770,14 +791,14 @@ pub fn status(
                 ids.insert(i.id.as_str(), i.size_bytes);
             }
             let refs: Vec<&str> = w.images.iter().map(|i| i.reference.as_str()).collect();
-            println!(
-                "{:<10} {:>7} {:>10}  {}",
-                w.id,
-                ids.len(),
-                ids.values().sum::<u64>() >> 20,
-                refs.join(", ")
-            );
+            t.add_row([
+                w.id.to_string(),
+                ids.len().to_string(),
+                (ids.values().sum::<u64>() >> 20).to_string(),
+                refs.join(", "),
+            ]);
         }
+        print!("\n{}", crate::table::render(&t, ""));
     }
     let fmt = |m: &BTreeMap<String, usize>| {
         if m.is_empty() {
@@ -799,39 +820,38 @@ pub fn status(
     }
     let waiting: Vec<_> = st.queues.iter().filter(|(_, q)| q.depth > 0).collect();
     if !waiting.is_empty() {
-        println!(
-            "\n{:<14} {:>7} {:>12} {:>12} {:>10}",
-            "queue", "depth", "oldest", "est. wait", "done/s"
-        );
+        let mut t = crate::table::new(["queue", "depth", "oldest", "est. wait", "done/s"]);
         for (k, q) in waiting {
             let est = q
                 .est_wait_s
                 .map_or_else(|| "unknown".to_string(), |s| format!("{s:.1} s"));
-            println!(
-                "{:<14} {:>7} {:>10.1} s {:>12} {:>10.1}",
-                k, q.depth, q.oldest_wait_s, est, q.throughput_per_s
-            );
+            t.add_row([
+                k.to_string(),
+                q.depth.to_string(),
+                format!("{:.1} s", q.oldest_wait_s),
+                est,
+                format!("{:.1}", q.throughput_per_s),
+            ]);
         }
+        print!("\n{}", crate::table::render(&t, ""));
     }
     if !st.services.is_empty() {
-        println!(
-            "\n{:<16} {:>5} {:>10} {:>5}  resident on",
-            "service", "GPUs", "restore", "busy"
-        );
+        let mut t = crate::table::new(["service", "GPUs", "restore", "busy", "resident on"]);
+        crate::table::left(&mut t, &[4]);
         for s in &st.services {
-            println!(
-                "{:<16} {:>5} {:>8}ms {:>5}  {}",
-                s.name,
-                s.gpus,
-                s.restore_ms,
-                s.busy,
+            t.add_row([
+                s.name.to_string(),
+                s.gpus.to_string(),
+                format!("{}ms", s.restore_ms),
+                s.busy.to_string(),
                 if s.resident.is_empty() {
                     "(evicted: state in host memory)".to_string()
                 } else {
                     s.resident.join(", ")
-                }
-            );
+                },
+            ]);
         }
+        print!("\n{}", crate::table::render(&t, ""));
     }
     for p in &st.providers {
         println!(
@@ -841,16 +861,23 @@ pub fn status(
     }
     if !st.recent.is_empty() {
         println!("\nrecent ACT (last results, by kind):");
-        println!(
-            "{:<14} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec"
-        );
+        let mut t = crate::table::new([
+            "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec",
+        ]);
         for (k, a) in &st.recent {
-            println!(
-                "{:<14} {:>6} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s",
-                k, a.count, a.mean_s, a.p50_s, a.p99_s, a.queued_s, a.overhead_s, a.exec_s
-            );
+            let secs = |v: f64| format!("{v:.3}s");
+            t.add_row([
+                k.to_string(),
+                a.count.to_string(),
+                secs(a.mean_s),
+                secs(a.p50_s),
+                secs(a.p99_s),
+                secs(a.queued_s),
+                secs(a.overhead_s),
+                secs(a.exec_s),
+            ]);
         }
+        print!("{}", crate::table::render(&t, ""));
     }
     Ok(())
 }

@@ -217,9 +217,7 @@ impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             // SIGTERM first: the worker removes its sandboxes on a graceful stop.
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
-                .status();
+            let _ = crate::cluster::signal(self.child.id(), rustix::process::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(15);
             while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));

@@ -11,8 +11,7 @@ pub(super) fn print_table(out: &Value) {
         out["load_avg_before"],
         out["load_avg_after"]
     );
-    println!(
-        "\n{:<8} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10} {:>7} {:>9}",
+    let mut t = crate::table::new([
         "sync",
         "pub+ack p50",
         "3-hop p50",
@@ -21,30 +20,35 @@ pub(super) fn print_table(out: &Value) {
         "orch. p50",
         "orch. p99",
         "ratio",
-        "(procs)"
-    );
+        "(procs)",
+        "",
+    ]);
+    crate::table::left(&mut t, &[9]);
+    let us = |v: &Value| format!("{:.0}us", f(v));
     for s in out["settings"].as_array().into_iter().flatten() {
         let (fl, c1) = (&s["floor"], &s["concurrency_1"]);
-        println!(
-            "{:<8} {:>10.0}us {:>8.0}us {:>8.0}us {:>12.0}us {:>8.0}us {:>8.0}us {:>6.2}x {:>8.2}x{}",
-            s["sync"].as_str().unwrap_or(""),
-            f(&fl["publish_ack_p50_us"]),
-            f(&fl["three_hop_p50_us"]),
-            f(&fl["three_hop_p99_us"]),
-            f(&fl["three_hop_processes_p50_us"]),
-            f(&c1["orchestration_p50_us"]),
-            f(&c1["orchestration_p99_us"]),
-            f(&c1["orchestration_over_three_hop_p50"]),
-            f(&c1["orchestration_over_three_hop_processes_p50"]),
+        t.add_row([
+            s["sync"].as_str().unwrap_or("").to_string(),
+            us(&fl["publish_ack_p50_us"]),
+            us(&fl["three_hop_p50_us"]),
+            us(&fl["three_hop_p99_us"]),
+            us(&fl["three_hop_processes_p50_us"]),
+            us(&c1["orchestration_p50_us"]),
+            us(&c1["orchestration_p99_us"]),
+            format!("{:.2}x", f(&c1["orchestration_over_three_hop_p50"])),
+            format!(
+                "{:.2}x",
+                f(&c1["orchestration_over_three_hop_processes_p50"])
+            ),
             if c1["target"]["met"] == true {
-                ""
+                String::new()
             } else {
-                "  (target 1.5x missed)"
-            }
-        );
+                "(target 1.5x missed)".to_string()
+            },
+        ]);
     }
-    println!(
-        "\n{:<8} {:>9} {:>10} {:>10} {:>13} {:>10} {:>6} {:>13} {:>9}",
+    print!("\n{}", crate::table::render(&t, ""));
+    let mut t = crate::table::new([
         "sync",
         "in flight",
         "actions/s",
@@ -53,31 +57,33 @@ pub(super) fn print_table(out: &Value) {
         "allowance",
         "share",
         "spread allow.",
-        "ACT p99"
-    );
+        "ACT p99",
+        "",
+    ]);
+    crate::table::left(&mut t, &[9]);
     for s in out["settings"].as_array().into_iter().flatten() {
         let (fl, tp) = (&s["floor"], &s["throughput"]);
-        println!(
-            "{:<8} {:>9} {:>10.0} {:>10.0} {:>13.2} {:>8.0}/s {:>5.0}% {:>11.0}/s {:>7.1}ms{}",
-            s["sync"].as_str().unwrap_or(""),
-            tp["concurrency"],
-            f(&tp["actions_per_s"]),
-            f(&fl["persisted_writes_per_s"]),
-            f(&tp["persisted_writes_per_action"]),
-            f(&tp["actions_per_s_the_writes_allow"]),
-            f(&tp["share_of_the_writes_allowance"]) * 100.0,
-            f(&tp["actions_per_s_the_spread_writes_allow"]),
-            f(&tp["act_p99_ms"]),
+        t.add_row([
+            s["sync"].as_str().unwrap_or("").to_string(),
+            tp["concurrency"].to_string(),
+            format!("{:.0}", f(&tp["actions_per_s"])),
+            format!("{:.0}", f(&fl["persisted_writes_per_s"])),
+            format!("{:.2}", f(&tp["persisted_writes_per_action"])),
+            format!("{:.0}/s", f(&tp["actions_per_s_the_writes_allow"])),
+            format!("{:.0}%", f(&tp["share_of_the_writes_allowance"]) * 100.0),
+            format!("{:.0}/s", f(&tp["actions_per_s_the_spread_writes_allow"])),
+            format!("{:.1}ms", f(&tp["act_p99_ms"])),
             if tp["target"]["met"] == true {
                 String::new()
             } else {
                 format!(
-                    "  (target missed: {})",
+                    "(target missed: {})",
                     tp["target"]["what"].as_str().unwrap_or("")
                 )
-            }
-        );
+            },
+        ]);
     }
+    print!("\n{}", crate::table::render(&t, ""));
     for s in out["settings"].as_array().into_iter().flatten() {
         let r = &s["results"];
         println!(

@@ -152,20 +152,20 @@ pub(crate) fn deadletter(what: DeadletterWhat) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string(e)?);
                 }
             } else {
-                println!(
-                    "{:>6}  {:<20}  {:<16} {:<24} reason",
-                    "seq", "stored (UTC)", "code", "action"
-                );
+                let mut t = crate::table::new(["seq", "stored (UTC)", "code", "action", "reason"]);
+                // The sequence number is the only number here.
+                crate::table::left(&mut t, &[1, 2, 3, 4]);
+                crate::table::right(&mut t, &[0]);
                 for e in &entries {
-                    println!(
-                        "{:>6}  {:<20}  {:<16} {:<24} {}",
-                        e.seq,
-                        e.stored_at,
-                        e.code,
-                        e.action_id.as_deref().unwrap_or("-"),
-                        e.reason
-                    );
+                    t.add_row([
+                        e.seq.to_string(),
+                        e.stored_at.to_string(),
+                        e.code.to_string(),
+                        e.action_id.as_deref().unwrap_or("-").to_string(),
+                        e.reason.to_string(),
+                    ]);
                 }
+                print!("{}", crate::table::render(&t, ""));
                 println!("{} records", entries.len());
             }
             Ok(())

@@ -280,19 +280,17 @@ fn jobs(cluster: &crate::cordon::ClusterArgs, json: bool) -> anyhow::Result<()> 
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
-    println!(
-        "{:<32} {:>8}  {:<20}  {:<20}",
-        "job", "actions", "first (UTC)", "last (UTC)"
-    );
+    let mut t = crate::table::new(["job", "actions", "first (UTC)", "last (UTC)"]);
+    crate::table::left(&mut t, &[2, 3]);
     for (name, j) in &jobs {
-        println!(
-            "{:<32} {:>8}  {:<20}  {:<20}",
-            name,
-            j.actions,
+        t.add_row([
+            name.to_string(),
+            j.actions.to_string(),
             utc(j.first_us),
-            utc(j.last_us)
-        );
+            utc(j.last_us),
+        ]);
     }
+    print!("{}", crate::table::render(&t, ""));
     if jobs.is_empty() {
         println!("(the actions stream is empty)");
     }

@@ -367,13 +367,11 @@ fn print_report(r: &Report) {
         "replayed job {} as {} into {}: {} actions, {} the same, {} different ({:.1} s)",
         r.job, r.replayed_as, r.into, r.actions, r.same, r.differ, r.wall_s
     );
-    println!(
-        "\n{:<14} {:>14} {:>14}",
-        "kind", "recorded ACT", "replayed ACT"
-    );
+    let mut t = crate::table::new(["kind", "recorded ACT", "replayed ACT"]);
     for (k, (rec, rep)) in &r.mean_act_s {
-        println!("{k:<14} {rec:>12.3} s {rep:>12.3} s");
+        t.add_row([k.to_string(), format!("{rec:.3} s"), format!("{rep:.3} s")]);
     }
+    print!("\n{}", crate::table::render(&t, ""));
     if !r.differences.is_empty() {
         println!("\ndifferences:");
         for d in &r.differences {

@@ -37,6 +37,7 @@ fn faults<F: Copy>(
 
 const USAGE: &str = "\
 usage: tangram-faults [--actions N] [--faults a,b] [--trajectories N] [--pause-s N] [--fleet]
+       tangram-faults --version
 
 Runs the mixed workload once per fault (the actions split evenly between them), prints a
 table and one JSON line, and exits 1 unless every acknowledged action was ok.
@@ -74,6 +75,10 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         print!("{USAGE}");
+        return Ok(());
+    }
+    if args.iter().any(|a| a == "--version" || a == "-V") {
+        println!("tangram-faults {}", tangram_shared::build::VERSION);
         return Ok(());
     }
     if let Err(bad) = check_args(&args) {

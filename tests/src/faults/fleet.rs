@@ -10,7 +10,7 @@
 
 use super::proxy::Proxy;
 use crate::api_server::RateLimitedApi;
-use crate::{built_binary, repo_root, ChildGuard, NatsServer};
+use crate::{built_binary, repo_root, ChildGuard, NatsServer, Signal};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -188,7 +188,7 @@ impl Fleet {
     }
 
     /// Sends a signal to a worker's process.
-    pub fn signal_worker(&mut self, short: &str, signal: &str) -> anyhow::Result<()> {
+    pub fn signal_worker(&mut self, short: &str, signal: Signal) -> anyhow::Result<()> {
         let id = self.id(short);
         let w = self.workers.get_mut(&id).context("no such worker")?;
         let child = w.child.as_mut().context("worker not running")?;
@@ -309,7 +309,7 @@ impl Fleet {
     }
 
     /// Sends a signal to nats-server.
-    pub fn signal_nats(&self, signal: &str) -> anyhow::Result<()> {
+    pub fn signal_nats(&self, signal: Signal) -> anyhow::Result<()> {
         signal_pid(self.nats.pid().context("nats-server not running")?, signal)
     }
 }
@@ -320,12 +320,8 @@ pub(super) fn names_any(line: &str, ids: &[String]) -> bool {
         .any(|tok| ids.iter().any(|id| id == tok))
 }
 
-fn signal_pid(pid: u32, signal: &str) -> anyhow::Result<()> {
-    let status = Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()?;
-    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
-    Ok(())
+fn signal_pid(pid: u32, signal: Signal) -> anyhow::Result<()> {
+    crate::signal(pid, signal).with_context(|| format!("sending {signal:?} to {pid}"))
 }
 
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {

@@ -182,9 +182,9 @@ async fn strike(
         }
         Fault::NatsKill => fleet.nats.restart(),
         Fault::NatsPause => {
-            fleet.signal_nats("STOP")?;
+            fleet.signal_nats(crate::Signal::STOP)?;
             tokio::time::sleep(Duration::from_secs(size.pause_s)).await;
-            fleet.signal_nats("CONT")?;
+            fleet.signal_nats(crate::Signal::CONT)?;
         }
         Fault::WorkerKill => {
             fleet.kill_worker(CPU)?;
@@ -205,7 +205,7 @@ async fn strike(
             }
         }
         Fault::WorkerDrain => {
-            fleet.signal_worker(CPU, "TERM")?;
+            fleet.signal_worker(CPU, crate::Signal::TERM)?;
             fleet.wait_worker_exit(CPU, Duration::from_secs(30)).await?;
             fleet.start_worker(CPU)?;
         }

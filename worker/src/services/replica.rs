@@ -5,6 +5,7 @@ use super::engine::{self, ReplicaError};
 use super::Services;
 use crate::docker::ReplicaContainers;
 use crate::metrics as m;
+use rustix::process::{kill_process, Pid, Signal};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,11 +125,12 @@ impl Services {
                         .map(|(_, rest)| rest)
                         .unwrap_or("");
                     if !args.is_empty() && cmd_args.ends_with(args) {
-                        let _ = std::process::Command::new("kill")
-                            .arg("-9")
-                            .arg(pid.to_string())
-                            .status();
-                        killed += 1;
+                        let target = i32::try_from(pid).ok().and_then(Pid::from_raw);
+                        if let Some(target) = target {
+                            // Gone since the cmdline was read is fine: it is dead either way.
+                            let _ = kill_process(target, Signal::KILL);
+                            killed += 1;
+                        }
                     }
                 }
             }
