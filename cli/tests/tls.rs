@@ -92,7 +92,7 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
     std::fs::write(
         d.join("nats.conf"),
         format!(
-            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n\
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\", max_file_store: 20GB }}\n\
              tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true, timeout: 2 }}\n",
             d.join("js").display(),
             d.join("server.pem").display(),
@@ -135,7 +135,8 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
     procs.0.push(
         Command::new(&scheduler)
             .args(["--nats-url", &url, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key])
-            .stderr(std::fs::File::create(d.join("scheduler.log")).unwrap())
+            .stdout(std::fs::File::create(d.join("scheduler.log")).unwrap())
+            .stderr(std::fs::File::create(d.join("scheduler.err")).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e} (cargo build --bins)", scheduler.display())),
     );
@@ -155,9 +156,10 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
         }
         assert!(
             began.elapsed() < Duration::from_secs(60),
-            "status over TLS never answered: {}\nscheduler log: {}",
+            "status over TLS never answered: {}\nscheduler log: {}{}",
             text(&o),
-            std::fs::read_to_string(d.join("scheduler.log")).unwrap_or_default()
+            std::fs::read_to_string(d.join("scheduler.log")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("scheduler.err")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(200));
     };
