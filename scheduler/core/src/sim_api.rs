@@ -259,7 +259,10 @@ mod tests {
             let rate = t.series(&track);
             assert!(!rate.is_empty(), "{mode:?}");
             let admitted: f64 = rate.iter().map(|p| p.1 * t.bin_ms / 1e3).sum();
-            assert!((admitted - searches).abs() < 1e-6, "{admitted} vs {searches}");
+            assert!(
+                (admitted - searches).abs() < 1e-6,
+                "{admitted} vs {searches}"
+            );
             // The bucket's burst aside, no bin admits more than the rate.
             let burst = w.provider.burst as f64;
             let peak = rate.iter().map(|p| p.1).fold(0.0, f64::max);

@@ -340,11 +340,13 @@ mod tests {
         let bins = resident.iter().map(Vec::len).max().unwrap();
         for i in 0..bins {
             let sum: f64 = resident.iter().filter_map(|s| s.get(i)).map(|p| p.1).sum();
-            assert!(sum <= 4.0 + 1e-9, "bin {i}: {sum} GPUs resident in a pool of 4");
+            assert!(
+                sum <= 4.0 + 1e-9,
+                "bin {i}: {sum} GPUs resident in a pool of 4"
+            );
         }
-        let total = |track: Track| -> f64 {
-            t.series(&track).iter().map(|p| p.1 * t.bin_ms / 1e3).sum()
-        };
+        let total =
+            |track: Track| -> f64 { t.series(&track).iter().map(|p| p.1 * t.bin_ms / 1e3).sum() };
         assert!((total(Track::Restores) - stats.restores as f64).abs() < 1e-6);
         assert!((total(Track::Evictions) - stats.evictions as f64).abs() < 1e-6);
         // Static pins its replicas: flat at 1 GPU per teacher, no restores.

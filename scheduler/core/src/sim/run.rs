@@ -422,8 +422,12 @@ impl Driver<'_> {
 
     /// GPUs held by each service's resident replicas, every declared service listed.
     fn resident_now(&self) -> BTreeMap<String, u32> {
-        let mut out: BTreeMap<String, u32> =
-            self.w.services.iter().map(|s| (s.name.clone(), 0)).collect();
+        let mut out: BTreeMap<String, u32> = self
+            .w
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), 0))
+            .collect();
         for r in self.engine.gpus().replicas().iter().filter(|r| r.resident) {
             *out.entry(r.service.clone()).or_default() += r.chunk.len as u32;
         }

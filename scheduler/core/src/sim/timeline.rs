@@ -127,11 +127,7 @@ impl Timeline {
                 // than half of it, the whole width is taken, or a sliver would spike.
                 let filled = self.end_ms.min(lo + w) - lo;
                 let width = if filled >= w / 2.0 { filled } else { w };
-                let per = if track.is_level() {
-                    width
-                } else {
-                    width / 1e3
-                };
+                let per = if track.is_level() { width } else { width / 1e3 };
                 ((lo + width / 2.0) / 1e3, v / per)
             })
             .collect()
@@ -171,7 +167,10 @@ mod tests {
         assert!((r[0].1 - 10.0).abs() < 1e-9, "{r:?}");
         let a = t.series(&Track::Resident("a".into()));
         assert_eq!(a.len(), 2);
-        assert!((a[0].1 - 3.0).abs() < 1e-9 && (a[1].1 - 2.0).abs() < 1e-9, "{a:?}");
+        assert!(
+            (a[0].1 - 3.0).abs() < 1e-9 && (a[1].1 - 2.0).abs() < 1e-9,
+            "{a:?}"
+        );
     }
 
     #[test]
