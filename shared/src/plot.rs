@@ -481,9 +481,7 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, p: &Panel) -> Result<()
                     .sum()
             });
             let (y0, y1) = p.y_range.unwrap_or((0.0, nice_max(sums)));
-            let mut c = b
-                .build_cartesian_2d((0..n).into_segmented(), y0..y1)
-                .map_err(err)?;
+            let mut c = b.build_cartesian_2d(segments(n), y0..y1).map_err(err)?;
             let name = |v: &SegmentValue<usize>| match v {
                 SegmentValue::CenterOf(i) => categories.get(*i).cloned().unwrap_or_default(),
                 _ => String::new(),
@@ -529,7 +527,7 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, p: &Panel) -> Result<()
         } => {
             let (nx, ny) = (xs.len().max(1), ys.len().max(1));
             let mut c = b
-                .build_cartesian_2d((0..nx).into_segmented(), (0..ny).into_segmented())
+                .build_cartesian_2d(segments(nx), segments(ny))
                 .map_err(err)?;
             let xname = |v: &SegmentValue<usize>| match v {
                 SegmentValue::CenterOf(i) => xs.get(*i).cloned().unwrap_or_default(),
@@ -649,6 +647,14 @@ where
         c.draw_series(LineSeries::new(pts, style)).map_err(err)?;
     }
     Ok(())
+}
+
+/// `n` categories (at least one) as segments 0 to n - 1: plotters' integer ranges include
+/// their end, so `0..n` would leave an empty one on the right.
+fn segments(
+    n: usize,
+) -> plotters::coord::ranged1d::SegmentedCoord<plotters::coord::types::RangedCoordusize> {
+    (0..n.max(1) - 1).into_segmented()
 }
 
 /// Cumulative tops of stacked layers, on the first layer's x values.
