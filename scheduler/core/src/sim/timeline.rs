@@ -123,10 +123,15 @@ impl Timeline {
             .enumerate()
             .map(|(i, v)| {
                 let lo = i as f64 * w;
-                // The last bin is only filled up to the end of the run; when that is less
-                // than half of it, the whole width is taken, or a sliver would spike.
-                let filled = self.end_ms.min(lo + w) - lo;
-                let width = if filled >= w / 2.0 { filled } else { w };
+                // The last bin is only filled up to the end of the run: a level is its mean
+                // over that part; a count over less than half a bin is spread over the whole
+                // bin, or a sliver would spike.
+                let filled = (self.end_ms.min(lo + w) - lo).max(w * 1e-6);
+                let width = if track.is_level() || filled >= w / 2.0 {
+                    filled
+                } else {
+                    w
+                };
                 let per = if track.is_level() { width } else { width / 1e3 };
                 ((lo + width / 2.0) / 1e3, v / per)
             })
@@ -186,6 +191,10 @@ mod tests {
         assert_eq!(t.bin_ms, 8_000.0);
         // The level survives the merges: one GPU all along.
         assert!(a.iter().all(|p| (p.1 - 1.0).abs() < 1e-9), "{a:?}");
+        // Ending a sliver into a bin, a level keeps its value there.
+        t.level(Track::Resident("a".into()), hour, hour + 10.0, 1.0);
+        let a = t.series(&Track::Resident("a".into()));
+        assert!((a.last().unwrap().1 - 1.0).abs() < 1e-9, "{:?}", a.last());
         // Both events kept: the count's integral over the run is 2.
         let total: f64 = t.tracks[&Track::Evictions].iter().sum();
         assert_eq!(total, 2.0);
