@@ -329,7 +329,7 @@ pub fn heatmap(m: &Map) -> Result<String, PlotError> {
     f.subtitle = Some(format!("cell: {}; fixed: {}", m.value, m.fixed));
     f.panel_size = (
         (170 + 92 * m.xs.len() as u32).max(760),
-        120 + 44 * m.ys.len() as u32,
+        (120 + 44 * m.ys.len() as u32).max(300),
     );
     let targets: Vec<&str> = m.targets.iter().map(|t| t.label).collect();
     f.legend = vec![Key {
