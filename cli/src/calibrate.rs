@@ -1,8 +1,8 @@
 //! `tangram calibrate`: the calibration maps (docs/CALIBRATION.md), each printed as a table,
 //! written as a heat-map SVG, and optionally as one JSON object.
 
+use crate::picture::{axis, cell, heatmap};
 use crate::progress;
-use crate::svg::escape;
 use anyhow::Context as _;
 use serde_json::json;
 use std::fmt::Write as _;
@@ -57,7 +57,7 @@ pub(crate) fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
         })
         .expect("checked above");
         let path = args.svg_dir.join(format!("calibration-{n}.svg"));
-        std::fs::write(&path, heatmap(&map))
+        std::fs::write(&path, heatmap(&map)?)
             .with_context(|| format!("writing {}", path.display()))?;
         maps.push((map, path));
     }
@@ -83,24 +83,6 @@ pub(crate) fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn cell(v: f64) -> String {
-    if v.is_nan() {
-        "-".into()
-    } else if v >= 100.0 || v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn axis(v: f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v}")
-    }
 }
 
 /// The map as a text table: rows are y, columns x.
@@ -132,111 +114,6 @@ fn table(m: &Map) -> String {
     s
 }
 
-/// A heat map: log-scaled colour (white at 1, dark at the largest value), each cell labelled
-/// with its value and outlined where it is within 15% of one of the paper's figures.
-pub(crate) fn heatmap(m: &Map) -> String {
-    let (cw, ch) = (92.0, 44.0);
-    let (x0, y0) = (150.0, 86.0);
-    let w = (x0 + cw * m.xs.len() as f64 + 40.0).max(760.0);
-    let h = y0 + ch * m.ys.len() as f64 + 110.0;
-    let finite: Vec<f64> = m
-        .values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
-    let lo = finite
-        .iter()
-        .copied()
-        .fold(f64::INFINITY, f64::min)
-        .clamp(1e-3, 1.0);
-    let hi = finite.iter().copied().fold(0.0, f64::max).max(lo * 1.01);
-    let mut s = crate::svg::open(w, h, &m.title);
-    let _ = writeln!(
-        s,
-        r##"<text x="{}" y="42" text-anchor="middle" fill="#555">{}</text>"##,
-        w / 2.0,
-        escape(&format!("cell: {}; fixed: {}", m.value, m.fixed))
-    );
-    for (j, (y, row)) in m.ys.iter().zip(&m.values).enumerate() {
-        let yy = y0 + ch * (m.ys.len() - 1 - j) as f64;
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-            x0 - 8.0,
-            yy + ch / 2.0 + 4.0,
-            axis(*y)
-        );
-        for (i, v) in row.iter().enumerate() {
-            let xx = x0 + cw * i as f64;
-            let (fill, ink) = if v.is_finite() {
-                let t = ((v.max(lo) / lo).ln() / (hi / lo).ln()).clamp(0.0, 1.0);
-                // White to dark blue.
-                let c = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
-                let rgb = (c(255.0, 8.0), c(255.0, 48.0), c(255.0, 107.0));
-                (
-                    format!("#{:02x}{:02x}{:02x}", rgb.0, rgb.1, rgb.2),
-                    if t > 0.55 { "white" } else { "black" },
-                )
-            } else {
-                ("#eeeeee".to_string(), "black")
-            };
-            let near = v.is_finite() && m.targets.iter().any(|t| t.near(m.xs[i], *v, 0.15));
-            let stroke = if near {
-                r##"stroke="#d62728" stroke-width="3""##
-            } else {
-                r##"stroke="#ccc""##
-            };
-            let _ = writeln!(
-                s,
-                r#"<rect x="{xx}" y="{yy}" width="{cw}" height="{ch}" fill="{fill}" {stroke}/>"#
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="middle" fill="{ink}">{}</text>"#,
-                xx + cw / 2.0,
-                yy + ch / 2.0 + 4.0,
-                cell(*v)
-            );
-        }
-    }
-    for (i, x) in m.xs.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-            x0 + cw * i as f64 + cw / 2.0,
-            y0 + ch * m.ys.len() as f64 + 18.0,
-            axis(*x)
-        );
-    }
-    let bottom = y0 + ch * m.ys.len() as f64;
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        x0 + cw * m.xs.len() as f64 / 2.0,
-        bottom + 40.0,
-        escape(m.x_label)
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="20" y="{}" transform="rotate(-90 20 {})" text-anchor="middle">{}</text>"#,
-        y0 + ch * m.ys.len() as f64 / 2.0,
-        y0 + ch * m.ys.len() as f64 / 2.0,
-        escape(m.y_label)
-    );
-    let targets: Vec<&str> = m.targets.iter().map(|t| t.label).collect();
-    let _ = writeln!(
-        s,
-        r##"<text x="{}" y="{}" text-anchor="middle" fill="#d62728">outlined: within 15% of the paper's {}</text>"##,
-        w / 2.0,
-        bottom + 66.0,
-        escape(&targets.join(", "))
-    );
-    let _ = writeln!(s, "</svg>");
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,9 +137,14 @@ mod tests {
             }],
             fixed: "f".into(),
         };
-        let svg = heatmap(&m);
-        assert_eq!(svg.matches("stroke=\"#d62728\"").count(), 1, "{svg}");
-        assert!(svg.contains("#eeeeee"));
+        let svg = heatmap(&m).unwrap();
+        assert_eq!(
+            svg.matches(r##"stroke="#D62728" stroke-width="3""##)
+                .count(),
+            1,
+            "{svg}"
+        );
+        assert!(svg.contains("#EEEEEE"));
         assert!(svg.contains("t &lt;x&gt;"));
         let t = table(&m);
         assert!(t.contains("4.20") && t.contains(" -"), "{t}");

@@ -13,6 +13,7 @@ mod image_sim;
 mod images;
 mod inspect;
 mod nats_server;
+mod picture;
 mod pipeline;
 mod probe;
 mod progress;
@@ -20,7 +21,6 @@ mod replay;
 mod report;
 mod streams;
 mod submit;
-mod svg;
 mod table;
 mod trace;
 

@@ -48,11 +48,8 @@ pub fn policy_json(s: &Summary, base: &Summary) -> Map<String, Value> {
     }
 }
 
-/// Writes the SVG of `reports` (ACT distribution and pool utilisation) to `path`.
+/// Writes the picture of `reports` (see [`crate::picture::simulation`]) to `path`.
 pub fn write_svg(path: &Path, label: &str, reports: &[SimReport]) -> anyhow::Result<()> {
-    std::fs::write(
-        path,
-        crate::svg::render(&format!("Tangram simulator: {label}"), reports),
-    )
-    .with_context(|| format!("writing {}", path.display()))
+    let svg = crate::picture::simulation(&format!("Tangram simulator: {label}"), reports).svg()?;
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
 }

@@ -14,6 +14,32 @@ fn tangram(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The text of every `<text>` element of an SVG.
+fn texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = &t[t.find('>')? + 1..];
+            Some(body[..body.find("</text>")?].trim().to_string())
+        })
+        .collect()
+}
+
+/// Every axis' tick labels (runs of increasing numbers) are round.
+fn assert_round_ticks(svg: &str) {
+    let mut axes: Vec<Vec<f64>> = vec![];
+    for v in texts(svg).iter().filter_map(|t| t.parse::<f64>().ok()) {
+        match axes.last_mut() {
+            Some(a) if a.last().is_some_and(|l| v > *l) => a.push(v),
+            _ => axes.push(vec![v]),
+        }
+    }
+    assert!(axes.len() >= 4, "{axes:?}");
+    for a in &axes {
+        assert!(tangram_shared::plot::round_ticks(a), "{a:?} in {axes:?}");
+    }
+}
+
 #[test]
 fn simulate_json_compares_policies_on_one_workload_and_draws_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,6 +91,17 @@ fn simulate_json_compares_policies_on_one_workload_and_draws_them() {
     );
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.matches("<polyline").count() >= 6);
+    let t = texts(&picture);
+    for want in [
+        "ACT distribution",
+        "Pool cores held",
+        "tangram",
+        "static",
+        "fifo-dop-4",
+    ] {
+        assert!(t.iter().any(|x| x == want), "{want} missing: {t:?}");
+    }
+    assert_round_ticks(&picture);
 
     // Same seed, same JSON.
     let (_, again, _) = tangram(&[
@@ -206,7 +243,26 @@ fn simulate_mopd_compares_evict_on_execution_with_static_and_finds_the_fewest_gp
     let sweep = v["gpu_sweep"].as_array().unwrap();
     let row = sweep.iter().find(|r| r["gpus"] == fewest).unwrap();
     assert_eq!(row["matches_static"], true);
-    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    // The picture follows the GPUs: per service under each policy, with restores and
+    // evictions; a GPU run has no sandbox cores to show.
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    let t = texts(&picture);
+    for want in [
+        "GPUs resident per service: tangram@6gpu",
+        "GPUs resident per service: static@36gpu",
+        "Replica restores (solid) and evictions (dashed)",
+        "teacher-0",
+        "teacher-8",
+        "pool: 6 GPUs",
+        "pool: 36 GPUs",
+    ] {
+        assert!(t.iter().any(|x| x == want), "{want} missing: {t:?}");
+    }
+    assert!(
+        !picture.to_lowercase().contains("cores held"),
+        "a GPU run has no pool of cores"
+    );
+    assert_round_ticks(&picture);
     // A CPU-only policy has no GPU side and says so.
     let (code, _, err) = tangram(&[
         "simulate",
@@ -255,6 +311,18 @@ fn simulate_deepsearch_compares_pooled_quota_with_per_trajectory_slices() {
     );
     assert!(pooled < sliced, "pooled {pooled} vs sliced {sliced}");
     assert_eq!(p[0]["actions"], p[1]["actions"]);
+    // The picture shows the calls admitted against the provider's quota.
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    let t = texts(&picture);
+    for want in [
+        "search: calls admitted (job deepsearch) against the quota",
+        "quota 20/s",
+        "calls per second",
+    ] {
+        assert!(t.iter().any(|x| x == want), "{want} missing: {t:?}");
+    }
+    assert!(!picture.to_lowercase().contains("cores held"));
+    assert_round_ticks(&picture);
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub mod ids;
 pub mod image;
 pub mod metric;
 pub mod pacing;
+#[cfg(feature = "plot")]
+pub mod plot;
 pub mod result;
 #[cfg(feature = "schema")]
 pub mod schema;

@@ -233,4 +233,40 @@ mod tests {
             b.step_time_ms
         );
     }
+
+    #[test]
+    fn the_timeline_counts_admitted_calls_per_job_under_the_quota() {
+        use crate::sim::Track;
+        let w = DeepSearch {
+            batch: 400,
+            seed: 2,
+        }
+        .generate();
+        let searches = w
+            .trajectories
+            .iter()
+            .flat_map(|t| &t.steps)
+            .filter(|s| matches!(s.call, ApiCall::Search { .. }))
+            .count() as f64;
+        for mode in [QuotaMode::Pooled, QuotaMode::PerTrajectory] {
+            let r = simulate_api(&w, mode, "x");
+            let t = &r.timeline;
+            assert_eq!(t.quota_per_s.get("search"), Some(&200.0));
+            let track = Track::Admitted {
+                provider: "search".into(),
+                job: "deepsearch".into(),
+            };
+            let rate = t.series(&track);
+            assert!(!rate.is_empty(), "{mode:?}");
+            let admitted: f64 = rate.iter().map(|p| p.1 * t.bin_ms / 1e3).sum();
+            assert!(
+                (admitted - searches).abs() < 1e-6,
+                "{admitted} vs {searches}"
+            );
+            // The bucket's burst aside, no bin admits more than the rate.
+            let burst = w.provider.burst as f64;
+            let peak = rate.iter().map(|p| p.1).fold(0.0, f64::max);
+            assert!(peak <= 200.0 + burst, "{mode:?}: {peak}/s");
+        }
+    }
 }

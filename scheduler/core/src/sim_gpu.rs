@@ -321,6 +321,48 @@ mod tests {
     }
 
     #[test]
+    fn the_timeline_follows_each_teachers_gpus_and_counts_restores_and_evictions() {
+        use crate::sim::Track;
+        let w = Mopd {
+            batch: 300,
+            seed: 3,
+        }
+        .generate();
+        let (r, stats) = simulate_gpu(&w, GpuMode::Pooled { gpus: 4 }, "tangram");
+        let t = &r.timeline;
+        let resident: Vec<Vec<(f64, f64)>> = Mopd::services()
+            .iter()
+            .map(|s| t.series(&Track::Resident(s.name.clone())))
+            .collect();
+        // Every teacher was resident at some point, and together they never hold more
+        // than the pool.
+        assert!(resident.iter().all(|s| s.iter().any(|p| p.1 > 0.0)));
+        let bins = resident.iter().map(Vec::len).max().unwrap();
+        for i in 0..bins {
+            let sum: f64 = resident.iter().filter_map(|s| s.get(i)).map(|p| p.1).sum();
+            assert!(
+                sum <= 4.0 + 1e-9,
+                "bin {i}: {sum} GPUs resident in a pool of 4"
+            );
+        }
+        let total =
+            |track: Track| -> f64 { t.series(&track).iter().map(|p| p.1 * t.bin_ms / 1e3).sum() };
+        assert!((total(Track::Restores) - stats.restores as f64).abs() < 1e-6);
+        assert!((total(Track::Evictions) - stats.evictions as f64).abs() < 1e-6);
+        // Static pins its replicas: flat at 1 GPU per teacher, no restores.
+        let (s, _) = simulate_gpu(
+            &w,
+            GpuMode::Static {
+                gpus_per_service: 1,
+            },
+            "static",
+        );
+        let flat = s.timeline.series(&Track::Resident("teacher-0".into()));
+        assert!(flat.iter().all(|p| (p.1 - 1.0).abs() < 1e-9), "{flat:?}");
+        assert!(s.timeline.series(&Track::Restores).is_empty());
+    }
+
+    #[test]
     fn fewer_gpus_never_help() {
         let w = Mopd {
             batch: 600,

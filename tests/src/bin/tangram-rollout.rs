@@ -8,12 +8,15 @@
 //! seeded draw, so the expected test outcome of every exec is known and checked. Ends with a
 //! report: actions by kind and outcome, test pass rate, and ACT split into queue, overhead and
 //! execution, per kind. `--report FILE` writes it as JSON; `--compare A.json B.json --svg
-//! FILE` puts two runs (two policies) side by side and draws their ACT.
+//! FILE` puts two runs (two policies) side by side and draws each kind's mean ACT split into
+//! queued, overhead and exec.
 
 use anyhow::Context as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tangram_shared::plot::{Body, Figure, Key, Panel, PlotError};
+use tangram_shared::stats::quantile;
 use tangram_shared::{ActionKind, ActionResult, ActionSpec, CpuRange, Outcome};
 use tangram_tests::build::{close, exec, open};
 use tangram_tests::Client;
@@ -46,77 +49,64 @@ const TASKS: [Task; 5] = [
     task!("binary_search"),
 ];
 
-#[derive(Debug, Clone)]
+/// A small real rollout against a running cluster, or `--compare` of two reports.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "tangram-rollout")]
 struct Args {
+    /// The cluster's NATS server.
+    #[arg(
+        long,
+        env = "TANGRAM_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     nats_url: String,
+    /// The job's NKey seed file.
+    #[arg(long, env = "TANGRAM_NKEY_FILE")]
     nkey_file: Option<String>,
-    job: String,
-    trajectories: usize,
-    turns: usize,
+    /// The job (`rollout-<pid>` by default).
+    #[arg(long)]
+    job: Option<String>,
+    /// Concurrent trajectories.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    trajectories: u32,
+    /// Turns per trajectory.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    turns: u32,
+    /// Mean think time before each turn, ms.
+    #[arg(long, default_value_t = 300)]
     think_ms: u64,
+    /// Seed of the candidates' draw.
+    #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Print the report as one JSON object.
+    #[arg(long)]
     json: bool,
+    /// The run's name in reports and comparisons.
+    #[arg(long, default_value = "run")]
     label: String,
+    /// Also write the report (JSON) here.
+    #[arg(long)]
     report: Option<String>,
-    reward: bool,
-    api: bool,
+    /// No judge (reward) calls.
+    #[arg(long)]
+    no_reward: bool,
+    /// No search (api) calls.
+    #[arg(long)]
+    no_api: bool,
+    /// Compare two reports written by `--report` instead of running.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    compare: Option<Vec<String>>,
+    /// With `--compare`: draw both runs' ACT, split per kind, here (SVG).
+    #[arg(long, requires = "compare")]
+    svg: Option<String>,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut a = Args {
-        nats_url: std::env::var("TANGRAM_NATS_URL")
-            .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
-        nkey_file: std::env::var("TANGRAM_NKEY_FILE").ok(),
-        job: format!("rollout-{}", std::process::id()),
-        trajectories: 8,
-        turns: 3,
-        think_ms: 300,
-        seed: 7,
-        json: false,
-        label: "run".into(),
-        report: None,
-        reward: true,
-        api: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--nats-url" => a.nats_url = value()?,
-            "--nkey-file" => a.nkey_file = Some(value()?),
-            "--job" => a.job = value()?,
-            "--trajectories" => a.trajectories = value()?.parse()?,
-            "--turns" => a.turns = value()?.parse()?,
-            "--think-ms" => a.think_ms = value()?.parse()?,
-            "--seed" => a.seed = value()?.parse()?,
-            "--json" => a.json = true,
-            "--label" => a.label = value()?,
-            "--report" => a.report = Some(value()?),
-            "--no-reward" => a.reward = false,
-            "--no-api" => a.api = false,
-            "--compare" => {
-                let x = value()?;
-                let y = value()?;
-                let mut svg = None;
-                if let Some(f) = it.next() {
-                    anyhow::ensure!(f == "--svg", "after --compare A B only --svg FILE");
-                    svg = Some(it.next().context("--svg needs a file")?);
-                }
-                compare(&x, &y, svg.as_deref())?;
-                std::process::exit(0);
-            }
-            "-h" | "--help" => {
-                println!("usage: tangram-rollout [--nats-url URL] [--nkey-file SEED] [--job ID] [--trajectories K] [--turns T] [--think-ms MS] [--seed S] [--label NAME] [--report FILE] [--no-reward] [--no-api] [--json]\n       tangram-rollout --compare A.json B.json [--svg FILE]");
-                std::process::exit(0);
-            }
-            other => anyhow::bail!("unknown argument {other:?} (see --help)"),
-        }
+impl Args {
+    fn job(&self) -> String {
+        self.job
+            .clone()
+            .unwrap_or_else(|| format!("rollout-{}", std::process::id()))
     }
-    anyhow::ensure!(
-        a.trajectories > 0 && a.turns > 0,
-        "--trajectories and --turns must be positive"
-    );
-    Ok(a)
 }
 
 /// splitmix64: a small seeded generator, so a run is reproducible.
@@ -140,7 +130,8 @@ async fn trajectory(
     t: usize,
     report: Arc<Mutex<Report>>,
 ) -> anyhow::Result<()> {
-    let job = args.job.as_str();
+    let job = args.job();
+    let job = job.as_str();
     let traj = format!("t{t}");
     let wait = Duration::from_secs(300);
     let r = client
@@ -153,7 +144,7 @@ async fn trajectory(
             args.think_ms / 2 + draw % args.think_ms.max(1),
         ))
         .await;
-        let task = &TASKS[(t + turn) % TASKS.len()];
+        let task = &TASKS[(t + turn as usize) % TASKS.len()];
         let correct = draw % 3 != 0;
         let mut a = exec(
             &format!("{job}-{traj}-turn{turn}"),
@@ -172,7 +163,7 @@ async fn trajectory(
                 if correct { task.good } else { task.buggy }.into(),
             );
         }
-        if args.api {
+        if !args.no_api {
             let q = tangram_tests::build::api(
                 &format!("{job}-{traj}-search{turn}"),
                 job,
@@ -189,7 +180,7 @@ async fn trajectory(
         }
         let r = client.run(&a, wait).await?;
         let passed = matches!(r.outcome, Outcome::Completed { exit_code: 0 });
-        if args.reward {
+        if !args.no_reward {
             let code = if correct { task.good } else { task.buggy };
             let s = tangram_tests::build::reward(
                 &format!("{job}-{traj}-judge{turn}"),
@@ -221,39 +212,43 @@ async fn trajectory(
     Ok(())
 }
 
+/// Mean, p50 and p99 of `xs` (zeros when empty).
 fn stats(mut xs: Vec<f64>) -> (f64, f64, f64) {
     if xs.is_empty() {
         return (0.0, 0.0, 0.0);
     }
     xs.sort_by(f64::total_cmp);
-    let pick = |p: f64| xs[((xs.len() as f64 - 1.0) * p).round() as usize];
     (
         xs.iter().sum::<f64>() / xs.len() as f64,
-        pick(0.5),
-        pick(0.99),
+        quantile(&xs, 0.5),
+        quantile(&xs, 0.99),
     )
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = <Args as clap::Parser>::parse();
+    if let Some(ab) = &args.compare {
+        return compare(&ab[0], &ab[1], args.svg.as_deref());
+    }
+    let job = args.job();
     let creds = match &args.nkey_file {
         Some(f) => tangram_nats::auth::Credentials::from_seed_file(f),
         None => Default::default(),
     };
-    let client = Client::connect_with(&args.nats_url, &args.job, &creds)
+    let client = Client::connect_with(&args.nats_url, &job, &creds)
         .await
         .with_context(|| format!("connecting to {}", args.nats_url))?;
     if !args.json {
         println!(
             "rollout: job {}, {} trajectories x {} turns, think ~{} ms, seed {}",
-            args.job, args.trajectories, args.turns, args.think_ms, args.seed
+            job, args.trajectories, args.turns, args.think_ms, args.seed
         );
     }
     let report = Arc::new(Mutex::new(Report::default()));
     let started = Instant::now();
     let mut handles = Vec::new();
-    for t in 0..args.trajectories {
+    for t in 0..args.trajectories as usize {
         handles.push(tokio::spawn(trajectory(
             client.clone(),
             args.clone(),
@@ -298,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     let out = serde_json::json!({
         "label": args.label,
-        "job": args.job,
+        "job": job,
         "trajectories": args.trajectories,
         "turns": args.turns,
         "wall_s": wall,
@@ -398,7 +393,6 @@ fn compare(a: &str, b: &str, svg: Option<&str>) -> anyhow::Result<()> {
         "\n{:<14} {:>22} {:>22} {:>8}",
         "mean ACT, ms", lx, ly, "ratio"
     );
-    let mut rows = Vec::new();
     for kind in KINDS.iter().copied().chain(std::iter::once("all")) {
         let pick = |r: &[serde_json::Value]| -> Vec<f64> {
             if kind == "all" {
@@ -423,7 +417,6 @@ fn compare(a: &str, b: &str, svg: Option<&str>) -> anyhow::Result<()> {
             my.2,
             if mx.0 > 0.0 { my.0 / mx.0 } else { 0.0 }
         );
-        rows.push((kind, mx, my));
     }
     println!(
         "\nwall time: {} {:.1} s, {} {:.1} s; tests as expected: {} {}/{}, {} {}/{}",
@@ -439,83 +432,147 @@ fn compare(a: &str, b: &str, svg: Option<&str>) -> anyhow::Result<()> {
         y["tests"]
     );
     if let Some(path) = svg {
-        std::fs::write(path, bars_svg(&lx, &ly, &rows))
-            .with_context(|| format!("writing {path}"))?;
+        std::fs::write(path, act_picture(&x, &y)?).with_context(|| format!("writing {path}"))?;
         println!("picture: {path}");
     }
     Ok(())
 }
 
-/// Grouped bars: mean ACT per kind for each run, with a tick at p99 (log scale).
-/// One row of the comparison: kind, (mean, p50, p99) of each run.
-type Row<'a> = (&'a str, (f64, f64, f64), (f64, f64, f64));
+/// The parts of ACT, bottom up in the picture: (report field, name, palette index).
+const PARTS: [(&str, &str, usize); 3] = [
+    ("queue_ms", "queued", 0),
+    ("overhead_ms", "overhead", 3),
+    ("exec_ms", "exec", 2),
+];
 
-fn bars_svg(lx: &str, ly: &str, rows: &[Row<'_>]) -> String {
-    use std::fmt::Write as _;
-    let (w, h, left, top, bottom) = (760.0, 420.0, 70.0, 50.0, 60.0);
-    let ph = h - top - bottom;
-    let max = rows
+/// Both runs side by side, a panel each on one scale: per action kind, the mean ACT as a bar
+/// split into time queued, system overhead (a GPU restore, a sandbox start) and execution.
+fn act_picture(a: &serde_json::Value, b: &serde_json::Value) -> Result<String, PlotError> {
+    let runs = [a, b];
+    let recs: Vec<Vec<serde_json::Value>> = runs
         .iter()
-        .map(|r| r.1 .2.max(r.2 .2))
-        .fold(1.0_f64, f64::max);
-    let (lo, hi) = (0.1_f64.log10(), (max * 1.5).log10());
-    let y = |v: f64| top + ph - ph * ((v.max(0.1).log10() - lo) / (hi - lo));
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+        .map(|v| v["actions"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let kinds: Vec<&str> = KINDS
+        .iter()
+        .copied()
+        .filter(|k| recs.iter().any(|r| !column(r, k, "act_ms").is_empty()))
+        .collect();
+    let split = |r: &[serde_json::Value]| -> Vec<(String, usize, Vec<f64>)> {
+        PARTS
+            .iter()
+            .map(|(field, name, color)| {
+                let means = kinds.iter().map(|k| stats(column(r, k, field)).0).collect();
+                (name.to_string(), *color, means)
+            })
+            .collect()
+    };
+    let bars: Vec<_> = recs.iter().map(|r| split(r)).collect();
+    let top = bars
+        .iter()
+        .flat_map(|parts| (0..kinds.len()).map(|i| parts.iter().map(|p| p.2[i]).sum::<f64>()))
+        .fold(0.0, f64::max);
+    let mut f = Figure::new(
+        "Rollout workload: mean ACT per action kind, queued + overhead + exec",
+        2,
     );
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">Rollout workload: mean ACT per action kind (bars), p99 (ticks), log scale</text>"#,
-        w / 2.0
-    );
-    let mut v = 0.1;
-    while v <= max * 1.5 {
-        let _ = writeln!(
-            s,
-            r##"<line x1="{left}" x2="{}" y1="{y0:.1}" y2="{y0:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{v} ms</text>"##,
-            w - 20.0,
-            left - 6.0,
-            y(v) + 4.0,
-            y0 = y(v)
+    f.legend = PARTS
+        .iter()
+        .map(|(_, name, color)| Key::fill(*name, *color))
+        .collect();
+    for (run, parts) in runs.iter().zip(bars) {
+        let mut p = Panel::new(
+            run["label"].as_str().unwrap_or("?"),
+            "action kind",
+            "mean ACT (ms)",
+            Body::Bars {
+                categories: kinds.iter().map(|k| k.to_string()).collect(),
+                parts,
+            },
         );
-        v *= 10.0;
-    }
-    let gw = (w - left - 20.0) / rows.len().max(1) as f64;
-    for (i, (kind, a, b)) in rows.iter().enumerate() {
-        let x0 = left + gw * i as f64 + gw * 0.15;
-        let bw = gw * 0.35;
-        for (j, (m, col)) in [(a, "#1f77b4"), (b, "#d62728")].iter().enumerate() {
-            let x = x0 + bw * j as f64;
-            let _ = writeln!(
-                s,
-                r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{col}"/><line x1="{x:.1}" x2="{:.1}" y1="{p:.1}" y2="{p:.1}" stroke="black" stroke-width="2"/>"#,
-                y(m.0),
-                bw - 4.0,
-                (top + ph - y(m.0)).max(0.0),
-                x + bw - 4.0,
-                p = y(m.2)
-            );
+        if top > 0.0 {
+            p.y_range = Some((0.0, nice(top)));
         }
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{kind}</text>"#,
-            x0 + bw,
-            top + ph + 18.0
-        );
+        f.panels.push(p);
     }
-    let _ = writeln!(
-        s,
-        r##"<rect x="{left}" y="{}" width="12" height="12" fill="#1f77b4"/><text x="{}" y="{}">{lx}</text><rect x="{}" y="{}" width="12" height="12" fill="#d62728"/><text x="{}" y="{}">{ly}</text>"##,
-        h - 26.0,
-        left + 16.0,
-        h - 16.0,
-        left + 140.0,
-        h - 26.0,
-        left + 156.0,
-        h - 16.0
-    );
-    s.push_str("</svg>\n");
-    s
+    f.svg()
+}
+
+/// The round number (1, 2 or 5 times a power of ten) at or above `v`.
+fn nice(v: f64) -> f64 {
+    let p = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|r| r * p)
+        .find(|x| *x >= v)
+        .unwrap_or(10.0 * p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_parse_with_defaults_and_compare_takes_two_reports() {
+        let a =
+            Args::try_parse_from(["tangram-rollout", "--trajectories", "2", "--no-api"]).unwrap();
+        assert_eq!(
+            (a.trajectories, a.turns, a.think_ms, a.seed),
+            (2, 3, 300, 7)
+        );
+        assert!(a.no_api && !a.no_reward && a.compare.is_none());
+        let c = Args::try_parse_from([
+            "tangram-rollout",
+            "--compare",
+            "a.json",
+            "b.json",
+            "--svg",
+            "x.svg",
+        ])
+        .unwrap();
+        assert_eq!(c.compare.unwrap(), ["a.json", "b.json"]);
+        assert_eq!(c.svg.as_deref(), Some("x.svg"));
+        assert!(Args::try_parse_from(["tangram-rollout", "--svg", "x.svg"]).is_err());
+        assert!(Args::try_parse_from(["tangram-rollout", "--turns", "0"]).is_err());
+        assert!(Args::try_parse_from(["tangram-rollout", "--compare", "a.json"]).is_err());
+    }
+
+    fn record(kind: &str, q: f64, o: f64, e: f64) -> serde_json::Value {
+        json!({"kind": kind, "outcome": "completed", "act_ms": q + o + e, "queue_ms": q, "overhead_ms": o, "exec_ms": e})
+    }
+
+    #[test]
+    fn the_picture_splits_each_kinds_act_into_queued_overhead_and_exec() {
+        let a = json!({"label": "tangram", "actions": [
+            record("sandbox_exec", 10.0, 0.0, 200.0),
+            record("sandbox_exec", 30.0, 0.0, 400.0),
+            record("reward", 5.0, 150.0, 600.0),
+        ]});
+        let b = json!({"label": "static", "actions": [
+            record("sandbox_exec", 900.0, 0.0, 300.0),
+            record("reward", 0.0, 0.0, 600.0),
+        ]});
+        let svg = act_picture(&a, &b).unwrap();
+        for want in [
+            ">queued<",
+            ">overhead<",
+            ">exec<",
+            ">tangram<",
+            ">static<",
+            ">sandbox_exec<",
+            ">reward<",
+        ] {
+            let squeezed: String = svg.split_whitespace().collect::<Vec<_>>().join("");
+            assert!(squeezed.contains(want), "{want} missing");
+        }
+        // One bar segment per non-zero part: tangram exec (queued, exec), reward (all
+        // three); static exec (queued, exec), reward (exec); plus the legend's three boxes.
+        let filled = |c: &str| svg.matches(&format!(r#"fill="{c}" stroke="none""#)).count();
+        assert_eq!(filled("#1F77B4"), 3 + 1, "queued");
+        assert_eq!(filled("#FF7F0E"), 1 + 1, "overhead");
+        assert_eq!(filled("#2CA02C"), 4 + 1, "exec");
+        assert_eq!(stats(vec![3.0, 1.0, 2.0]), (2.0, 2.0, 3.0));
+    }
 }

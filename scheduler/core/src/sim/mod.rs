@@ -14,10 +14,12 @@ mod bursty;
 pub mod calibrate;
 mod images;
 mod run;
+mod timeline;
 
 pub use bursty::Bursty;
 pub use images::{SimImages, SweImages};
 pub use run::SimStats;
+pub use timeline::{Timeline, Track, MAX_BINS};
 
 use crate::elastic::Speedup;
 use crate::model::Policy;
@@ -157,8 +159,11 @@ pub struct SimReport {
     pub utilisation: Vec<(f64, f64)>,
     /// Total cores (or GPUs) in the pool.
     pub pool_cores: u32,
-    /// The pooled resource: `cpu` (cores) or `gpu`.
+    /// The pooled resource: `cpu` (cores), `gpu` or `api`.
     pub unit: &'static str,
+    /// GPUs resident per service, restores and evictions, API calls admitted per provider
+    /// and job, over time (bounded: see [`Timeline`]).
+    pub timeline: Timeline,
 }
 
 impl SimReport {

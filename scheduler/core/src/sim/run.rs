@@ -18,6 +18,7 @@
 //! completion, so a `static` trajectory's wait for its sandbox counts against its first
 //! action, as it would for a rollout.
 
+use super::timeline::Track;
 use super::{ActionRecord, Elasticity, SimCall, SimReport, Workload};
 use crate::elastic::ElasticModel;
 use crate::engine::{Arrival, Now};
@@ -160,6 +161,8 @@ struct Driver<'w> {
     next_delivery: u64,
     /// Per CPU node: the images it holds and pulls.
     node_images: Vec<super::images::NodeImages>,
+    /// Per GPU service: GPUs its resident replicas hold now (for the report's timeline).
+    resident: BTreeMap<String, u32>,
 }
 
 /// Runs `w` under `policy` through the decision engine.
@@ -238,6 +241,12 @@ pub(crate) fn run(
             utilisation: Vec::new(),
             pool_cores: pool,
             unit: "cpu",
+            timeline: super::Timeline::with_quotas(
+                w.providers
+                    .iter()
+                    .map(|p| (p.name.clone(), p.rate_per_s))
+                    .collect(),
+            ),
         },
         stats: SimStats::default(),
         static_cores,
@@ -245,6 +254,7 @@ pub(crate) fn run(
         last_end: 0.0,
         next_delivery: 1,
         node_images: vec![Default::default(); w.nodes.len()],
+        resident: BTreeMap::new(),
     };
     let first = w
         .trajectories
@@ -261,6 +271,7 @@ pub(crate) fn run(
         .handle_all(d.heartbeats(), Now::virtual_ms(start.max(0.0) as u64));
     d.effects(fx, start);
     d.stats.gpus = d.engine.gpus().gpus().0;
+    d.resident = d.resident_now();
     for (i, t) in w.trajectories.iter().enumerate() {
         if !t.steps.is_empty() {
             d.push(t.start_ms, Kind::Start(i));
@@ -368,6 +379,14 @@ impl Driver<'_> {
             // GPU-ms held by resident replicas since the last event.
             let resident = self.engine.gpus().gpus().1;
             self.stats.gpu_reserved_ms += resident as f64 * (now - resident_since).max(0.0);
+            for (service, &gpus) in &self.resident {
+                self.report.timeline.level(
+                    Track::Resident(service.clone()),
+                    resident_since,
+                    now,
+                    gpus as f64,
+                );
+            }
             resident_since = now;
             let mut batch = vec![ev];
             while self.heap.peek().is_some_and(|e| e.at_ms <= now) {
@@ -383,6 +402,7 @@ impl Driver<'_> {
             let fx = self.engine.handle_all(events, Now::virtual_ms(now as u64));
             self.effects(fx, now);
             if self.stats.gpus > 0 {
+                self.resident = self.resident_now();
                 let resident = self.engine.gpus().gpus().1;
                 self.stats
                     .gpu_utilisation
@@ -398,6 +418,20 @@ impl Driver<'_> {
                 break;
             }
         }
+    }
+
+    /// GPUs held by each service's resident replicas, every declared service listed.
+    fn resident_now(&self) -> BTreeMap<String, u32> {
+        let mut out: BTreeMap<String, u32> = self
+            .w
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), 0))
+            .collect();
+        for r in self.engine.gpus().replicas().iter().filter(|r| r.resident) {
+            *out.entry(r.service.clone()).or_default() += r.chunk.len as u32;
+        }
+        out
     }
 
     fn event(&mut self, kind: Kind, now: f64, events: &mut Vec<Event>) {
@@ -622,10 +656,12 @@ impl Driver<'_> {
                     self.ready
                         .remove(&(e.service.clone(), worker.clone(), e.chunk));
                     self.stats.evictions += 1;
+                    self.report.timeline.count(Track::Evictions, now, 1.0);
                 }
                 let key = (route.service.clone(), worker.clone(), route.chunk);
                 let ready = if route.restore {
                     self.stats.restores += 1;
+                    self.report.timeline.count(Track::Restores, now, 1.0);
                     let at = now + self.restore_ms.get(&route.service).copied().unwrap_or(0.0);
                     self.ready.insert(key, at);
                     at
@@ -645,6 +681,13 @@ impl Driver<'_> {
             }
             ActionKind::Api => {
                 let a = &self.w.trajectories[t].steps[self.trajs[t].next].action;
+                if let SimCall::Api { provider } = &a.call {
+                    let track = Track::Admitted {
+                        provider: provider.clone(),
+                        job: self.w.trajectories[t].job.clone(),
+                    };
+                    self.report.timeline.count(track, now, 1.0);
+                }
                 result.http = Some(HttpReply {
                     status: 200,
                     headers: Default::default(),
