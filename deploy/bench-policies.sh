@@ -12,7 +12,7 @@ out="$(realpath -m "${1:-$(mktemp -d)}")"
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p tangram-cli >&2
-t=target/release/tangram
+t="${CARGO_TARGET_DIR:-target}/release/tangram"
 export TANGRAM_NO_PROGRESS=1
 
 run() {

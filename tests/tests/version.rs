@@ -10,6 +10,7 @@ fn every_binary_prints_its_version_and_git_revision() {
         "tangram-scheduler",
         "tangram-worker",
         "tangram-faults",
+        "tangram-rollout",
     ] {
         let out = Command::new(built_binary(name))
             .arg("--version")

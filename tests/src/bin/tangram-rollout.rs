@@ -51,7 +51,7 @@ const TASKS: [Task; 5] = [
 
 /// A small real rollout against a running cluster, or `--compare` of two reports.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "tangram-rollout")]
+#[command(name = "tangram-rollout", version = tangram_shared::build::VERSION)]
 struct Args {
     /// The cluster's NATS server.
     #[arg(
@@ -145,7 +145,7 @@ async fn trajectory(
         ))
         .await;
         let task = &TASKS[(t + turn as usize) % TASKS.len()];
-        let correct = draw % 3 != 0;
+        let correct = !draw.is_multiple_of(3);
         let mut a = exec(
             &format!("{job}-{traj}-turn{turn}"),
             job,

@@ -56,7 +56,7 @@ impl GpuGroup {
     /// True when the chunk is inside the group, aligned and entirely free.
     pub fn is_free(&self, start: u8, len: u8) -> bool {
         CHUNK_SIZES.contains(&len)
-            && start % len == 0
+            && start.is_multiple_of(len)
             && start + len <= self.size
             && self.used & mask(start, len) == 0
     }
@@ -384,7 +384,10 @@ impl Eoe {
                 return false;
             }
             g.take(chunk.start, chunk.len);
-        } else if chunk.start % chunk.len != 0 || chunk.start + chunk.len > g.size {
+        } else if !CHUNK_SIZES.contains(&chunk.len)
+            || !chunk.start.is_multiple_of(chunk.len)
+            || chunk.start + chunk.len > g.size
+        {
             return false;
         }
         self.replicas.push(Replica {
