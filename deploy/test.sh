@@ -13,7 +13,7 @@ profile=default
 [ -n "${CI:-}" ] && profile=ci
 # The suite ends by checking that it left nothing running (deploy/leftovers.sh).
 before=$(mktemp)
-trap 'rm -f "$before"' EXIT
+trap 'rm -f "$before" "$before.all"' EXIT
 bash deploy/leftovers.sh snapshot "$before"
 rc=0
 cargo nextest run --locked --workspace --profile "$profile" "$@" || rc=$?

@@ -227,8 +227,7 @@ fn run_go(up: &Up, name: &str, code: &str) -> String {
         .arg(src.join("main.go"))
         .env("GO111MODULE", "off")
         .env("GOPATH", "/usr/share/gocode")
-        .env("GOCACHE", up.path().join("go-cache"))
-        .env("GOFLAGS", "-mod=mod");
+        .env("GOCACHE", up.path().join("go-cache"));
     clean_env(&mut cmd);
     let out = run(cmd, Duration::from_secs(300));
     let t = text(&out);
