@@ -213,6 +213,9 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
     })
 }
 
+/// Tries at storing an action: with waits of 0.1 s doubling to 2 s, about 12 s in all.
+const PUBLISH_TRIES: u32 = 10;
+
 /// Submits and waits; returns the result.
 pub async fn submit_and_wait(
     url: &str,
@@ -228,15 +231,34 @@ pub async fn submit_and_wait(
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(subject::HEADER_MSG_ID, action.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Json.content_type());
-    let body = codec::encode(action, Encoding::Json)?;
-    let stored = js
-        .publish_with_headers(
-            subject::action(&action.job, action.kind()),
-            headers,
-            body.into(),
-        )
-        .await?
+    let body: bytes::Bytes = codec::encode(action, Encoding::Json)?.into();
+    // What is transient (no answer in time, no responder while a stream elects a leader or is
+    // not there yet) is tried again with the same id, so at most one copy is stored.
+    let mut attempt = 0;
+    let stored = loop {
+        attempt += 1;
+        let tried = async {
+            js.publish_with_headers(
+                subject::action(&action.job, action.kind()),
+                headers.clone(),
+                body.clone(),
+            )
+            .await?
+            .await
+        }
         .await;
+        match tried {
+            Err(e) if attempt < PUBLISH_TRIES && tangram_nats::publish_is_transient(&e) => {
+                tokio::time::sleep(tangram_nats::backoff::backoff(
+                    attempt,
+                    Duration::from_millis(100),
+                    Duration::from_secs(2),
+                ))
+                .await;
+            }
+            other => break other,
+        }
+    };
     match stored {
         Err(e) if tangram_nats::stream_full(&e) => anyhow::bail!(
             "the cluster refused {}: the action stream is full ({e}); work arrives faster than \

@@ -229,6 +229,20 @@ pub fn stream_full(e: &jetstream::context::PublishError) -> bool {
         .is_some_and(|j| j.error_code() == jetstream::ErrorCode::STREAM_STORE_FAILED)
 }
 
+/// Whether a publish that failed may be stored by trying again with the same message id
+/// (JetStream drops the copy if the first try was stored after all): no answer in time, a
+/// connection that broke, too many acks pending, or no responder for the subject, which is
+/// what a stream electing a leader, or one not yet created, answers. A full stream is not
+/// transient in this sense: trying again at once does not help.
+pub fn publish_is_transient(e: &jetstream::context::PublishError) -> bool {
+    use jetstream::context::PublishErrorKind as K;
+    !stream_full(e)
+        && matches!(
+            e.kind(),
+            K::StreamNotFound | K::TimedOut | K::BrokenPipe | K::MaxAckPending
+        )
+}
+
 /// A result could not be stored. The message names the cause too, because callers log the
 /// error's Display alone.
 #[derive(Debug, thiserror::Error)]
