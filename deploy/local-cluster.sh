@@ -28,7 +28,8 @@ bash deploy/build-sandbox-image.sh
 echo "building Tangram ..."
 cargo build --locked --bins --quiet
 
-tangram=target/debug/tangram
+bin="${CARGO_TARGET_DIR:-target}/debug"
+tangram=$bin/tangram
 export TANGRAM_STATE_DIR=.tangram
 up=0
 cleanup() { if [ "$up" = 1 ] && [ "$keep" = 0 ]; then $tangram down >/dev/null 2>&1 || true; fi; }
@@ -43,7 +44,7 @@ run_pass() {  # policy, extra up flags...
   up=1
   # Rollouts authenticate as the `rollout` role (tangram up wrote the seed).
   TANGRAM_NKEY_FILE=.tangram/creds/rollout.nk \
-  target/debug/tangram-rollout --nats-url "$url" --label "$policy" \
+  "$bin/tangram-rollout" --nats-url "$url" --label "$policy" \
     --report ".tangram/report-$policy.json" "${args[@]}"
   $tangram status | sed -n '/service/,$p'
 }
@@ -68,8 +69,8 @@ up=0
 
 echo
 echo "=== tangram-v2 vs static ==="
-target/debug/tangram-rollout --compare .tangram/report-tangram-v2.json .tangram/report-static.json \
+"$bin/tangram-rollout" --compare .tangram/report-tangram-v2.json .tangram/report-static.json \
   --svg rollout-act.svg
 echo
 echo "=== tangram-v2 vs tangram (the paper's policy) ==="
-target/debug/tangram-rollout --compare .tangram/report-tangram-v2.json .tangram/report-tangram.json
+"$bin/tangram-rollout" --compare .tangram/report-tangram-v2.json .tangram/report-tangram.json
