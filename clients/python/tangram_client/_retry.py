@@ -20,6 +20,8 @@ from typing import Optional, Tuple, Type
 import nats.errors
 import nats.js.errors
 
+from ._wire import STREAM_FULL
+
 TRANSIENT: Tuple[Type[BaseException], ...] = (
     # No reply in time: a lost acknowledgement, a stream electing a leader, a slow server.
     # nats-py's TimeoutError (and FlushTimeoutError) derive from asyncio's.
@@ -40,7 +42,11 @@ TRANSIENT: Tuple[Type[BaseException], ...] = (
 
 
 def is_transient(e: BaseException) -> bool:
-    """True when ``e`` is worth retrying as it is (see :data:`TRANSIENT`)."""
+    """True when ``e`` is worth retrying as it is (see :data:`TRANSIENT`). A full stream
+    answers 503 too (error code 10077), but it stays full until work drains: that is
+    backpressure for the caller, not a failure to retry at once."""
+    if isinstance(e, nats.js.errors.APIError) and e.err_code == STREAM_FULL:
+        return False
     return isinstance(e, TRANSIENT)
 
 

@@ -165,7 +165,12 @@ class TransientFailuresTest(unittest.TestCase):
                   nats.errors.ConnectionReconnectingError(), nats.errors.OutboundBufferLimitError(),
                   ConnectionResetError()):
             self.assertTrue(is_transient(e), repr(e))
-        for e in (nats.js.errors.APIError(code=400, err_code=10077, description="timeout, no responders"),
+        # A full stream answers 503 as a stream without a leader does; only its error code
+        # tells (regression: a full stream was retried and reported as unavailable, not as
+        # backpressure).
+        for e in (nats.js.errors.ServiceUnavailableError(code=503, err_code=10077,
+                                                         description="maximum messages exceeded"),
+                  nats.js.errors.APIError(code=400, err_code=10077, description="timeout, no responders"),
                   nats.js.errors.BadRequestError(), nats.errors.ConnectionClosedError(),
                   nats.errors.MaxPayloadError(), nats.errors.Error("nats: timeout")):
             self.assertFalse(is_transient(e), repr(e))
