@@ -42,18 +42,20 @@ pub fn layered_from<T: serde::de::DeserializeOwned>(
     vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> Result<T, LayerError> {
     let mut table = toml::Table::new();
+    // What the file alone says when it does not fit: the error then carries the file's line
+    // and column, so it is the one reported if the merged configuration does not fit either
+    // (a variable may complete what the file leaves out).
+    let mut file_error = None;
     if let Some(p) = path {
         let text = std::fs::read_to_string(p).map_err(|source| LayerError::Read {
             path: p.to_path_buf(),
             source,
         })?;
-        // Parsed into the type first: the error then carries the file's line and column.
-        toml::from_str::<T>(&text).map_err(|e| {
+        let at_file = |e: toml::de::Error| {
             LayerError::Layered(format!("{}: {}", p.display(), e.to_string().trim()))
-        })?;
-        table = toml::from_str(&text).map_err(|e| {
-            LayerError::Layered(format!("{}: {}", p.display(), e.to_string().trim()))
-        })?;
+        };
+        table = toml::from_str(&text).map_err(at_file)?;
+        file_error = toml::from_str::<T>(&text).err().map(at_file);
     }
     let mut vars: Vec<(String, Vec<String>, String)> = vars
         .into_iter()
@@ -70,37 +72,41 @@ pub fn layered_from<T: serde::de::DeserializeOwned>(
     // Sorted, so that two variables naming one key (differing in case) always settle the
     // same way.
     vars.sort();
+    // The first variable that fitted in no form, while the configuration did not fit: if the
+    // whole does not fit at the end, it is named (a later variable may complete a table it
+    // began, so it is not an error by itself).
+    let mut suspect: Option<(String, Vec<String>)> = None;
     for (name, key, text) in vars {
         // A value that reads as TOML (a number, a boolean, `[1, 2]`, `{a = 1}`) is taken as
         // such, unless only its text fits the key (`TANGRAM_WORKER_ID=7`); anything else is
         // a string.
-        let mut tried = Vec::with_capacity(2);
-        if let Some(v) = toml_value(&text) {
-            tried.push(v);
-        }
+        let typed = toml_value(&text);
+        let mut tried: Vec<toml::Value> = typed.iter().cloned().collect();
         tried.push(toml::Value::String(text));
-        let mut last = None;
-        for value in tried {
+        let fitted = tried.iter().find(|value| {
             let mut with = table.clone();
-            set(&mut with, &key, value);
-            match T::deserialize(toml::Value::Table(with.clone())) {
-                Ok(_) => {
-                    table = with;
-                    last = None;
-                    break;
-                }
-                Err(e) => last = Some(e),
+            set(&mut with, &key, (*value).clone());
+            T::deserialize(toml::Value::Table(with)).is_ok()
+        });
+        match fitted {
+            Some(value) => set(&mut table, &key, value.clone()),
+            None => {
+                let value = tried.swap_remove(0);
+                set(&mut table, &key, value);
+                suspect.get_or_insert((name, key));
             }
         }
-        if let Some(e) = last {
-            return Err(LayerError::Layered(format!(
-                "{name} (key {}): {}",
-                key.join("."),
-                e.to_string().trim()
-            )));
-        }
     }
-    T::deserialize(toml::Value::Table(table)).map_err(|e| LayerError::Layered(e.to_string()))
+    T::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let e = e.to_string();
+        match (suspect, file_error) {
+            (Some((name, key)), _) => {
+                LayerError::Layered(format!("{name} (key {}): {}", key.join("."), e.trim()))
+            }
+            (None, Some(file)) => file,
+            (None, None) => LayerError::Layered(e.trim().to_string()),
+        }
+    })
 }
 
 /// `over` laid on `base`: tables merge key by key, anything else in `over` replaces.
@@ -269,6 +275,58 @@ mod tests {
         let e = layered_from::<Raw>(Some(Path::new("/no/such/file.toml")), "T_", vars(&[]))
             .unwrap_err();
         assert!(matches!(e, LayerError::Read { .. }), "{e}");
+    }
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Pool {
+        seeds: String,
+        locks: String,
+    }
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Required {
+        name: String,
+        pool: Option<Pool>,
+    }
+
+    /// Regression: each variable was checked against the whole configuration on its own, so
+    /// a table whose required keys come from two variables, or a file that leaves a required
+    /// key to a variable, was refused.
+    #[test]
+    fn variables_may_complete_what_the_file_or_another_variable_began() {
+        let r: Required = layered_from(
+            None,
+            "T_",
+            vars(&[("T_POOL__LOCKS", "/l"), ("T_POOL__SEEDS", "/s"), ("T_NAME", "x")]),
+        )
+        .unwrap();
+        let pool = Pool {
+            seeds: "/s".into(),
+            locks: "/l".into(),
+        };
+        assert_eq!(
+            r,
+            Required {
+                name: "x".into(),
+                pool: Some(pool)
+            }
+        );
+        let (_d, path) = file("pool = { seeds = \"/s\", locks = \"/l\" }\n");
+        let r: Required = layered_from(Some(&path), "T_", vars(&[("T_NAME", "y")])).unwrap();
+        assert_eq!(r.name, "y");
+        // Left incomplete, the error names the variable that began the table.
+        let e = layered_from::<Required>(None, "T_", vars(&[("T_POOL__LOCKS", "/l"), ("T_NAME", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("T_POOL__LOCKS") && e.contains("seeds"), "{e}");
+        // And a file that misses what no variable gives is reported at the file.
+        let (_d, path) = file("pool = { seeds = \"/s\", locks = \"/l\" }\n");
+        let e = layered_from::<Required>(Some(&path), "T_", vars(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("c.toml") && e.contains("name"), "{e}");
     }
 
     #[test]
