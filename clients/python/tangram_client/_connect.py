@@ -141,6 +141,12 @@ async def open_connection(url: Union[str, Sequence[str]], nkeys_seed: Optional[s
         else:
             log.warning("nats: %r", e)
 
+    # The caller's connection callbacks hear of this connection once it is up: a first
+    # connect that fails is reported once, by the error raised.
+    for name in ("closed_cb", "disconnected_cb"):
+        if options.get(name) is not None:
+            options[name] = _once_connected(options[name], lambda: connected)
+
     nc = NatsClient()
     # Each server twice: a server restarting, or one address of several down, still lets
     # the connect through; a refusal or a wrong address ends it in about a second.
@@ -168,6 +174,14 @@ async def open_connection(url: Union[str, Sequence[str]], nkeys_seed: Optional[s
     connected = True
     nc.options.update(after)
     return nc
+
+
+def _once_connected(cb: Callable[[], Awaitable[None]], up: Callable[[], bool]) -> Callable[[], Awaitable[None]]:
+    """``cb``, called only once ``up()`` holds."""
+    async def gated() -> None:
+        if up():
+            await cb()
+    return gated
 
 
 def _is_bad_seed(e: BaseException) -> bool:

@@ -87,9 +87,17 @@ class ConnectFailsFastTest(unittest.TestCase):
 
     def test_a_server_that_is_down_says_so(self):
         url = f"nats://127.0.0.1:{closed_port()}"
-        e = self.connect_error(url, nkeys_seed=SEED)
+        heard = []
+
+        async def closed():
+            heard.append("closed")
+
+        e = self.connect_error(url, nkeys_seed=SEED, closed_cb=closed, disconnected_cb=closed)
         self.assertIn("server is running", str(e))
         self.assertIsInstance(e.__cause__, Exception)
+        # The failure is reported once, by the error: the connection callbacks hear nothing
+        # of a connection that never came up.
+        self.assertEqual(heard, [])
 
     def test_comma_separated_and_listed_urls_connect(self):
         down = f"nats://127.0.0.1:{closed_port()}"
