@@ -53,12 +53,8 @@ fn blocks(markdown: &str) -> Vec<Block> {
     out
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
+use common::{free_port, repo};
 
 fn doc(name: &str) -> String {
     std::fs::read_to_string(repo().join(name)).unwrap()
@@ -127,11 +123,7 @@ struct Up {
 impl Up {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tangram"));
         cmd.current_dir(dir.path())
             .args(["up", "--nats-port", &port.to_string(), "--workers", "1"])

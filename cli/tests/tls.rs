@@ -7,16 +7,13 @@ use rcgen::{
     KeyPair, SanType,
 };
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
+use common::{free_port, repo, wait_listening, Procs};
+
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files in `dir`.
 fn certificates(dir: &Path) {
@@ -44,23 +41,6 @@ fn certificates(dir: &Path) {
     }
 }
 
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn tangram(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tangram"))
@@ -110,16 +90,8 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
             .spawn()
             .expect("tools/bin/nats-server: run `bash deploy/install-tools.sh`"),
     );
-    // The server listens before the scheduler dials it (bounded).
-    let began = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "nats-server never listened: {}",
-            std::fs::read_to_string(d.join("nats.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The server listens before the scheduler dials it.
+    wait_listening(port, &d.join("nats.log"));
     let url = format!("tls://127.0.0.1:{port}");
     let ca = d.join("ca.pem");
     let cert = d.join("client.pem");

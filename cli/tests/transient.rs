@@ -2,50 +2,37 @@
 //! store it (not created yet here; a stream electing a leader answers the same way) is tried
 //! again with the same id until it is stored, and the one result comes back.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+mod common;
+use common::{free_port, repo, wait_listening, Procs};
 
 #[test]
 fn a_submit_made_before_its_stream_can_store_it_is_retried_with_its_id() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut procs = Procs(vec![]);
+    // The file store sized, so that the streams fit however full the disk is.
+    std::fs::write(
+        d.join("nats.conf"),
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\", max_file_store: 20GB }}\n",
+            d.join("js").display()
+        ),
+    )
+    .unwrap();
     procs.0.push(
         Command::new(repo().join("tools/bin/nats-server"))
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(d.join("js"))
+            .arg("-c")
+            .arg(d.join("nats.conf"))
             .stderr(std::fs::File::create(d.join("nats.log")).unwrap())
             .spawn()
             .expect("tools/bin/nats-server: run `bash deploy/install-tools.sh`"),
     );
-    let began = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(began.elapsed() < Duration::from_secs(20), "nats-server never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_listening(port, &d.join("nats.log"));
     let url = format!("nats://127.0.0.1:{port}");
     // No scheduler yet, so no stream: the publish finds no responder.
     let submit = Command::new(env!("CARGO_BIN_EXE_tangram"))
@@ -75,7 +62,12 @@ fn a_submit_made_before_its_stream_can_store_it_is_retried_with_its_id() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("submit did not print its result ({e}): {text}"));
+        .unwrap_or_else(|e| {
+            panic!(
+                "submit did not print its result ({e}): {text}\nscheduler: {}",
+                std::fs::read_to_string(d.join("scheduler.log")).unwrap_or_default()
+            )
+        });
     assert_eq!(r["id"], "retried-1", "{r}");
     assert_eq!(r["outcome"]["code"], "unknown_service", "{r}");
 }
