@@ -5,17 +5,17 @@
 use anyhow::{bail, Context as _};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use tangram_shared::status::Status;
 use tokio::time::Instant;
 
 mod files;
+mod status;
 
 pub(crate) use files::apply_config_file;
 use files::{prometheus_config, GpuProvider, GpuSection, GpuService, GpuWorkerFile};
+pub use status::{fetch_status, status};
 
 const SERVER_CONF: &str = include_str!("../../../nats/server.conf");
 const REPLICA_PY: &str = include_str!("../../../services/reference-replica/replica.py");
@@ -637,33 +637,6 @@ pub fn credentials(
     creds
 }
 
-/// Asks the scheduler for its status.
-pub fn fetch_status(
-    url: &str,
-    creds: &tangram_nats::auth::Credentials,
-    timeout: Duration,
-) -> anyhow::Result<Status> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let client = tokio::time::timeout(
-            timeout,
-            tangram_nats::auth::connect(url, "tangram-cli", creds),
-        )
-        .await
-        .context("connecting to NATS timed out")??;
-        let reply = tokio::time::timeout(
-            timeout,
-            client.request(tangram_shared::subject::STATUS, "".into()),
-        )
-        .await
-        .context("the scheduler did not answer (is it running?)")?
-        .context("asking the scheduler for its status")?;
-        Ok(serde_json::from_slice(&reply.payload)?)
-    })
-}
-
 /// The NATS URL: the flag, else the recorded cluster's, else the default.
 pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
     explicit
@@ -672,212 +645,4 @@ pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
             Some(serde_json::from_str::<Running>(&text).ok()?.nats_url)
         })
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into())
-}
-
-/// What `tangram status` says after a worker's row: stopping, draining, cordoned.
-fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
-    if w.draining {
-        "stopping".into()
-    } else if let Some(by) = w.drain_by_unix_ms {
-        let left_s = by.saturating_sub(crate::cordon::unix_ms()) / 1000;
-        format!(
-            "draining ({} running, {} sandboxes, closed in {left_s} s)",
-            w.running, w.sandboxes
-        )
-    } else if w.cordoned {
-        format!(
-            "cordoned ({} running, {} sandboxes)",
-            w.running, w.sandboxes
-        )
-    } else {
-        String::new()
-    }
-}
-
-/// `tangram status`.
-pub fn status(
-    url: &str,
-    creds: &tangram_nats::auth::Credentials,
-    json: bool,
-) -> anyhow::Result<()> {
-    let st = fetch_status(url, creds, Duration::from_secs(5))?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
-        return Ok(());
-    }
-    println!(
-        "scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open",
-        st.epoch, st.policy, st.uptime_s, st.sandboxes
-    );
-    if let Some(l) = &st.leader {
-        println!("leader: {} (pid {} on {})", l.id, l.pid, l.host);
-    }
-    if st.standbys.is_empty() {
-        println!("standbys: none");
-    } else {
-        let list: Vec<String> = st
-            .standbys
-            .iter()
-            .map(|s| format!("{} (pid {} on {})", s.id, s.pid, s.host))
-            .collect();
-        println!("standbys: {}", list.join(", "));
-    }
-    let mut t = crate::table::new([
-        "worker",
-        "cores used",
-        "memory used (MiB)",
-        "GPUs",
-        "last seen",
-        "state",
-    ]);
-    crate::table::left(&mut t, &[5]);
-    for w in &st.workers {
-        t.add_row([
-            w.id.to_string(),
-            format!("{} / {}", w.cores_used, w.cores),
-            format!("{} / {}", w.mem_used_mb, w.mem_mb),
-            if w.gpus > 0 {
-                format!("{} {}", w.gpus, w.gpu_source.as_deref().unwrap_or(""))
-                    .trim_end()
-                    .to_string()
-            } else {
-                "-".into()
-            },
-            format!("{:.1}s", w.last_seen_s),
-            worker_state(w),
-        ]);
-    }
-    print!("\n{}", crate::table::render(&t, ""));
-    let pools: Vec<_> = st
-        .workers
-        .iter()
-        .filter_map(|w| w.warm.map(|p| (w.id.as_str(), p)))
-        .collect();
-    if !pools.is_empty() {
-        let mut t = crate::table::new([
-            "warm pool",
-            "ready/target",
-            "hits",
-            "misses",
-            "hit rate",
-            "memory (MiB)",
-        ]);
-        for (id, p) in pools {
-            let claims = p.hits + p.misses;
-            let rate = if claims == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.0}%", 100.0 * p.hits as f64 / claims as f64)
-            };
-            t.add_row([
-                id.to_string(),
-                format!("{} / {}", p.ready, p.target),
-                p.hits.to_string(),
-                p.misses.to_string(),
-                rate,
-                p.mem_mb.to_string(),
-            ]);
-        }
-        print!("\n{}", crate::table::render(&t, ""));
-    }
-    let caches: Vec<_> = st.workers.iter().filter(|w| !w.images.is_empty()).collect();
-    if !caches.is_empty() {
-        let mut t = crate::table::new(["image cache", "images", "disk (MiB)", "references"]);
-        crate::table::left(&mut t, &[3]);
-        for w in caches {
-            // One image on disk however many references name it.
-            let mut ids: BTreeMap<&str, u64> = BTreeMap::new();
-            for i in &w.images {
-                ids.insert(i.id.as_str(), i.size_bytes);
-            }
-            let refs: Vec<&str> = w.images.iter().map(|i| i.reference.as_str()).collect();
-            t.add_row([
-                w.id.to_string(),
-                ids.len().to_string(),
-                (ids.values().sum::<u64>() >> 20).to_string(),
-                refs.join(", "),
-            ]);
-        }
-        print!("\n{}", crate::table::render(&t, ""));
-    }
-    let fmt = |m: &BTreeMap<String, usize>| {
-        if m.is_empty() {
-            "none".to_string()
-        } else {
-            m.iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
-    println!(
-        "\nqueued: {}\nrunning: {}",
-        fmt(&st.queued),
-        fmt(&st.running)
-    );
-    if let Some(n) = st.backlog.filter(|n| *n > 0) {
-        println!("backlog: {n} action(s) stored and not yet taken in by the scheduler");
-    }
-    let waiting: Vec<_> = st.queues.iter().filter(|(_, q)| q.depth > 0).collect();
-    if !waiting.is_empty() {
-        let mut t = crate::table::new(["queue", "depth", "oldest", "est. wait", "done/s"]);
-        for (k, q) in waiting {
-            let est = q
-                .est_wait_s
-                .map_or_else(|| "unknown".to_string(), |s| format!("{s:.1} s"));
-            t.add_row([
-                k.to_string(),
-                q.depth.to_string(),
-                format!("{:.1} s", q.oldest_wait_s),
-                est,
-                format!("{:.1}", q.throughput_per_s),
-            ]);
-        }
-        print!("\n{}", crate::table::render(&t, ""));
-    }
-    if !st.services.is_empty() {
-        let mut t = crate::table::new(["service", "GPUs", "restore", "busy", "resident on"]);
-        crate::table::left(&mut t, &[4]);
-        for s in &st.services {
-            t.add_row([
-                s.name.to_string(),
-                s.gpus.to_string(),
-                format!("{}ms", s.restore_ms),
-                s.busy.to_string(),
-                if s.resident.is_empty() {
-                    "(evicted: state in host memory)".to_string()
-                } else {
-                    s.resident.join(", ")
-                },
-            ]);
-        }
-        print!("\n{}", crate::table::render(&t, ""));
-    }
-    for p in &st.providers {
-        println!(
-            "\nprovider {}: {:.1}/s declared, {:.1}/s in force, {} / {} in flight, admitted {:?}",
-            p.name, p.rate_per_s, p.effective_rate_per_s, p.inflight, p.concurrency, p.admitted
-        );
-    }
-    if !st.recent.is_empty() {
-        println!("\nrecent ACT (last results, by kind):");
-        let mut t = crate::table::new([
-            "kind", "count", "mean", "p50", "p99", "queue", "overhead", "exec",
-        ]);
-        for (k, a) in &st.recent {
-            let secs = |v: f64| format!("{v:.3}s");
-            t.add_row([
-                k.to_string(),
-                a.count.to_string(),
-                secs(a.mean_s),
-                secs(a.p50_s),
-                secs(a.p99_s),
-                secs(a.queued_s),
-                secs(a.overhead_s),
-                secs(a.exec_s),
-            ]);
-        }
-        print!("{}", crate::table::render(&t, ""));
-    }
-    Ok(())
 }
