@@ -87,12 +87,12 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
         let _ = se.read_to_end(&mut b);
         b
     });
-    let deadline = std::time::Instant::now() + limit;
+    let deadline = tokio::time::Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        if std::time::Instant::now() > deadline {
+        if tokio::time::Instant::now() > deadline {
             let _ = child.kill();
             let s = child.wait().unwrap();
             let partial = Output {
@@ -290,7 +290,11 @@ fn the_docs_examples_run_as_written_against_tangram_up() {
         clean_env(&mut cmd);
         let out = run(cmd, Duration::from_secs(300));
         let t = text(&out);
-        assert!(out.status.success(), "README block failed:\n{}\n---\n{t}", b.code);
+        assert!(
+            out.status.success(),
+            "README block failed:\n{}\n---\n{t}",
+            b.code
+        );
         assert_no_failure("README", &t);
     }
     let tour_python: Vec<&Block> = tour.iter().filter(|b| b.lang == "python").collect();
@@ -329,7 +333,9 @@ fn blocks_are_read_with_their_language_and_heading() {
     assert_eq!((b[0].lang.as_str(), b[0].heading.as_str()), ("sh", "A"));
     assert_eq!(b[1].heading, "B c");
     assert_eq!(b[1].code, "print(1)\nprint(2)\n");
-    assert!(runs_here("tangram status\n# a comment\ntangram status --json\n"));
+    assert!(runs_here(
+        "tangram status\n# a comment\ntangram status --json\n"
+    ));
     assert!(!runs_here("tangram inspect <action-id>\n"));
     assert!(!runs_here("bash deploy/local-cluster.sh --keep\n"));
 }

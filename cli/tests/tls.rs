@@ -9,11 +9,11 @@ use rcgen::{
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 mod common;
 use common::{free_port, repo, wait_listening, Procs};
-
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files in `dir`.
 fn certificates(dir: &Path) {
@@ -40,7 +40,6 @@ fn certificates(dir: &Path) {
         std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
     }
 }
-
 
 fn tangram(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tangram"))
@@ -102,17 +101,34 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
         key.to_str().unwrap(),
     );
     // The scheduler, a binary of the same build, connects with the same flags.
-    let scheduler = Path::new(env!("CARGO_BIN_EXE_tangram"))
-        .with_file_name("tangram-scheduler");
+    let scheduler = Path::new(env!("CARGO_BIN_EXE_tangram")).with_file_name("tangram-scheduler");
     procs.0.push(
         Command::new(&scheduler)
-            .args(["--nats-url", &url, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key])
+            .args([
+                "--nats-url",
+                &url,
+                "--tls-ca",
+                ca,
+                "--tls-cert",
+                cert,
+                "--tls-key",
+                key,
+            ])
             .stdout(std::fs::File::create(d.join("scheduler.log")).unwrap())
             .stderr(std::fs::File::create(d.join("scheduler.err")).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e} (cargo build --bins)", scheduler.display())),
     );
-    let tls = ["--nats-url", &url, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key];
+    let tls = [
+        "--nats-url",
+        &url,
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+    ];
     let with_tls = |args: &[&str]| -> Output {
         let mut all: Vec<&str> = args.to_vec();
         all.extend_from_slice(&tls);
@@ -149,7 +165,15 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
         assert!(o.status.success(), "{args:?}: {}", text(&o));
     }
     // submit gets its result (a rejection from the scheduler: no service is served).
-    let o = with_tls(&["submit", "reward", "--service", "nope", "--input", "x", "--json"]);
+    let o = with_tls(&[
+        "submit",
+        "reward",
+        "--service",
+        "nope",
+        "--input",
+        "x",
+        "--json",
+    ]);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("submit over TLS: {e}: {}", text(&o)));
     assert_eq!(r["outcome"]["code"], "unknown_service", "{r}");
@@ -166,7 +190,10 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
 
     // Without a client certificate, or without the CA, it fails at once and names the flag.
     for (args, flag) in [
-        (vec!["status", "--nats-url", &url, "--tls-ca", ca], "--tls-cert"),
+        (
+            vec!["status", "--nats-url", &url, "--tls-ca", ca],
+            "--tls-cert",
+        ),
         (vec!["status", "--nats-url", &url], "--tls-ca"),
     ] {
         let began = Instant::now();

@@ -37,7 +37,15 @@ fn a_submit_made_before_its_stream_can_store_it_is_retried_with_its_id() {
     // No scheduler yet, so no stream: the publish finds no responder.
     let submit = Command::new(env!("CARGO_BIN_EXE_tangram"))
         .args(["submit", "reward", "--service", "nope", "--input", "x"])
-        .args(["--id", "retried-1", "--json", "--wait-s", "60", "--nats-url", &url])
+        .args([
+            "--id",
+            "retried-1",
+            "--json",
+            "--wait-s",
+            "60",
+            "--nats-url",
+            &url,
+        ])
         .env("TANGRAM_STATE_DIR", d.join("no-state"))
         .env_remove("TANGRAM_NKEY_FILE")
         .stdout(Stdio::piped())
@@ -46,7 +54,8 @@ fn a_submit_made_before_its_stream_can_store_it_is_retried_with_its_id() {
         .unwrap();
     // Past the first tries (0.1 + 0.2 + 0.4 s of waits), the scheduler creates the streams.
     std::thread::sleep(Duration::from_millis(1500));
-    let scheduler: &Path = &Path::new(env!("CARGO_BIN_EXE_tangram")).with_file_name("tangram-scheduler");
+    let scheduler: &Path =
+        &Path::new(env!("CARGO_BIN_EXE_tangram")).with_file_name("tangram-scheduler");
     procs.0.push(
         Command::new(scheduler)
             .args(["--nats-url", &url])
@@ -61,13 +70,12 @@ fn a_submit_made_before_its_stream_can_store_it_is_retried_with_its_id() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| {
-            panic!(
-                "submit did not print its result ({e}): {text}\nscheduler: {}",
-                std::fs::read_to_string(d.join("scheduler.log")).unwrap_or_default()
-            )
-        });
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "submit did not print its result ({e}): {text}\nscheduler: {}",
+            std::fs::read_to_string(d.join("scheduler.log")).unwrap_or_default()
+        )
+    });
     assert_eq!(r["id"], "retried-1", "{r}");
     assert_eq!(r["outcome"]["code"], "unknown_service", "{r}");
 }

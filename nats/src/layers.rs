@@ -299,7 +299,11 @@ mod tests {
         let r: Required = layered_from(
             None,
             "T_",
-            vars(&[("T_POOL__LOCKS", "/l"), ("T_POOL__SEEDS", "/s"), ("T_NAME", "x")]),
+            vars(&[
+                ("T_POOL__LOCKS", "/l"),
+                ("T_POOL__SEEDS", "/s"),
+                ("T_NAME", "x"),
+            ]),
         )
         .unwrap();
         let pool = Pool {
@@ -317,9 +321,13 @@ mod tests {
         let r: Required = layered_from(Some(&path), "T_", vars(&[("T_NAME", "y")])).unwrap();
         assert_eq!(r.name, "y");
         // Left incomplete, the error names the variable that began the table.
-        let e = layered_from::<Required>(None, "T_", vars(&[("T_POOL__LOCKS", "/l"), ("T_NAME", "x")]))
-            .unwrap_err()
-            .to_string();
+        let e = layered_from::<Required>(
+            None,
+            "T_",
+            vars(&[("T_POOL__LOCKS", "/l"), ("T_NAME", "x")]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("T_POOL__LOCKS") && e.contains("seeds"), "{e}");
         // And a file that misses what no variable gives is reported at the file.
         let (_d, path) = file("pool = { seeds = \"/s\", locks = \"/l\" }\n");

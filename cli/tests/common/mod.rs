@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The repository's root.
 pub fn repo() -> PathBuf {

@@ -214,7 +214,12 @@ impl Figure {
                     .unwrap_or(0)
             })
             .collect();
-        let head = if self.subtitle.is_some() { 52 } else { 34 };
+        let sub_lines = self
+            .subtitle
+            .as_deref()
+            .map(|s| wrap(s, chars_across(width, SUBTITLE_PX)))
+            .unwrap_or_default();
+        let head = 34 + SUBTITLE_LINE * sub_lines.len() as u32;
         let foot = keys_height(&self.legend, width);
         let height = head + row_heights.iter().sum::<u32>() + foot;
         let mut out = String::new();
@@ -228,14 +233,14 @@ impl Figure {
                 (width as i32 / 2, 8),
             )
             .map_err(err)?;
-            if let Some(sub) = &self.subtitle {
+            for (i, line) in sub_lines.iter().enumerate() {
                 root.draw_text(
-                    sub,
-                    &(FONT, 13)
+                    line,
+                    &(FONT, SUBTITLE_PX)
                         .into_font()
                         .color(&RGBColor(85, 85, 85))
                         .pos(centre),
-                    (width as i32 / 2, 32),
+                    (width as i32 / 2, 32 + (SUBTITLE_LINE as i32) * i as i32),
                 )
                 .map_err(err)?;
             }
@@ -258,8 +263,48 @@ impl Figure {
     }
 }
 
+/// The subtitle's font size, and the height of one of its lines.
+const SUBTITLE_PX: u32 = 13;
+const SUBTITLE_LINE: u32 = 18;
+
+/// About how many characters of a `px` font fit across `width` pixels, with a margin (an
+/// average glyph of this font is a little over half its size wide).
+fn chars_across(width: u32, px: u32) -> usize {
+    ((width.saturating_sub(40)) as f64 / (px as f64 * 0.56)).max(20.0) as usize
+}
+
+/// `text` in lines of at most `max` characters, broken between words (a word longer than a
+/// line stands alone).
+fn wrap(text: &str, max: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= max => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_subtitle_is_wrapped_between_words_to_the_figures_width() {
+        let lines = super::wrap("cell: fewest GPUs within 10% of static; fixed: 9 teachers", 25);
+        assert_eq!(
+            lines,
+            ["cell: fewest GPUs within", "10% of static; fixed: 9", "teachers"]
+        );
+        assert!(lines.iter().all(|l| l.chars().count() <= 25));
+        assert_eq!(super::wrap("short", 25), ["short"]);
+        // A 760-pixel figure takes about a hundred characters of 13 px a line.
+        let n = super::chars_across(760, 13);
+        assert!((90..=105).contains(&n), "{n}");
+    }
+
     use super::draw::{key_layout, stack};
     use super::*;
 
