@@ -269,3 +269,21 @@ fn rebalancing_packs_calls_onto_the_fullest_replica_so_surplus_ones_go_idle() {
     assert!(run(true), "packed onto the fuller replica");
     assert!(!run(false), "tangram spreads onto the less busy one");
 }
+
+#[test]
+fn a_reported_replica_on_a_chunk_of_no_size_is_refused_not_a_panic() {
+    // Regression: a heartbeat listing an evicted replica on a chunk of length 0 divided by
+    // zero in the alignment check and took the scheduler down.
+    let mut e = Eoe::new([svc("a", 1)]);
+    e.set_node(&w("g0"), &[2], true);
+    for len in [0, 3] {
+        let bad = Chunk {
+            group: 0,
+            start: 0,
+            len,
+        };
+        assert!(!e.adopt("a", &w("g0"), bad, false, 0), "len {len}");
+        assert!(!e.adopt("a", &w("g0"), bad, true, 0), "len {len}");
+    }
+    assert!(e.replicas().is_empty());
+}
