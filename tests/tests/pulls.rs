@@ -192,7 +192,10 @@ async fn prepull_makes_an_image_present_so_the_open_pulls_nothing() -> anyhow::R
     let mut cluster = Cluster::start_secured_with(&[], &["pre-a"], &["pre"]).await?;
     start_worker_on(&mut cluster, &reg, "pre-a", None, None, None)?;
     let c = cluster.client("pre").await?;
-    c.wait_for_workers(&["pre-a"], T).await?;
+    // The CLI picks workers from the scheduler's status: wait until it lists this one
+    // (regression: a heartbeat seen by the test, not yet by the scheduler, and the CLI found
+    // "no CPU worker taking new work").
+    c.wait_for_scheduler_to_know(&["pre-a"], T).await?;
 
     let (ok, replies) = prepull_cli(&cluster, "operator.nk", &["--workers", "1", &image])?;
     assert!(ok, "{replies:?}");
