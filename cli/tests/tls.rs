@@ -100,25 +100,6 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
         cert.to_str().unwrap(),
         key.to_str().unwrap(),
     );
-    // The scheduler, a binary of the same build, connects with the same flags.
-    let scheduler = Path::new(env!("CARGO_BIN_EXE_tangram")).with_file_name("tangram-scheduler");
-    procs.0.push(
-        Command::new(&scheduler)
-            .args([
-                "--nats-url",
-                &url,
-                "--tls-ca",
-                ca,
-                "--tls-cert",
-                cert,
-                "--tls-key",
-                key,
-            ])
-            .stdout(std::fs::File::create(d.join("scheduler.log")).unwrap())
-            .stderr(std::fs::File::create(d.join("scheduler.err")).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{}: {e} (cargo build --bins)", scheduler.display())),
-    );
     let tls = [
         "--nats-url",
         &url,
@@ -129,6 +110,16 @@ fn every_nats_command_of_the_cli_reaches_a_tls_fleet_that_verifies_clients() {
         "--tls-key",
         key,
     ];
+    // The scheduler, a binary of the same build, connects with the same flags.
+    let scheduler = Path::new(env!("CARGO_BIN_EXE_tangram")).with_file_name("tangram-scheduler");
+    procs.0.push(
+        Command::new(&scheduler)
+            .args(tls)
+            .stdout(std::fs::File::create(d.join("scheduler.log")).unwrap())
+            .stderr(std::fs::File::create(d.join("scheduler.err")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e} (cargo build --bins)", scheduler.display())),
+    );
     let with_tls = |args: &[&str]| -> Output {
         let mut all: Vec<&str> = args.to_vec();
         all.extend_from_slice(&tls);
