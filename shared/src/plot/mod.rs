@@ -293,10 +293,17 @@ fn wrap(text: &str, max: usize) -> Vec<String> {
 mod tests {
     #[test]
     fn a_long_subtitle_is_wrapped_between_words_to_the_figures_width() {
-        let lines = super::wrap("cell: fewest GPUs within 10% of static; fixed: 9 teachers", 25);
+        let lines = super::wrap(
+            "cell: fewest GPUs within 10% of static; fixed: 9 teachers",
+            25,
+        );
         assert_eq!(
             lines,
-            ["cell: fewest GPUs within", "10% of static; fixed: 9", "teachers"]
+            [
+                "cell: fewest GPUs within",
+                "10% of static; fixed: 9",
+                "teachers"
+            ]
         );
         assert!(lines.iter().all(|l| l.chars().count() <= 25));
         assert_eq!(super::wrap("short", 25), ["short"]);
