@@ -395,7 +395,7 @@ pub async fn lookup(
     .await?;
     let dispatches = streams::scan(
         js,
-        subject::DISPATCH_STREAM,
+        subject::HISTORY_STREAM,
         &by(vec![format!("{}.dispatch.*.{id}", subject::PREFIX)]),
     )
     .await?;
@@ -417,7 +417,7 @@ pub async fn lookup(
         });
     let headers = streams::scan(
         js,
-        subject::ACTIONS_STREAM,
+        subject::HISTORY_STREAM,
         &Scan {
             filters: vec![format!(
                 "{}.action.{}.>",
@@ -434,7 +434,7 @@ pub async fn lookup(
         .find(|r| r.header(subject::HEADER_MSG_ID) == Some(id))
     {
         Some(h) => Some(
-            streams::get(js, subject::ACTIONS_STREAM, h.seq)
+            streams::get(js, subject::HISTORY_STREAM, h.seq)
                 .await
                 .context("fetching the action")?,
         ),

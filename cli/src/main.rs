@@ -23,6 +23,7 @@ mod streams;
 mod submit;
 mod table;
 mod trace;
+mod upgrade;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
@@ -83,6 +84,11 @@ pub(crate) enum Command {
     Images {
         #[command(subcommand)]
         what: images::ImagesCommand,
+    },
+    /// The JetStream streams: `upgrade` converts a cluster made by an earlier release.
+    Streams {
+        #[command(subcommand)]
+        what: upgrade::StreamsCommand,
     },
     /// Write a fleet's credentials: one nkey seed per role (operator, scheduler, rollout,
     /// each worker, each named job's rollout) and the servers' authorization.conf. Seeds
@@ -292,6 +298,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
         Command::Drain(a) => cordon::drain(a),
         Command::Images { what } => images::run(what),
+        Command::Streams { what } => upgrade::run(what),
         Command::Creds { dir, workers, jobs } => creds::fleet(&dir, &workers, &jobs),
         Command::Probe { addr, path } => {
             match probe::probe(&addr, &path, std::time::Duration::from_secs(3)) {

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod backoff;
 pub mod layers;
 pub mod streams;
+pub mod upgrade;
 
 use async_nats::jetstream::{self, consumer, stream};
 use std::time::Duration;
@@ -14,11 +15,13 @@ use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, ActionResult, WorkerId};
 
 /// The stream definitions, in creation order.
-pub const STREAMS: [(&str, &str); 4] = [
+pub const STREAMS: [(&str, &str); 5] = [
     ("actions", include_str!("../streams/actions.json")),
     ("results", include_str!("../streams/results.json")),
     ("dispatch", include_str!("../streams/dispatch.json")),
     ("deadletter", include_str!("../streams/deadletter.json")),
+    // Last: it sources the backlog streams.
+    ("history", include_str!("../streams/history.json")),
 ];
 
 const SCHEDULER_CONSUMER: &str = include_str!("../consumers/scheduler.json");
@@ -67,6 +70,13 @@ pub enum SetupError {
         name: String,
         /// Why.
         why: String,
+    },
+    /// A backlog stream was created by an earlier release (limits retention: it keeps
+    /// history, so it fills and refuses work); `tangram streams upgrade` converts it.
+    #[error("stream {name} has the layout of an earlier release (it keeps history and fills up); stop the schedulers and workers and run `tangram streams upgrade` (docs/PROTOCOL.md, Streams)")]
+    OldLayout {
+        /// Which stream.
+        name: String,
     },
     /// A stream could not be looked up.
     #[error("looking up stream {name}: {source}")]
@@ -219,6 +229,22 @@ pub async fn worker_consumer(
     }
 }
 
+/// JetStream's optimistic-concurrency header: the subject's last sequence must be this (0:
+/// the subject holds no message).
+const HEADER_EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+
+/// JetStream's "wrong last sequence" error: the subject holds a message already.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
+
+/// Whether a publish was refused because its subject holds a message already (it was sent
+/// with `Nats-Expected-Last-Subject-Sequence: 0`).
+pub fn result_exists(e: &jetstream::context::PublishError) -> bool {
+    use std::error::Error as _;
+    e.source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|j| j.error_code() == jetstream::ErrorCode(WRONG_LAST_SEQUENCE))
+}
+
 /// Whether a publish was refused because its stream is full: the streams that hold
 /// unprocessed work discard new messages rather than old ones, so a full stream turns
 /// publishers away (JetStream error 10077) instead of deleting what is not yet processed.
@@ -311,6 +337,10 @@ pub async fn publish_result(
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(subject::HEADER_MSG_ID, result.id.as_str());
     headers.insert(subject::HEADER_CONTENT_TYPE, encoding.content_type());
+    // Stored only while the subject holds no result: a late completion after a settlement
+    // (or a settlement after a completion) is refused by the server, whenever it comes,
+    // where the duplicate window would have let it through after two minutes.
+    headers.insert(HEADER_EXPECTED_LAST_SUBJECT_SEQ, "0");
     let subject = subject::result(&result.job, &result.id);
     let attempts = attempts.max(1);
     let mut attempt = 0;
@@ -335,6 +365,13 @@ pub async fn publish_result(
         };
         match stored {
             Ok(()) => return Ok(()),
+            // A result is stored under this subject already: this one's earlier try, or
+            // another result (a settlement that came first). Either way the action has its
+            // one result, and this one must not be a second.
+            Err(e) if result_exists(&e) => {
+                tracing::info!(action = %result.id, "a result is stored for this action already; this one is not stored");
+                return Ok(());
+            }
             Err(source) if attempt >= attempts => {
                 return Err(PublishError::Publish { attempts, source })
             }
@@ -359,19 +396,37 @@ mod tests {
                 subject::ACTIONS_STREAM,
                 subject::RESULTS_STREAM,
                 subject::DISPATCH_STREAM,
-                subject::DEADLETTER_STREAM
+                subject::DEADLETTER_STREAM,
+                subject::HISTORY_STREAM,
             ]
         );
         assert_eq!(streams[0].subjects, [subject::ACTION_ALL]);
         assert_eq!(streams[1].subjects, [subject::RESULT_ALL]);
         assert_eq!(streams[2].subjects, [subject::DISPATCH_ALL]);
         assert_eq!(streams[3].subjects, [subject::DEADLETTER_ALL]);
+        assert!(streams[4].subjects.is_empty(), "history only sources");
         for s in &streams {
-            // History is kept for replay: limits retention with a max age, never work-queue.
-            assert_eq!(s.retention, stream::RetentionPolicy::Limits, "{}", s.name);
-            assert!(s.max_age.as_secs() >= 86_400, "{}", s.name);
             assert_eq!(s.storage, stream::StorageType::File);
+            if s.name == subject::ACTIONS_STREAM || s.name == subject::DISPATCH_STREAM {
+                // Backlog: what is processed leaves, so the limits count unprocessed work,
+                // and a full backlog refuses rather than dropping work; no age limit.
+                assert_eq!(s.retention, stream::RetentionPolicy::WorkQueue, "{}", s.name);
+                assert_eq!(s.discard, stream::DiscardPolicy::New, "{}", s.name);
+                assert!(s.max_age.is_zero(), "{}", s.name);
+            } else {
+                // History: a window that evicts its oldest, never refuses.
+                assert_eq!(s.retention, stream::RetentionPolicy::Limits, "{}", s.name);
+                assert_eq!(s.discard, stream::DiscardPolicy::Old, "{}", s.name);
+                assert!(s.max_age.as_secs() >= 86_400, "{}", s.name);
+            }
         }
+        let sources: Vec<_> = streams[4]
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(sources, [subject::ACTIONS_STREAM, subject::DISPATCH_STREAM]);
         let c = consumer_config("scheduler", SCHEDULER_CONSUMER).unwrap();
         assert_eq!(
             c.durable_name.as_deref(),

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The short names of the streams, as `[streams.<name>]` tables use them.
-pub const NAMES: [&str; 4] = ["actions", "results", "dispatch", "deadletter"];
+pub const NAMES: [&str; 5] = ["actions", "results", "dispatch", "deadletter", "history"];
 
 /// Replicas and limits for the streams (`[streams]` in the scheduler's config).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
@@ -31,8 +31,12 @@ pub struct StreamSettings {
 pub struct StreamLimits {
     /// Bytes the stream may hold.
     pub max_bytes: Option<i64>,
-    /// How long a message is kept, seconds.
+    /// How long a message is kept, seconds (the history's window; the backlog streams keep
+    /// unprocessed work for as long as it takes).
     pub max_age_s: Option<u64>,
+    /// Messages one subject may hold: on `actions`, the backlog of one job's actions of one
+    /// kind (its subject is `tangram.v1.action.<job>.<kind>`), refused past it.
+    pub max_msgs_per_subject: Option<i64>,
 }
 
 impl StreamSettings {
@@ -55,6 +59,11 @@ impl StreamSettings {
             }
             if l.max_age_s == Some(0) {
                 return Err(format!("streams.{name}.max_age_s must be positive"));
+            }
+            if l.max_msgs_per_subject.is_some_and(|n| n <= 0) {
+                return Err(format!(
+                    "streams.{name}.max_msgs_per_subject must be positive"
+                ));
             }
         }
         Ok(())
@@ -97,6 +106,9 @@ pub fn desired(settings: &StreamSettings) -> Result<Vec<stream::Config>, SetupEr
             }
             if let Some(s) = l.max_age_s {
                 config.max_age = Duration::from_secs(s);
+            }
+            if let Some(n) = l.max_msgs_per_subject {
+                config.max_messages_per_subject = n;
             }
         }
     }
@@ -152,6 +164,23 @@ pub fn drift(stored: &stream::Config, configured: &stream::Config) -> Vec<Drift>
         configured.max_message_size.to_string(),
     );
     check(
+        "max_msgs_per_subject",
+        stored.max_messages_per_subject.to_string(),
+        configured.max_messages_per_subject.to_string(),
+    );
+    let sources = |c: &stream::Config| {
+        c.sources
+            .iter()
+            .flatten()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    check(
+        "sources",
+        format!("{:?}", sources(stored)),
+        format!("{:?}", sources(configured)),
+    );
+    check(
         "num_replicas",
         stored.num_replicas.max(1).to_string(),
         configured.num_replicas.max(1).to_string(),
@@ -177,6 +206,9 @@ pub async fn ensure(
     js: &jetstream::Context,
     settings: &StreamSettings,
 ) -> Result<Vec<Drift>, SetupError> {
+    if let Some(name) = crate::upgrade::old_layout(js).await? {
+        return Err(SetupError::OldLayout { name });
+    }
     let mut drifts = Vec::new();
     for config in desired(settings)? {
         let name = config.name.clone();

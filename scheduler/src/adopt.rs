@@ -86,3 +86,154 @@ pub(crate) async fn dispatch_of(
     }
     Ok(best)
 }
+
+/// Dispatches read from the backlog at once, at most.
+const SCAN_CONCURRENCY: usize = 32;
+
+/// At the start of a term: every dispatch left in the dispatch backlog. One whose action has
+/// a stored result is removed (its worker stored the result, then stopped before acking);
+/// every other one is handed to the engine to adopt (`Event::AdoptStored`), whatever
+/// became of its worker. Retried until the listing succeeds or the term ends: a dispatch
+/// not adopted would never get a result if its worker is gone.
+pub(crate) async fn scan_backlog(
+    mut dispatches: jetstream::stream::Stream,
+    results: jetstream::stream::Stream,
+    tx: tokio::sync::mpsc::Sender<crate::shell::Input>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut attempt = 0u32;
+    let subjects = loop {
+        match list_subjects(&mut dispatches).await {
+            Ok(s) => break s,
+            Err(e) => {
+                attempt += 1;
+                warn!(error = %e, attempt, "listing the dispatch backlog");
+                let wait = tangram_nats::backoff::backoff(
+                    attempt,
+                    std::time::Duration::from_millis(250),
+                    std::time::Duration::from_secs(5),
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    };
+    let (regrants, plain): (Vec<_>, Vec<_>) =
+        subjects.into_iter().partition(|s| s.ends_with(".regrant"));
+    let found = plain.len();
+    let adopted = futures::stream::iter(plain)
+        .map(|subj| {
+            let dispatches = &dispatches;
+            let results = &results;
+            let tx = &tx;
+            async move { one(dispatches, results, tx, &subj).await.then_some(subj) }
+        })
+        .buffer_unordered(SCAN_CONCURRENCY)
+        .filter_map(|x| async move { x })
+        .collect::<std::collections::HashSet<String>>()
+        .await;
+    // A re-size whose dispatch is gone amends nothing.
+    for r in regrants {
+        let base = r.trim_end_matches(".regrant");
+        if !adopted.contains(base) {
+            if let Err(e) = dispatches.purge().filter(&r).await {
+                warn!(subject = %r, error = %e, "removing a stale re-size");
+            }
+        }
+    }
+    tracing::info!(
+        found,
+        adopted = adopted.len(),
+        "dispatch backlog read: every dispatch without a result is this term's"
+    );
+}
+
+async fn list_subjects(s: &mut jetstream::stream::Stream) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut list = s
+        .info_with_subjects(subject::DISPATCH_ALL)
+        .await
+        .map_err(|e| e.to_string())?;
+    while let Some(entry) = list.next().await {
+        out.push(entry.map_err(|e| e.to_string())?.0);
+    }
+    Ok(out)
+}
+
+/// One dispatch of the backlog; true when it was handed to the engine.
+async fn one(
+    dispatches: &jetstream::stream::Stream,
+    results: &jetstream::stream::Stream,
+    tx: &tokio::sync::mpsc::Sender<crate::shell::Input>,
+    subj: &str,
+) -> bool {
+    use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
+    let Some(worker) = subj
+        .strip_prefix(&format!("{}.dispatch.", subject::PREFIX))
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(w, _)| WorkerId::new(w).ok())
+    else {
+        return false;
+    };
+    for attempt in 0..5u32 {
+        if attempt > 0 {
+            tokio::time::sleep(tangram_nats::backoff::backoff(
+                attempt,
+                std::time::Duration::from_millis(200),
+                std::time::Duration::from_secs(2),
+            ))
+            .await;
+        }
+        let m = match dispatches.get_last_raw_message_by_subject(subj).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return false,
+            Err(e) => {
+                warn!(subject = %subj, error = %e, "reading a dispatch of the backlog");
+                continue;
+            }
+        };
+        let Ok(d) = decode::<Dispatch>(&m.payload, Encoding::Msgpack) else {
+            warn!(subject = %subj, "a dispatch of the backlog does not decode; removed");
+            let _ = dispatches.delete_message(m.sequence).await;
+            return false;
+        };
+        let result = subject::result(&d.action.job, &d.action.id);
+        match results.direct_get_last_for_subject(&result).await {
+            Ok(_) => {
+                // Settled: only the ack was missing.
+                let _ = dispatches.delete_message(m.sequence).await;
+                return false;
+            }
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(subject = %result, error = %e, "looking up the result of a backlog dispatch");
+                continue;
+            }
+        }
+        let event = tangram_core::Event::AdoptStored {
+            worker,
+            dispatch: Box::new(d),
+            seq: m.sequence,
+        };
+        return tx
+            .send(crate::shell::Input::Engine(event))
+            .await
+            .is_ok();
+    }
+    false
+}
+
+/// After a result the scheduler stored on a worker's behalf: the action's dispatches (and
+/// re-sizes) leave the backlog, whichever workers they were addressed to.
+pub(crate) async fn forget_dispatches(stream: &jetstream::stream::Stream, id: &ActionId) {
+    for filter in [
+        format!("{}.dispatch.*.{id}", subject::PREFIX),
+        format!("{}.dispatch.*.{id}.regrant", subject::PREFIX),
+    ] {
+        if let Err(e) = stream.purge().filter(&filter).await {
+            warn!(action = %id, error = %e, "removing a settled action's dispatch");
+        }
+    }
+}

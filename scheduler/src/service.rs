@@ -198,6 +198,16 @@ async fn lead(
         scan_stored(results_stream.clone(), stored.clone(), shutdown.clone())
             .instrument(tracing::info_span!("stored-scan")),
     );
+    // Everything in flight when the term began: the dispatch backlog, read once.
+    tasks.spawn(
+        crate::adopt::scan_backlog(
+            dispatch_stream.clone(),
+            results_stream.clone(),
+            tx.clone(),
+            shutdown.clone(),
+        )
+        .instrument(tracing::info_span!("backlog-scan")),
+    );
     let intake_stop = shutdown.child_token();
     let limits = Limits {
         max_timeout_ms: config.max_timeout.as_millis() as u64,
@@ -566,6 +576,18 @@ async fn admit(
     };
     let event = match engine::check(&raw, limits, max_bytes, delivery) {
         Ok((action, encoding)) => {
+            // A message coming back may have been dispatched by a leader that ended before
+            // acking it: the stored dispatch says so, and the action is taken over. Asked
+            // before the result: a dispatch leaves the backlog only after its result is
+            // stored, so one gone between the two lookups leaves its result to be found.
+            let dispatched = if !first_delivery {
+                match crate::adopt::dispatch_of(dispatches, &action.id).await {
+                    Ok(d) => d.map(Box::new),
+                    Err(()) => return (msg, None),
+                }
+            } else {
+                None
+            };
             let subject = subject::result(&action.job, &action.id);
             let seen = if first_delivery && stored.surely_absent(&subject) {
                 crate::metrics::result_lookup("skipped");
@@ -577,16 +599,7 @@ async fn admit(
                 crate::metrics::result_lookup(if seen { "stored" } else { "absent" });
                 seen
             };
-            // A message coming back may have been dispatched by a leader that ended before
-            // acking it: the stored dispatch says so, and the action is taken over.
-            let dispatched = if !first_delivery && !seen {
-                match crate::adopt::dispatch_of(dispatches, &action.id).await {
-                    Ok(d) => d.map(Box::new),
-                    Err(()) => return (msg, None),
-                }
-            } else {
-                None
-            };
+            let dispatched = if seen { None } else { dispatched };
             Some(Event::Arrived(Box::new(Arrival {
                 action,
                 encoding,

@@ -231,14 +231,23 @@ impl Shell {
                 Effect::PublishResult { result, encoding } => {
                     let js = self.js.clone();
                     let fence = self.fence.clone();
+                    let dispatches = self.dispatch_stream.clone();
                     self.tasks.spawn(
                         async move {
-                            // A result on a worker's behalf speaks for the leader only.
-                            if fence.holds() {
-                                publish_result(&js, &result, encoding).await;
-                            } else {
-                                warn!(action = %result.id, "not the leader any more; result left to the next one");
+                            // A result on a worker's behalf speaks for the leader only, and
+                            // is tried for as long as this scheduler leads: the action's
+                            // dispatch stays in the backlog until the result is stored, so
+                            // the next leader settles it if this one cannot.
+                            loop {
+                                if !fence.holds() {
+                                    warn!(action = %result.id, "not the leader any more; result left to the next one (its dispatch is in the backlog)");
+                                    return;
+                                }
+                                if publish_result(&js, &result, encoding).await {
+                                    break;
+                                }
                             }
+                            crate::adopt::forget_dispatches(&dispatches, &result.id).await;
                         }
                         .instrument(tracing::info_span!("result")),
                     );

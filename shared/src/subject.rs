@@ -7,12 +7,17 @@ use crate::result::RejectCode;
 /// Prefix of every subject.
 pub const PREFIX: &str = "tangram.v1";
 
-/// Stream holding submitted actions (`tangram.v1.action.>`).
+/// Stream holding the backlog of submitted actions (`tangram.v1.action.>`, work-queue: an
+/// action leaves once it is dispatched or rejected).
 pub const ACTIONS_STREAM: &str = "TANGRAM_ACTIONS";
 /// Stream holding results (`tangram.v1.result.>`).
 pub const RESULTS_STREAM: &str = "TANGRAM_RESULTS";
-/// Stream holding dispatches to workers (`tangram.v1.dispatch.>`).
+/// Stream holding dispatches in flight (`tangram.v1.dispatch.>`, work-queue: a dispatch
+/// leaves once its result is stored).
 pub const DISPATCH_STREAM: &str = "TANGRAM_DISPATCH";
+/// Stream holding the history of actions and dispatches (sourced from the two above,
+/// subjects unchanged; a window that evicts its oldest), for replay and audit.
+pub const HISTORY_STREAM: &str = "TANGRAM_HISTORY";
 /// Stream holding dead-letter records (`tangram.v1.deadletter.>`).
 pub const DEADLETTER_STREAM: &str = "TANGRAM_DEADLETTER";
 

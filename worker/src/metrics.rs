@@ -19,6 +19,7 @@ pub const LEFTOVERS: &str = "tangram_worker_leftovers_removed_total";
 pub const REFUSED: &str = "tangram_worker_refused_dispatches_total";
 pub const FENCED: &str = "tangram_worker_fenced_total";
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
+pub const RESULT_RETRIES: &str = "tangram_worker_result_retries_total";
 pub const REGRANTS: &str = "tangram_worker_regrants_total";
 pub const WARM_CLAIMS: &str = "tangram_worker_warm_pool_claims_total";
 pub const IMAGE_PULLS: &str = "tangram_worker_image_pulls_total";
@@ -69,6 +70,7 @@ pub const DEFS: &[MetricDef] = &[
     def(REFUSED, C, &["reason"], N, "Dispatches refused, by reason (stale_epoch, unknown_epoch); each leaves a dead letter."),
     def(FENCED, C, &[], N, "Times this worker found itself fenced and rejoined as a new instance."),
     def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
+    def(RESULT_RETRIES, C, &[], N, "Rounds of result publishing that failed and were tried again (a result is never given up while the worker runs)."),
     def(REGRANTS, C, &["direction"], N, "Running execs re-sized by a malleable policy (tangram-v2), by direction (widen, narrow)."),
     def(IMAGE_PULLS, C, &["outcome"], N, "Sandbox images pulled because an open named one the worker lacked, by outcome (ok, refused: not allowed or not in the registry, failed: registry unreachable, credentials refused or too slow). Opens sharing a pull count once each."),
     def(IMAGE_PULL_SECONDS, H, &[], S, "How long a successful image pull took."),

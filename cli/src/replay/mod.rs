@@ -145,7 +145,7 @@ pub async fn load(
     };
     let stored = streams::scan(
         js,
-        subject::ACTIONS_STREAM,
+        subject::HISTORY_STREAM,
         &Scan {
             filters,
             since_us: since,
@@ -250,7 +250,7 @@ fn jobs(cluster: &crate::cordon::ClusterArgs, json: bool) -> anyhow::Result<()> 
         let js = async_nats::jetstream::new(client);
         streams::scan(
             &js,
-            subject::ACTIONS_STREAM,
+            subject::HISTORY_STREAM,
             &Scan {
                 headers_only: true,
                 ..Default::default()

@@ -32,7 +32,13 @@ from tangram_client import inbox_prefix_for
 
 # The streams a Tangram cluster makes (docs/PROTOCOL.md), shown when none is named: listing
 # every stream needs a permission that a rollout's credentials do not have.
-TANGRAM_STREAMS = ["TANGRAM_ACTIONS", "TANGRAM_RESULTS", "TANGRAM_DISPATCH", "TANGRAM_DEADLETTER"]
+TANGRAM_STREAMS = [
+    "TANGRAM_ACTIONS",
+    "TANGRAM_RESULTS",
+    "TANGRAM_DISPATCH",
+    "TANGRAM_DEADLETTER",
+    "TANGRAM_HISTORY",
+]
 
 
 def decode_body(data: bytes, headers: Optional[Mapping[str, str]]) -> Dict[str, Any]:

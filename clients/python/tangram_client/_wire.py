@@ -15,7 +15,13 @@ from .errors import InvalidAction
 
 RESULTS_STREAM = "TANGRAM_RESULTS"
 # Stream names in the documented order (docs/PROTOCOL.md, "Streams").
-STREAMS = ("TANGRAM_ACTIONS", "TANGRAM_RESULTS", "TANGRAM_DISPATCH", "TANGRAM_DEADLETTER")
+STREAMS = (
+    "TANGRAM_ACTIONS",
+    "TANGRAM_RESULTS",
+    "TANGRAM_DISPATCH",
+    "TANGRAM_DEADLETTER",
+    "TANGRAM_HISTORY",
+)
 # JetStream's error code for a publish refused by a full stream that discards new messages.
 STREAM_FULL = 10077
 

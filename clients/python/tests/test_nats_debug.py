@@ -31,7 +31,7 @@ class NatsDebugTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         by_name = {s["stream"]: s for s in lines(out)}
         self.assertEqual(set(by_name), {"TANGRAM_ACTIONS", "TANGRAM_RESULTS", "TANGRAM_DISPATCH",
-                                        "TANGRAM_DEADLETTER"})
+                                        "TANGRAM_DEADLETTER", "TANGRAM_HISTORY"})
         results = by_name["TANGRAM_RESULTS"]
         self.assertGreaterEqual(results["messages"], 1)
         self.assertGreater(results["bytes"], 0)

@@ -29,6 +29,9 @@ pub(crate) fn fenced() {
 pub(crate) fn fenced_result() {
     counter!(FENCED_RESULTS).increment(1);
 }
+pub(crate) fn result_retry() {
+    counter!(RESULT_RETRIES).increment(1);
+}
 pub(crate) fn regrant(direction: &'static str) {
     counter!(REGRANTS, "direction" => direction).increment(1);
 }

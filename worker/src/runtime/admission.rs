@@ -10,8 +10,13 @@ use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{subject, ActionId, ActionKind, ActionResult, Dispatch, InfraCode, Timing};
 use tracing::{debug, warn};
 
-/// How many finished action ids are remembered to recognise a redelivered dispatch.
+/// How many finished action ids are remembered to recognise a redelivered dispatch whose
+/// ack the server confirmed (it cannot come again: the dispatch stream is a work queue, and
+/// a confirmed ack removes the message). Ids whose ack was not confirmed are kept apart,
+/// without this bound, until a later ack of theirs is.
 const RECENT: usize = 10_000;
+/// Unconfirmed acks past which a warning is logged (each is an action id, kept all the same).
+const UNCONFIRMED_WARN: usize = 100_000;
 /// Finished actions that heartbeats keep listing, at most, and for how long.
 const FINISHED_LISTED: usize = 1_000;
 const FINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
@@ -69,6 +74,9 @@ pub(crate) struct Admissions {
     finished: VecDeque<(ActionId, tokio::time::Instant)>,
     recent: VecDeque<ActionId>,
     recent_set: HashSet<ActionId>,
+    /// Finished here, the dispatch's ack not confirmed: it may come again, however many
+    /// others finish meanwhile.
+    unconfirmed: HashSet<ActionId>,
     /// The newest epoch known: read from the leaders' store when `authority`, else the
     /// newest seen on a dispatch.
     known_epoch: u64,
@@ -99,7 +107,7 @@ impl Admissions {
             }
         } else if self.running.contains(id) || self.orphaned.contains(id) {
             Verdict::AlreadyRunning
-        } else if self.recent_set.contains(id) {
+        } else if self.recent_set.contains(id) || self.unconfirmed.contains(id) {
             Verdict::AlreadyFinished
         } else if redelivered && !here {
             Verdict::LostByEarlierInstance
@@ -151,8 +159,18 @@ impl Admissions {
 
     /// The action is done here: it is remembered as finished, for a while; heartbeats list
     /// it as finished lately only when its result was `stored` (one that was not is for the
-    /// scheduler to settle as lost).
-    pub(crate) fn settle(&mut self, id: &ActionId, stored: bool) {
+    /// scheduler to settle as lost). `acked`: the server confirmed the dispatch's ack; until
+    /// it does, the id is remembered whatever the bound.
+    pub(crate) fn settle(&mut self, id: &ActionId, stored: bool, acked: bool) {
+        if !acked {
+            self.unconfirmed.insert(id.clone());
+            if self.unconfirmed.len() % UNCONFIRMED_WARN == 0 {
+                warn!(
+                    unconfirmed = self.unconfirmed.len(),
+                    "dispatch acks not confirmed by the server; their ids are kept"
+                );
+            }
+        }
         if self.running.remove(id) && stored {
             self.finished
                 .push_back((id.clone(), tokio::time::Instant::now()));
@@ -168,6 +186,14 @@ impl Admissions {
                 self.recent_set.remove(&old);
             }
         }
+    }
+}
+
+impl Admissions {
+    /// A finished action's dispatch was acked and the server confirmed it: it cannot come
+    /// again.
+    pub(crate) fn ack_confirmed(&mut self, id: &ActionId) {
+        self.unconfirmed.remove(id);
     }
 }
 
@@ -265,7 +291,14 @@ impl Worker {
                 )
                 .await;
             }
-            Verdict::AlreadyFinished => debug!(action = %id, "finished dispatch dropped"),
+            Verdict::AlreadyFinished => {
+                debug!(action = %id, "finished dispatch dropped");
+                if delivery.ack().await.is_ok() {
+                    let mut st = self.state.lock().expect("state lock");
+                    st.admissions.ack_confirmed(id);
+                }
+                return None;
+            }
             Verdict::LostByEarlierInstance => {
                 warn!(action = %id, "reporting an action lost by an earlier instance");
                 let a = &dispatch.action;

@@ -19,7 +19,8 @@ pub(crate) trait Delivery: Send + Sync {
     fn redelivered(&self) -> bool;
     /// Its sequence in the dispatch stream (0 when unknown).
     fn stream_seq(&self) -> u64;
-    /// Settles it: it will not come again.
+    /// Settles it, and waits until the server confirms: it will not come again (the
+    /// dispatch stream is a work queue: a confirmed ack removes the message).
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>>;
     /// Still working on it: pushes the redelivery deadline back.
     fn progress(&self) -> BoxFuture<'_, Result<(), AckError>>;
@@ -39,7 +40,7 @@ impl Delivery for jetstream::Message {
         self.info().map(|i| i.stream_sequence).unwrap_or(0)
     }
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>> {
-        Box::pin(jetstream::Message::ack(self))
+        Box::pin(jetstream::Message::double_ack(self))
     }
     fn progress(&self) -> BoxFuture<'_, Result<(), AckError>> {
         Box::pin(self.ack_with(jetstream::AckKind::Progress))

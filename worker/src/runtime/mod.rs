@@ -125,13 +125,31 @@ impl Worker {
         self.instance.lock().expect("instance lock").clone()
     }
 
-    /// Stores a result (retrying, bounded); false when it could not be.
+    /// Stores a result, trying for as long as this process runs (an outage or a stream
+    /// election of any length); false only when it stops first or the result cannot be
+    /// encoded. The dispatch is not acked until then, so a result not stored is settled
+    /// by the next instance of this worker or by the scheduler, never dropped silently.
     pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) -> bool {
-        match self.results.publish(result, encoding).await {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(action = %result.id, error = %e, "result lost; the scheduler settles the action when this worker stops listing it");
-                false
+        let mut round = 0u32;
+        loop {
+            let tried = tokio::select! {
+                r = self.results.publish(result, encoding) => r,
+                _ = self.hard_stop.cancelled() => {
+                    warn!(action = %result.id, "stopping with a result not stored; the dispatch stays unacked, and the next instance or the scheduler settles it");
+                    return false;
+                }
+            };
+            match tried {
+                Ok(()) => return true,
+                Err(e @ tangram_nats::PublishError::Encode(_)) => {
+                    warn!(action = %result.id, error = %e, "result cannot be encoded; the scheduler settles the action");
+                    return false;
+                }
+                Err(e) => {
+                    round += 1;
+                    m::result_retry();
+                    warn!(action = %result.id, round, error = %e, "result not stored yet; trying again");
+                }
             }
         }
     }
@@ -498,14 +516,25 @@ impl Worker {
         if stored {
             tracing::debug!(outcome = result.outcome.label(), "result published");
         }
-        // A crash before the ack means a redelivery, which the result's Nats-Msg-Id
-        // deduplicates.
-        if let Err(e) = delivery.ack().await {
-            warn!(error = %e, "acking a dispatch");
-        }
+        // A crash before the ack means a redelivery: the next instance reports it lost, and
+        // a stored result refuses that second one. A result not stored leaves the dispatch
+        // unacked, in the backlog, for the next instance or the scheduler to settle. (A
+        // fenced instance's result was dropped on purpose: the scheduler settled it.)
+        let fenced = self.era.load(std::sync::atomic::Ordering::SeqCst) != era;
+        let acked = if stored || fenced {
+            match delivery.ack().await {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(error = %e, "acking a dispatch (not confirmed; its id is kept)");
+                    false
+                }
+            }
+        } else {
+            false
+        };
         let mut st = self.state.lock().expect("state lock");
         // An exec that ended before taking its cores (no sandbox, stopped) promises none.
         st.reserved.remove(&dispatch.action.id);
-        st.admissions.settle(&dispatch.action.id, stored);
+        st.admissions.settle(&dispatch.action.id, stored, acked);
     }
 }

@@ -314,6 +314,26 @@ fn infra_code(r: &ActionResult) -> InfraCode {
     }
 }
 
+/// Regression: finished ids were remembered 10,000 deep, so a finished dispatch whose ack
+/// never reached the server, redelivered after 10,000 others had finished, ran again.
+#[test]
+fn a_finished_dispatch_whose_ack_was_not_confirmed_never_runs_again() {
+    let mut a = Admissions::default();
+    let first = open("first", "t");
+    assert_eq!(a.admit(&first, false, true), Verdict::Run);
+    a.settle(&first.action.id, true, false);
+    for i in 0..10_001 {
+        let d = open(&format!("n{i}"), "t");
+        assert_eq!(a.admit(&d, false, true), Verdict::Run);
+        a.settle(&d.action.id, true, true);
+    }
+    // Addressed to this instance: without the memory it would run again.
+    assert_eq!(a.admit(&first, true, true), Verdict::AlreadyFinished);
+    // Once a later ack is confirmed it cannot come again, and is forgotten.
+    a.ack_confirmed(&first.action.id);
+    assert_eq!(a.admit(&first, true, true), Verdict::Run);
+}
+
 #[test]
 fn admission_verdicts() {
     let mut a = Admissions::default();
@@ -331,7 +351,7 @@ fn admission_verdicts() {
             newest: 2
         }
     );
-    a.settle(&ActionId::new("a").unwrap(), true);
+    a.settle(&ActionId::new("a").unwrap(), true, true);
     assert_eq!(a.admit(&d("a", 2), true, true), Verdict::AlreadyFinished);
     assert_eq!(
         a.admit(&d("c", 2), true, false),

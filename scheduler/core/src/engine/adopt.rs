@@ -1,7 +1,9 @@
 //! Adoption: actions a new leader finds already running. A heartbeat that lists an action
 //! this engine does not know (dispatched by an earlier leader, whose term ended before the
 //! result) makes the shell fetch its dispatch; a redelivered action whose dispatch is stored
-//! already arrives with it. Either way the action becomes `Running` on the worker that has
+//! already arrives with it; and at the start of a term, every dispatch left in the dispatch
+//! backlog without a stored result is adopted (`AdoptStored`), so that one whose worker is
+//! gone for good is settled at its deadline rather than never. Either way the action becomes `Running` on the worker that has
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
 use super::lifecycle::{ActionState, Booking, Entry};
@@ -32,12 +34,15 @@ impl Engine {
     }
 
     /// Takes over a running action from its stored dispatch. `delivery` is the action
-    /// message held for it, if any: it is acked, since the dispatch is durable.
+    /// message held for it, if any: it is acked, since the dispatch is durable. `stored_seq`:
+    /// the dispatch's stream sequence when it was found in the backlog rather than listed by
+    /// its worker, so that it counts as delivered only once the worker's heartbeats say so.
     pub(crate) fn adopt(
         &mut self,
         worker: WorkerId,
         dispatch: Dispatch,
         delivery: Option<Delivery>,
+        stored_seq: Option<u64>,
         now: Now,
     ) {
         let id = dispatch.action.id.clone();
@@ -83,10 +88,10 @@ impl Engine {
                     },
                     attempt: dispatch.attempt,
                     stored_ms: now.ms,
-                    stored_seq: 0,
+                    stored_seq: stored_seq.unwrap_or(0),
                     deadline_ms,
-                    delivered_ms: Some(now.ms),
-                    listed_once: true,
+                    delivered_ms: stored_seq.is_none().then_some(now.ms),
+                    listed_once: stored_seq.is_none(),
                     unreported: 0,
                 },
                 action: dispatch.action,

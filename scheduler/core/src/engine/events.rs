@@ -99,6 +99,17 @@ pub enum Event {
         /// Its dispatch, as stored.
         dispatch: Box<Dispatch>,
     },
+    /// A dispatch found in the dispatch backlog when the term began: stored, no result
+    /// stored for it, and perhaps not yet taken in by its worker (or its worker is gone for
+    /// good, and the result deadline settles it).
+    AdoptStored {
+        /// The worker it is addressed to.
+        worker: WorkerId,
+        /// Its dispatch, as stored.
+        dispatch: Box<Dispatch>,
+        /// Its stream sequence (a heartbeat's dispatch sequence past it means delivered).
+        seq: u64,
+    },
     /// No dispatch was found for an action asked about.
     AdoptFailed {
         /// The action.

@@ -145,7 +145,7 @@ impl Engine {
             // it, so it is taken over, never dispatched again.
             let (worker, dispatch) = *d;
             if dispatch.action.id == a.action.id {
-                self.adopt(worker, dispatch, Some(a.delivery), now);
+                self.adopt(worker, dispatch, Some(a.delivery), None, now);
                 return;
             }
         }

@@ -322,7 +322,12 @@ impl Engine {
             Event::Tick => self.on_tick(now),
             Event::Reachable => self.on_reachable(now),
             Event::Shutdown => self.on_shutdown(),
-            Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, now),
+            Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, None, now),
+            Event::AdoptStored {
+                worker,
+                dispatch,
+                seq,
+            } => self.adopt(worker, *dispatch, None, Some(seq), now),
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),
             Event::Cordon { worker, cordon } => {
                 self.on_cordon(worker, cordon.map(|c| c.drain_by_unix_ms), now)
