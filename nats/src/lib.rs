@@ -116,6 +116,9 @@ pub async fn ensure_streams(
 /// when it is missing, so that with NATS permissions on, a worker needs no right to change
 /// stream configurations (the scheduler keeps them current).
 pub async fn ensure_streams_exist(js: &jetstream::Context) -> Result<(), SetupError> {
+    if let Some(name) = upgrade::old_layout(js).await? {
+        return Err(SetupError::OldLayout { name });
+    }
     for config in stream_configs()? {
         if js.get_stream(&config.name).await.is_ok() {
             continue;
@@ -464,9 +467,9 @@ mod tests {
     #[test]
     fn worker_dispatches_come_back_quickly_after_a_crash() {
         let c = consumer_config("worker", WORKER_CONSUMER).unwrap();
-        // Consumers of workers gone for good are removed by the server, and one created
-        // again starts at new dispatches (never replaying old ones).
-        assert_eq!(c.deliver_policy, consumer::DeliverPolicy::New);
+        // Consumers of workers gone for good are removed by the server; one created again
+        // reads what the work queue still holds (JetStream requires `all` there).
+        assert_eq!(c.deliver_policy, consumer::DeliverPolicy::All);
         assert!(c.inactive_threshold >= Duration::from_secs(600));
         assert!(c.ack_wait.as_secs() <= 30, "ack_wait {:?}", c.ack_wait);
         // The engine waits this long before it counts a dispatch the worker omits.

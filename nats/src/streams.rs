@@ -163,10 +163,12 @@ pub fn drift(stored: &stream::Config, configured: &stream::Config) -> Vec<Drift>
         stored.max_message_size.to_string(),
         configured.max_message_size.to_string(),
     );
+    // 0 and -1 both mean no limit (the server stores -1).
+    let unlimited = |n: i64| if n <= 0 { -1 } else { n };
     check(
         "max_msgs_per_subject",
-        stored.max_messages_per_subject.to_string(),
-        configured.max_messages_per_subject.to_string(),
+        unlimited(stored.max_messages_per_subject).to_string(),
+        unlimited(configured.max_messages_per_subject).to_string(),
     );
     let sources = |c: &stream::Config| {
         c.sources

@@ -109,7 +109,9 @@ impl Admissions {
             Verdict::AlreadyRunning
         } else if self.recent_set.contains(id) || self.unconfirmed.contains(id) {
             Verdict::AlreadyFinished
-        } else if redelivered && !here {
+        } else if !here && (redelivered || d.instance.is_some()) {
+            // Delivered before, or addressed to another instance of this worker (its
+            // consumer may have been created again, which counts deliveries afresh).
             Verdict::LostByEarlierInstance
         } else {
             self.known_epoch = self.known_epoch.max(d.epoch);
