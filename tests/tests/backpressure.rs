@@ -8,7 +8,8 @@ use tangram_tests::{repo_root, Cluster, WorkerSpec};
 
 /// Submits `ids` as `sandbox_close` actions of job `job` through the Python client (no
 /// sandbox exists, so each one is answered `rejected` at once: a result without Docker), and
-/// prints `accepted <id>` / `refused <id> <reason>` / `result <id> <outcome>` lines.
+/// prints `accepted <id>` / `refused <id> <reason>` lines, then with `wait` waits for the
+/// accepted ones' results (`result <id> <outcome>`).
 const SUBMIT_PY: &str = r#"
 import asyncio, os, sys
 from tangram_client import Tangram, TangramBackpressure
@@ -16,14 +17,14 @@ from tangram_client import Tangram, TangramBackpressure
 async def main():
     t = await Tangram.connect(os.environ["TANGRAM_NATS_URL"], job=sys.argv[1], publish_retries=0)
     accepted = []
-    for action_id in sys.argv[2:]:
+    for action_id in sys.argv[3:]:
         try:
             await t.submit("traj-" + action_id, {"kind": "sandbox_close"}, action_id=action_id)
             accepted.append(action_id)
             print("accepted", action_id, flush=True)
         except TangramBackpressure as e:
             print("refused", action_id, e.reason, flush=True)
-    for action_id in accepted:
+    for action_id in accepted if sys.argv[2] == "wait" else []:
         r = await t.result(action_id, wait_s=30)
         print("result", action_id, r.outcome.value, flush=True)
     await t.close()
@@ -31,12 +32,13 @@ async def main():
 asyncio.run(main())
 "#;
 
-fn run_python(url: &str, job: &str, ids: &[&str]) -> anyhow::Result<String> {
+fn run_python(url: &str, job: &str, ids: &[&str], wait: bool) -> anyhow::Result<String> {
     let python = repo_root().join("tools/venv/bin/python");
     let out = std::process::Command::new(python)
         .arg("-c")
         .arg(SUBMIT_PY)
         .arg(job)
+        .arg(if wait { "wait" } else { "no-wait" })
         .args(ids)
         .env("TANGRAM_NATS_URL", url)
         .output()?;
@@ -55,50 +57,87 @@ fn lines<'a>(text: &'a str, tag: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The backlog holds unprocessed actions only: while the scheduler is down a full backlog
+/// refuses new actions with the typed error and keeps what it holds; once the scheduler
+/// has processed them they leave it, and the same limit takes the refused ones, with no
+/// operator purging anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_action_stream_refuses_new_actions_and_keeps_the_stored_ones() -> anyhow::Result<()>
-{
-    let cluster = Cluster::start(&[WorkerSpec::new("bp-cpu")]).await?;
+async fn a_full_backlog_refuses_new_actions_keeps_the_stored_ones_and_drains_by_itself(
+) -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[WorkerSpec::new("bp-cpu")]).await?;
     let c = cluster.client("bp").await?;
     c.wait_for_workers(&["bp-cpu"], Duration::from_secs(30))
         .await?;
-    // An operator-sized stream that holds three actions.
+    cluster.stop_scheduler().await?;
+    // An operator-sized backlog of three actions.
     let mut stream = c.js.get_stream(subject::ACTIONS_STREAM).await?;
     let mut config = stream.info().await?.config.clone();
-    let (before, first_before) = {
-        let st = &stream.info().await?.state;
-        (st.messages, st.first_sequence)
-    };
-    config.max_messages = before as i64 + 3;
+    assert_eq!(stream.info().await?.state.messages, 0, "nothing unprocessed");
+    config.max_messages = 3;
     c.js.update_stream(config.clone()).await?;
 
     let url = cluster.nats.url();
     let ids = ["bp-1", "bp-2", "bp-3", "bp-4", "bp-5"];
     let text = tokio::task::spawn_blocking({
         let url = url.clone();
-        move || run_python(&url, "bp", &ids)
+        move || run_python(&url, "bp", &ids, false)
     })
     .await??;
     assert_eq!(lines(&text, "accepted"), ["bp-1", "bp-2", "bp-3"], "{text}");
     let refused = lines(&text, "refused");
     assert_eq!(refused.len(), 2, "{text}");
     assert!(refused[0].starts_with("bp-4 maximum"), "{text}");
-    // Every accepted action was processed and answered.
-    assert_eq!(lines(&text, "result").len(), 3, "{text}");
     // Nothing stored was deleted to make room.
-    let state = stream.info().await?.state.clone();
-    assert_eq!(state.messages, before + 3);
-    assert_eq!(state.first_sequence, first_before.max(1));
+    assert_eq!(stream.info().await?.state.messages, 3);
 
-    // Room again: the refused ids go through when resubmitted.
-    config.max_messages = -1;
-    c.js.update_stream(config).await?;
-    let text =
-        tokio::task::spawn_blocking(move || run_python(&url, "bp", &["bp-4", "bp-5"])).await??;
+    // The scheduler back: every accepted action is answered, and leaves the backlog.
+    cluster.start_scheduler();
+    for id in ["bp-1", "bp-2", "bp-3"] {
+        c.result(&tangram_shared::ActionId::new(id)?, Duration::from_secs(30))
+            .await?;
+    }
+    // Room again under the same limit: the refused ids go through when resubmitted.
+    let text = tokio::task::spawn_blocking(move || run_python(&url, "bp", &["bp-4", "bp-5"], true))
+        .await??;
     assert_eq!(lines(&text, "accepted"), ["bp-4", "bp-5"], "{text}");
     assert_eq!(lines(&text, "result").len(), 2, "{text}");
     cluster.shutdown().await?;
     Ok(())
+}
+
+/// One job's backlog cannot take the whole backlog: past its per-job-and-kind count its
+/// actions are refused while another job's are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_backlog_is_capped_apart_from_other_jobs() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(&[]).await?;
+    let a = cluster.client("capa").await?;
+    let b = cluster.client("capb").await?;
+    cluster.stop_scheduler().await?;
+    let mut stream = a.js.get_stream(subject::ACTIONS_STREAM).await?;
+    let mut config = stream.info().await?.config.clone();
+    config.max_messages_per_subject = 2;
+    a.js.update_stream(config).await?;
+    use tangram_tests::build::close;
+    a.submit(&close("capa-1", "capa", "t1")).await?;
+    a.submit(&close("capa-2", "capa", "t2")).await?;
+    let err = a
+        .submit(&close("capa-3", "capa", "t3"))
+        .await
+        .expect_err("job capa's backlog is full");
+    assert!(err.to_string().contains("maximum messages per subject"), "{err}");
+    b.submit(&close("capb-1", "capb", "t1")).await?;
+    assert_eq!(stream.info().await?.state.messages, 3);
+    cluster.start_scheduler();
+    for id in ["capa-1", "capa-2"] {
+        a.result(&tangram_shared::ActionId::new(id)?, Duration::from_secs(30))
+            .await?;
+    }
+    b.result(&tangram_shared::ActionId::new("capb-1")?, Duration::from_secs(30))
+        .await?;
+    // Processed, the job's backlog has room again.
+    a.run(&close("capa-3", "capa", "t3"), Duration::from_secs(30))
+        .await?;
+    cluster.shutdown().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
