@@ -140,3 +140,64 @@ async fn a_restarted_scheduler_adopts_what_is_running() -> anyhow::Result<()> {
         .await?;
     cluster.shutdown().await
 }
+
+/// Regression: a new leader learned of running actions only from heartbeats and from action
+/// messages coming back. A worker SIGKILLed mid-exec, then the leader within the worker's
+/// grace, left the exec with no result, ever: no heartbeat listed it, and its action message
+/// had been acked once its dispatch was stored. Now the next leader reads the dispatch
+/// backlog and settles it within its timeout plus the result grace (PROTOCOL.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_whose_worker_and_leader_died_together_is_settled_by_the_next_leader(
+) -> anyhow::Result<()> {
+    let cluster = Cluster::start_without_scheduler(&[]).await?;
+    let spec = WorkerSpec::new("orphan-a");
+    let mut worker = cluster.spawn_worker_process(&spec)?;
+    let mut leader = cluster.spawn_scheduler_process("orphan-s1")?;
+    let c = cluster.client("job1").await?;
+    c.wait_for_leader("orphan-s1", T).await?;
+    c.wait_for_workers(&["orphan-a"], T).await?;
+    c.wait_for_scheduler_to_know(&["orphan-a"], T).await?;
+    c.run(&open("oo1", "job1", "t1"), T).await?;
+    let mut long = exec("olong", "job1", "t1", &["sleep", "30"], 1, 1);
+    long.timeout_ms = 3_000;
+    c.submit(&long).await?;
+    c.wait_for_status(T, "the exec runs", |s| {
+        s.running.get("sandbox_exec") == Some(&1)
+    })
+    .await?;
+    sigkill(worker.id());
+    sigkill(leader.id());
+    worker.wait()?;
+    leader.wait()?;
+    let killed = Instant::now();
+    let _next = cluster.spawn_scheduler_process("orphan-s2")?;
+    // Within the action's timeout plus the result grace (60 s), and some slack.
+    let bound = Duration::from_secs(3 + 60 + 20);
+    let r = c.result(&long.id, bound).await?;
+    assert!(
+        matches!(
+            r.outcome,
+            Outcome::InfraError {
+                code: tangram_shared::InfraCode::WorkerLost,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(killed.elapsed() < bound);
+    // Settled, the dispatch left the backlog: the worker, back, finds nothing to run and
+    // no second result is stored.
+    let mut dispatches = c.js.get_stream(tangram_shared::subject::DISPATCH_STREAM).await?;
+    assert_eq!(dispatches.info().await?.state.messages, 0);
+    let mut back = cluster.spawn_worker_process(&spec)?;
+    c.wait_for_workers(&["orphan-a"], T).await?;
+    let n = c
+        .results(&long.id, 2, Duration::from_secs(3))
+        .await?
+        .len();
+    assert_eq!(n, 1, "one result");
+    // Stopped gracefully, the worker removes its sandboxes (the leftover check counts them).
+    tangram_tests::signal(back.id(), tangram_tests::Signal::TERM)?;
+    back.wait()?;
+    Ok(())
+}
