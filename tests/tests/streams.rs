@@ -17,7 +17,7 @@ async fn an_operators_stream_edit_survives_a_restart_and_is_reported_as_drift() 
             "results".to_string(),
             StreamLimits {
                 max_bytes: Some(64 << 20),
-                max_age_s: None,
+                ..Default::default()
             },
         )]
         .into(),

@@ -65,7 +65,9 @@ impl Worker {
             ActionSpec::Reward(reward) => self.reward(d, reward, queued_us, &mut result).await,
             ActionSpec::Api(api) => self.api(d, api, queued_us, &mut result).await,
             ActionSpec::SandboxOpen(open) => {
-                let (outcome, pull_us) = self.open(&key, open, d.grant.mem_mb).await;
+                let (outcome, pull_us) = self
+                    .open(&key, open, d.grant.mem_mb, d.action.timeout_ms)
+                    .await;
                 result.outcome = outcome;
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
                 result.timing.pull_us = pull_us;
@@ -94,11 +96,16 @@ impl Worker {
         result
     }
 
+    /// Creates the trajectory's sandbox, image pull included, within the open's timeout:
+    /// past it the open is answered `timed_out` and the creation, left to finish, is
+    /// removed when it does (an open the scheduler has settled never leaves a container
+    /// nobody booked).
     async fn open(
         &self,
         key: &SandboxKey,
         open: &tangram_shared::SandboxOpen,
         mem_mb: u64,
+        timeout_ms: u64,
     ) -> (Outcome, u64) {
         if self
             .state
@@ -109,7 +116,31 @@ impl Worker {
         {
             return (Outcome::Completed { exit_code: 0 }, 0); // a redelivered open: already done
         }
-        let created = self.dk().start(key, open, &self.config.parking_cores).await;
+        let runtime = self
+            .sandboxes
+            .clone()
+            .expect("sandbox actions never run on a worker without a sandbox runtime");
+        let mut start = tokio::spawn({
+            let (runtime, key, open) = (runtime.clone(), key.clone(), open.clone());
+            let parking = self.config.parking_cores.clone();
+            async move { runtime.start(&key, &open, &parking).await }
+        });
+        let budget = Duration::from_millis(timeout_ms);
+        let created = match tokio::time::timeout(budget, &mut start).await {
+            Ok(Ok(created)) => created,
+            Ok(Err(e)) => Err(SandboxError::Backend(Box::new(e))),
+            Err(_) => {
+                warn!(trajectory = %key.trajectory, timeout_ms, "sandbox not ready within the open's timeout (an image pull?); removed once created");
+                tokio::spawn(async move {
+                    if let Ok(Ok(handle)) = start.await {
+                        if let Err(e) = runtime.remove(&handle).await {
+                            warn!(sandbox = %handle.id, error = %e, "removing a sandbox created after its open timed out");
+                        }
+                    }
+                });
+                return (Outcome::TimedOut, 0);
+            }
+        };
         let handle = match created {
             Ok(h) => h,
             Err(SandboxError::NoImage(image)) => {

@@ -780,3 +780,55 @@ async fn a_fenced_instance_drops_its_sandboxes_and_results_and_refuses_dispatche
     assert_eq!(h.sandboxes.open_count(), 1);
     h.stop().await;
 }
+
+/// Regression: an open whose image pull outlived the open's deadline was settled
+/// `worker_lost` by the scheduler, yet the container was created afterwards, listed in
+/// heartbeats with its memory never booked, and its late completion stored as a second
+/// result. The open's timeout now covers the pull: past it the open is answered `timed_out`
+/// and what the creation makes is removed.
+#[tokio::test(start_paused = true)]
+async fn an_open_whose_creation_outlives_its_timeout_times_out_and_leaves_nothing() {
+    let sandboxes = Arc::new(InMemorySandboxes::with_start_delay(Duration::from_secs(5)));
+    let results = Arc::new(Results::default());
+    let worker = Arc::new(Worker::new(
+        config(RawConfig::default()),
+        Some(sandboxes.clone()),
+        None,
+        None,
+        results.clone(),
+        None,
+    ));
+    let (tx, rx) = mpsc::channel::<Box<dyn Delivery>>(16);
+    let intake =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|d| (d, rx)) });
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(serve(worker.clone(), Box::pin(intake), shutdown.clone()));
+    tasks.close();
+    let mut slow = open("slow-open", "t1");
+    slow.action.timeout_ms = 1_000;
+    let acks = AckLog::default();
+    tx.send(Box::new(FakeDelivery {
+        tag: "slow-open".into(),
+        subject: "tangram.v1.dispatch.w.slow-open".into(),
+        payload: codec::encode(&slow, Encoding::Msgpack).unwrap(),
+        redelivered: false,
+        acks: acks.clone(),
+    }))
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let r = results.wait("slow-open").await;
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The creation finishes later: what it made is removed, and the worker holds nothing.
+    let deadline = Instant::now() + NEVER;
+    while sandboxes.open_count() > 0 || Instant::now() < t0 + Duration::from_secs(6) {
+        assert!(Instant::now() < deadline, "the late sandbox was never removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(worker.state.lock().unwrap().sandboxes.is_empty());
+    assert_eq!(results.of("slow-open").len(), 1, "one result");
+    shutdown.cancel();
+    tasks.wait().await;
+}
