@@ -460,6 +460,9 @@ mod tests {
             total <= gb * 1_000_000_000,
             "streams reserve {total} bytes; the server allows {gb} GB"
         );
+        // Regression: at 17 GiB, servers sharing one disk (a test suite's) refused the last
+        // stream for want of storage; 11 GiB was the reservation long known to work.
+        assert!(total <= 11 << 30, "streams reserve {total} bytes");
     }
 
     /// Regression: a crashed worker's in-flight dispatch stayed invisible for the consumer's

@@ -6,6 +6,16 @@
 //! nats-kill, nats-pause, worker-kill, worker-partition, two-schedulers, worker-drain),
 //! `--trajectories N` (16 at once), `--pause-s N` (20).
 //!
+//! `--soak` runs the soak instead: the fleet at a steady load for `--duration-s` (3600),
+//! `--lanes` rollouts at once (16), sampled every `--sample-s` (10); `--stream-bytes N`
+//! shrinks the backlog and history streams so that the history wraps; `--picture FILE`
+//! draws memory and streams over time. Exits 1 unless nothing was lost, duplicated, refused
+//! or left behind and no process grew by more than 5% over the last half.
+//!
+//! `--nemesis` runs the workload (`--actions`, `--trajectories`) once under a randomised
+//! schedule of overlapping faults drawn from `--seed` (a random one when absent, printed),
+//! planned over `--span-s` (600), and exits 1 unless nothing was lost, duplicated or left.
+//!
 //! `--fleet` runs the multi-host faults on one docker-compose fleet instead (`--faults`
 //! then names: nats-node-kill, worker-disconnect, leader-container-kill, rolling-restart,
 //! scale-2-6-2); it needs Docker and builds the images.
@@ -37,6 +47,9 @@ fn faults<F: Copy>(
 
 const USAGE: &str = "\
 usage: tangram-faults [--actions N] [--faults a,b] [--trajectories N] [--pause-s N] [--fleet]
+       tangram-faults --soak [--duration-s N] [--lanes N] [--steps N] [--file-bytes N]
+                      [--sample-s N] [--stream-bytes N] [--picture FILE] [--max-growth F]
+       tangram-faults --nemesis [--seed N] [--actions N] [--trajectories N] [--span-s N]
        tangram-faults --version
 
 Runs the mixed workload once per fault (the actions split evenly between them), prints a
@@ -50,6 +63,20 @@ table and one JSON line, and exits 1 unless every acknowledged action was ok.
   --trajectories N   trajectories at once [16]
   --pause-s N        how long a pause fault lasts, in seconds [20]
   --fleet            run the multi-host faults on a docker-compose fleet (needs Docker)
+
+  --nemesis          one run under a randomised schedule of overlapping faults:
+  --seed N           the schedule's seed [random, printed]
+  --span-s N         seconds over which faults are planned [600]
+
+  --soak             the fleet at a steady load for a long time instead (needs Docker):
+  --duration-s N     how long the load runs [3600]
+  --lanes N          rollouts at once, each running trajectories one after another [16]
+  --steps N          exec, reward and api steps per trajectory [8]
+  --file-bytes N     bytes of the file each exec carries [4096]
+  --sample-s N       seconds between readings [10]
+  --stream-bytes N   shrink the backlog and history streams to N bytes each [unchanged]
+  --picture FILE     write memory and streams over time as SVG
+  --max-growth F     the most a process's RSS may grow over the last half [0.05]
 ";
 
 /// Checks the command line: `--help` prints the usage, an unknown flag is a usage error.
@@ -57,13 +84,15 @@ fn check_args(args: &[String]) -> Result<(), String> {
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
-            "--actions" | "--faults" | "--trajectories" | "--pause-s" => {
+            "--actions" | "--faults" | "--trajectories" | "--pause-s" | "--duration-s"
+            | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--stream-bytes"
+            | "--picture" | "--max-growth" | "--seed" | "--span-s" => {
                 if i + 1 >= args.len() {
                     return Err(format!("{} needs a value", args[i]));
                 }
                 i += 2
             }
-            "--fleet" => i += 1,
+            "--fleet" | "--soak" | "--nemesis" => i += 1,
             other => return Err(format!("unexpected argument {other:?}")),
         }
     }
@@ -91,6 +120,39 @@ async fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "--fleet") {
         return fleet(&args, actions, trajectories).await;
     }
+    if args.iter().any(|a| a == "--soak") {
+        return soak(&args).await;
+    }
+    if args.iter().any(|a| a == "--nemesis") {
+        let seed: u64 = flag(&args, "--seed").map_or_else(|| Ok(fastrand::u64(..)), |v| v.parse())?;
+        let span_s: f64 = flag(&args, "--span-s").map_or(Ok(600.0), |v| v.parse())?;
+        eprintln!("nemesis: seed {seed}, about {actions} actions, faults over {span_s} s ...");
+        let r = tangram_tests::faults::nemesis::run(
+            seed,
+            Size {
+                pause_s,
+                ..Size::about(actions, trajectories)
+            },
+            span_s,
+        )
+        .await?;
+        let mut counts = std::collections::BTreeMap::new();
+        for p in &r.struck {
+            *counts.entry(format!("{:?}", p.strike)).or_insert(0) += 1;
+        }
+        eprintln!("struck: {counts:?}");
+        let clean = r.clean();
+        finish_one(&r.report);
+        println!(
+            "left: {} running, {} cores, {} sandboxes, {} containers",
+            r.left_running, r.left_cores, r.left_sandboxes, r.leaked_containers
+        );
+        println!("{}", serde_json::to_string(&r)?);
+        if !clean {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let faults = faults(&args, &Fault::ALL, Fault::parse)?;
     let per = actions / faults.len().max(1);
     let mut reports: Vec<Report> = Vec::new();
@@ -117,6 +179,51 @@ async fn fleet(args: &[String], actions: usize, trajectories: usize) -> anyhow::
     }
     drop(fleet);
     finish(reports)
+}
+
+async fn soak(args: &[String]) -> anyhow::Result<()> {
+    use tangram_tests::faults::soak::{self, SoakConfig};
+    let num = |name: &str, default: f64| -> anyhow::Result<f64> {
+        flag(args, name).map_or(Ok(default), |v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name} takes a number, not {v:?}"))
+        })
+    };
+    let cfg = SoakConfig {
+        duration: std::time::Duration::from_secs_f64(num("--duration-s", 3600.0)?),
+        lanes: num("--lanes", 16.0)? as usize,
+        steps: num("--steps", 8.0)? as usize,
+        file_bytes: num("--file-bytes", 4096.0)? as usize,
+        sample_every: std::time::Duration::from_secs_f64(num("--sample-s", 10.0)?),
+        stream_bytes: flag(args, "--stream-bytes")
+            .map(|v| v.parse())
+            .transpose()?,
+        picture: flag(args, "--picture").map(Into::into),
+    };
+    let max_growth = num("--max-growth", 0.05)?;
+    eprintln!("soak: {:?} with {} lanes ...", cfg.duration, cfg.lanes);
+    let report = soak::run(cfg).await?;
+    print!("{}", report.table());
+    println!("{}", serde_json::to_string(&report)?);
+    if !report.passed(max_growth) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// The table's lines for one report.
+fn finish_one(r: &Report) {
+    println!(
+        "{:<22} {:>7} {:>7} {:>6} {:>11} {:>13} {:>9.1} {:>9.1}",
+        r.fault,
+        r.total.acked,
+        r.total.ok,
+        r.total.lost,
+        r.total.duplicated,
+        r.total.worker_lost_after_effect,
+        r.longest_stall_s,
+        r.total_s
+    );
 }
 
 fn finish(reports: Vec<Report>) -> anyhow::Result<()> {

@@ -252,9 +252,41 @@ impl Fleet {
         Ok(())
     }
 
+    /// Sends a signal to the scheduler with this id.
+    pub fn signal_scheduler(&self, id: &str, signal: Signal) -> anyhow::Result<()> {
+        let (_, child) = self
+            .schedulers
+            .iter()
+            .find(|(s, _)| s == id)
+            .with_context(|| format!("no scheduler {id}"))?;
+        signal_pid(child.id(), signal)
+    }
+
     /// Ids of the scheduler processes running.
     pub fn schedulers(&self) -> Vec<String> {
         self.schedulers.iter().map(|(s, _)| s.clone()).collect()
+    }
+
+    /// Every process of the fleet running now, by name (`nats-server`, scheduler ids,
+    /// worker short names), with its pid.
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        if let Some(pid) = self.nats.pid() {
+            out.push(("nats-server".to_string(), pid));
+        }
+        for (id, child) in &self.schedulers {
+            out.push((id.clone(), child.id()));
+        }
+        for (id, w) in &self.workers {
+            if let Some(c) = &w.child {
+                let short = id
+                    .strip_prefix(&format!("{}-", self.tag))
+                    .unwrap_or(id)
+                    .to_string();
+                out.push((short, c.id()));
+            }
+        }
+        out
     }
 
     /// The partition proxy of [`PARTITIONED`].

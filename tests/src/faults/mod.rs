@@ -14,7 +14,9 @@
 mod check;
 pub mod compose;
 mod fleet;
+pub mod nemesis;
 pub mod proxy;
+pub mod soak;
 mod workload;
 
 pub use check::{Report, Tally};

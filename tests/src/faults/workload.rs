@@ -34,6 +34,8 @@ pub struct Submitted {
 #[derive(Debug)]
 struct Progress {
     done: AtomicUsize,
+    /// Publishes the backlog refused (full), retried.
+    refused: AtomicUsize,
     started: Instant,
     at: Mutex<Vec<Instant>>,
 }
@@ -79,6 +81,7 @@ impl Workload {
     ) -> anyhow::Result<Self> {
         let progress = Arc::new(Progress {
             done: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
             started: Instant::now(),
             at: Mutex::new(Vec::new()),
         });
@@ -90,6 +93,7 @@ impl Workload {
                 client,
                 format!("{prefix}t{t}"),
                 size.steps,
+                0,
                 progress,
             ));
         }
@@ -98,6 +102,56 @@ impl Workload {
             progress,
             expected: size.trajectories * (2 + 3 * size.steps),
         })
+    }
+
+    /// Starts `lanes` rollouts that come and go until `until`: each lane runs trajectories
+    /// of `steps` steps one after another (open, steps, close; ids `<lane>g<n>`), every
+    /// exec carrying a file of `file_bytes`.
+    pub async fn start_soak(
+        url: &str,
+        job: &str,
+        lanes: usize,
+        steps: usize,
+        file_bytes: usize,
+        until: Instant,
+    ) -> anyhow::Result<Self> {
+        let progress = Arc::new(Progress {
+            done: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            started: Instant::now(),
+            at: Mutex::new(Vec::new()),
+        });
+        let mut tasks = JoinSet::new();
+        for lane in 0..lanes {
+            let client = Client::connect(url, job).await?;
+            let progress = progress.clone();
+            tasks.spawn(async move {
+                let mut log = Vec::new();
+                let mut n = 0;
+                while Instant::now() < until {
+                    let traj = format!("l{lane}g{n}");
+                    let c = client.clone();
+                    log.extend(trajectory(c, traj, steps, file_bytes, progress.clone()).await?);
+                    n += 1;
+                }
+                Ok(log)
+            });
+        }
+        Ok(Self {
+            tasks,
+            progress,
+            expected: usize::MAX,
+        })
+    }
+
+    /// Results come so far.
+    pub fn done(&self) -> usize {
+        self.progress.done.load(Ordering::Relaxed)
+    }
+
+    /// Publishes refused by a full backlog so far.
+    pub fn refused(&self) -> usize {
+        self.progress.refused.load(Ordering::Relaxed)
     }
 
     /// Waits until this fraction of the planned actions has results.
@@ -143,6 +197,7 @@ async fn trajectory(
     c: Client,
     traj: String,
     steps: usize,
+    file_bytes: usize,
     progress: Arc<Progress>,
 ) -> anyhow::Result<Vec<Submitted>> {
     let job = c.job.to_string();
@@ -155,7 +210,12 @@ async fn trajectory(
         }
         let id = format!("{traj}-x{step}");
         let script = format!("echo {id} >> /effects/log && sleep 0.2");
-        let a = exec(&id, &job, &traj, &["sh", "-c", &script], 1, 1);
+        let mut a = exec(&id, &job, &traj, &["sh", "-c", &script], 1, 1);
+        if file_bytes > 0 {
+            if let ActionSpec::SandboxExec(x) = &mut a.spec {
+                x.files.insert("input.txt".into(), "y".repeat(file_bytes));
+            }
+        }
         let r = submit_and_wait(&c, a, "exec", &mut log, &progress).await?;
         if r.as_ref().is_some_and(sandbox_gone) {
             need_open = true;
@@ -225,6 +285,13 @@ async fn submit_and_wait(
     loop {
         match tokio::time::timeout(Duration::from_secs(5), c.submit(&a)).await {
             Ok(Ok(())) => break,
+            Ok(Err(e)) if e.to_string().contains("maximum") => {
+                progress.refused.fetch_add(1, Ordering::Relaxed);
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
             // Never acknowledged: not counted (it may still run; nobody was promised it).
             _ => return Ok(None),
