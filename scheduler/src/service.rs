@@ -169,6 +169,46 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
+/// One try of a term's setup call, at most.
+const SETUP_TRY: Duration = Duration::from_secs(2);
+/// All tries of one setup call, at most.
+const SETUP_WITHIN: Duration = Duration::from_secs(60);
+
+/// Calls `f` until it succeeds, each try bounded by [`SETUP_TRY`] and tried again with
+/// backoff: a stream electing a leader (a NATS server of a cluster gone) answers within
+/// seconds, and a term must not stall on one request meanwhile. Gives up after
+/// [`SETUP_WITHIN`], or when the term ends.
+async fn patiently<T, E, F, Fut>(what: &str, stop: &CancellationToken, mut f: F) -> anyhow::Result<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + SETUP_WITHIN;
+    let mut attempt = 0u32;
+    loop {
+        let last = match tokio::time::timeout(SETUP_TRY, f()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {SETUP_TRY:?}"),
+        };
+        attempt += 1;
+        if tokio::time::Instant::now() >= deadline || stop.is_cancelled() {
+            anyhow::bail!("{what}: {last}");
+        }
+        warn!(attempt, error = %last, "{what}; trying again");
+        let wait = tangram_nats::backoff::backoff(
+            attempt,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        );
+        tokio::select! {
+            _ = stop.cancelled() => anyhow::bail!("{what}: the term ended"),
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
 /// One term as leader, until `shutdown` (the end of the term) is cancelled.
 async fn lead(
     client: &async_nats::Client,
@@ -182,12 +222,24 @@ async fn lead(
     let config = config.clone();
     let js = js.clone();
     let store = store.clone();
-    let actions = tangram_nats::scheduler_actions_consumer(&js).await?;
-    let results = tangram_nats::scheduler_results_consumer(&js).await?;
+    let actions = patiently("creating the actions consumer", &shutdown, || {
+        tangram_nats::scheduler_actions_consumer(&js)
+    })
+    .await?;
+    let results = patiently("creating the results consumer", &shutdown, || {
+        tangram_nats::scheduler_results_consumer(&js)
+    })
+    .await?;
     let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
     let status_requests = client.subscribe(subject::STATUS).await?;
-    let results_stream = js.get_stream(subject::RESULTS_STREAM).await?;
-    let dispatch_stream = js.get_stream(subject::DISPATCH_STREAM).await?;
+    let results_stream = patiently("looking up the results stream", &shutdown, || {
+        js.get_stream(subject::RESULTS_STREAM)
+    })
+    .await?;
+    let dispatch_stream = patiently("looking up the dispatch stream", &shutdown, || {
+        js.get_stream(subject::DISPATCH_STREAM)
+    })
+    .await?;
 
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
     let tasks = TaskTracker::new();
