@@ -1,5 +1,5 @@
 //! The soak's bounded version: a few minutes of the fault fleet at a steady load, with the
-//! backlog and history streams shrunk so that the history wraps many times over. The long
+//! history stream shrunk so that it wraps many times over (and the backlog to 8 MiB). The long
 //! run is a documented command (docs/RELIABILITY.md, Soak).
 
 use std::time::Duration;
@@ -14,7 +14,9 @@ async fn a_few_minutes_of_soak_lose_nothing_refuse_nothing_and_leave_nothing() -
         steps: 4,
         file_bytes: 4096,
         sample_every: Duration::from_secs(5),
-        stream_bytes: Some(256 << 10),
+        history_bytes: Some(256 << 10),
+        // Above the ~10 s of processed work a sourced work queue holds (about 1 MB here).
+        backlog_bytes: Some(8 << 20),
         picture: None,
     })
     .await?;
@@ -39,11 +41,22 @@ async fn a_few_minutes_of_soak_lose_nothing_refuse_nothing_and_leave_nothing() -
         "{}",
         report.table()
     );
-    // Memory flat after warm-up. Over minutes the bound is looser than the hour-long run's
-    // 5% (allocator arenas are still settling); what it catches is growth with the
-    // history or the action count.
+    // Tangram's processes flat after warm-up (their memory must not follow the action
+    // count or the history). nats-server's follows what its streams hold, and the results
+    // stream (a 7-day window, not shrunk here so that every result can be counted) grows
+    // for the whole run: it is bounded, not judged flat.
     for (p, g) in &report.rss_growth_last_half {
-        assert!(*g < 0.25, "{p} grew {:.0}%: {}", g * 100.0, report.table());
+        if p == soak::NATS_SERVER {
+            continue;
+        }
+        assert!(*g < 0.10, "{p} grew {:.0}%: {}", g * 100.0, report.table());
     }
+    let nats_end = report
+        .samples
+        .last()
+        .and_then(|s| s.rss_mib.get(soak::NATS_SERVER))
+        .copied()
+        .unwrap_or(0.0);
+    assert!(nats_end < 512.0, "nats-server at {nats_end} MiB: {}", report.table());
     Ok(())
 }

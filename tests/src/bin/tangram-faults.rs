@@ -7,8 +7,8 @@
 //! `--trajectories N` (16 at once), `--pause-s N` (20).
 //!
 //! `--soak` runs the soak instead: the fleet at a steady load for `--duration-s` (3600),
-//! `--lanes` rollouts at once (16), sampled every `--sample-s` (10); `--stream-bytes N`
-//! shrinks the backlog and history streams so that the history wraps; `--picture FILE`
+//! `--lanes` rollouts at once (16), sampled every `--sample-s` (10); `--history-bytes N`
+//! shrinks the history so that it wraps (`--backlog-bytes N` the backlog); `--picture FILE`
 //! draws memory and streams over time. Exits 1 unless nothing was lost, duplicated, refused
 //! or left behind and no process grew by more than 5% over the last half.
 //!
@@ -48,7 +48,8 @@ fn faults<F: Copy>(
 const USAGE: &str = "\
 usage: tangram-faults [--actions N] [--faults a,b] [--trajectories N] [--pause-s N] [--fleet]
        tangram-faults --soak [--duration-s N] [--lanes N] [--steps N] [--file-bytes N]
-                      [--sample-s N] [--stream-bytes N] [--picture FILE] [--max-growth F]
+                      [--sample-s N] [--history-bytes N] [--backlog-bytes N]
+                      [--picture FILE] [--max-growth F]
        tangram-faults --nemesis [--seed N] [--actions N] [--trajectories N] [--span-s N]
        tangram-faults --version
 
@@ -74,7 +75,8 @@ table and one JSON line, and exits 1 unless every acknowledged action was ok.
   --steps N          exec, reward and api steps per trajectory [8]
   --file-bytes N     bytes of the file each exec carries [4096]
   --sample-s N       seconds between readings [10]
-  --stream-bytes N   shrink the backlog and history streams to N bytes each [unchanged]
+  --history-bytes N  shrink the history stream to N bytes, so that it wraps [unchanged]
+  --backlog-bytes N  shrink the backlog streams to N bytes [unchanged]
   --picture FILE     write memory and streams over time as SVG
   --max-growth F     the most a process's RSS may grow over the last half [0.05]
 ";
@@ -85,7 +87,7 @@ fn check_args(args: &[String]) -> Result<(), String> {
     while i < args.len() {
         match args[i].as_str() {
             "--actions" | "--faults" | "--trajectories" | "--pause-s" | "--duration-s"
-            | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--stream-bytes"
+            | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--history-bytes" | "--backlog-bytes"
             | "--picture" | "--max-growth" | "--seed" | "--span-s" => {
                 if i + 1 >= args.len() {
                     return Err(format!("{} needs a value", args[i]));
@@ -195,7 +197,10 @@ async fn soak(args: &[String]) -> anyhow::Result<()> {
         steps: num("--steps", 8.0)? as usize,
         file_bytes: num("--file-bytes", 4096.0)? as usize,
         sample_every: std::time::Duration::from_secs_f64(num("--sample-s", 10.0)?),
-        stream_bytes: flag(args, "--stream-bytes")
+        history_bytes: flag(args, "--history-bytes")
+            .map(|v| v.parse())
+            .transpose()?,
+        backlog_bytes: flag(args, "--backlog-bytes")
             .map(|v| v.parse())
             .transpose()?,
         picture: flag(args, "--picture").map(Into::into),

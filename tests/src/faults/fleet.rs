@@ -272,7 +272,7 @@ impl Fleet {
     pub fn processes(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         if let Some(pid) = self.nats.pid() {
-            out.push(("nats-server".to_string(), pid));
+            out.push((super::soak::NATS_SERVER.to_string(), pid));
         }
         for (id, child) in &self.schedulers {
             out.push((id.clone(), child.id()));

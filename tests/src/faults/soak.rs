@@ -28,9 +28,14 @@ pub struct SoakConfig {
     pub file_bytes: usize,
     /// How often the processes and streams are read.
     pub sample_every: Duration,
-    /// When set, the backlog and history streams are shrunk to this many bytes, so that
-    /// the history wraps many times in a short run.
-    pub stream_bytes: Option<i64>,
+    /// When set, the history stream is shrunk to this many bytes, so that it wraps many
+    /// times in a short run.
+    pub history_bytes: Option<i64>,
+    /// When set, the backlog streams are shrunk to this many bytes. JetStream removes
+    /// processed messages from a work queue that a stream sources in a sweep about every
+    /// 10 s, so the backlog also holds about 10 s of processed work: a limit must hold
+    /// that much at the soak's rate, or publishes are refused.
+    pub backlog_bytes: Option<i64>,
     /// Where the picture goes, if anywhere.
     pub picture: Option<PathBuf>,
 }
@@ -81,7 +86,9 @@ pub struct SoakReport {
 
 impl SoakReport {
     /// Whether the soak met its bar: nothing lost or duplicated, no refusal, nothing left
-    /// behind, and no process grew by more than `max_growth` over the last half.
+    /// behind, and no Tangram process grew by more than `max_growth` over the last half.
+    /// (nats-server's memory follows what its streams hold, and the results stream is a
+    /// 7-day window that fills for as long as a soak runs: it is reported, not judged.)
     pub fn passed(&self, max_growth: f64) -> bool {
         self.report.clean()
             && self.refusals == 0
@@ -89,7 +96,11 @@ impl SoakReport {
             && self.left_cores == 0
             && self.left_sandboxes == 0
             && self.leaked_containers == 0
-            && self.rss_growth_last_half.values().all(|g| *g <= max_growth)
+            && self
+                .rss_growth_last_half
+                .iter()
+                .filter(|(p, _)| p.as_str() != NATS_SERVER)
+                .all(|(_, g)| *g <= max_growth)
     }
 
     /// A readable table.
@@ -126,6 +137,9 @@ impl SoakReport {
     }
 }
 
+/// nats-server's name among the processes.
+pub const NATS_SERVER: &str = "nats-server";
+
 const STREAMS: [&str; 4] = [
     subject::ACTIONS_STREAM,
     subject::DISPATCH_STREAM,
@@ -139,13 +153,13 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
     fleet.start_scheduler()?;
     let job = "soak";
     let client = crate::Client::connect(&fleet.nats.url(), job).await?;
-    if let Some(bytes) = cfg.stream_bytes {
-        // An operator's edit, as `nats stream edit` would make it.
-        for name in [
-            subject::ACTIONS_STREAM,
-            subject::DISPATCH_STREAM,
-            subject::HISTORY_STREAM,
-        ] {
+    // An operator's edit, as `nats stream edit` would make it.
+    for (name, bytes) in [
+        (subject::ACTIONS_STREAM, cfg.backlog_bytes),
+        (subject::DISPATCH_STREAM, cfg.backlog_bytes),
+        (subject::HISTORY_STREAM, cfg.history_bytes),
+    ] {
+        if let Some(bytes) = bytes {
             let mut s = client.js.get_stream(name).await?;
             let mut c = s.info().await?.config.clone();
             c.max_bytes = bytes;

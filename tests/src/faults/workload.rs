@@ -286,7 +286,9 @@ async fn submit_and_wait(
         match tokio::time::timeout(Duration::from_secs(5), c.submit(&a)).await {
             Ok(Ok(())) => break,
             Ok(Err(e)) if e.to_string().contains("maximum") => {
-                progress.refused.fetch_add(1, Ordering::Relaxed);
+                if progress.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+                    eprintln!("workload: a publish was refused: {e:#}");
+                }
                 if Instant::now() >= deadline {
                     return Ok(None);
                 }
