@@ -243,7 +243,8 @@ const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// with `Nats-Expected-Last-Subject-Sequence: 0`).
 pub fn result_exists(e: &jetstream::context::PublishError) -> bool {
     use std::error::Error as _;
-    e.source()
+    e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence
+        || e.source()
         .and_then(|s| s.downcast_ref::<jetstream::Error>())
         .is_some_and(|j| j.error_code() == jetstream::ErrorCode(WRONG_LAST_SEQUENCE))
 }

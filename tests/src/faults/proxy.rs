@@ -34,6 +34,11 @@ impl Proxy {
         })
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The URL a client connects to.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)

@@ -13,6 +13,7 @@ mod heartbeat;
 pub(crate) mod intake;
 mod prepull;
 mod resize;
+mod spool;
 #[cfg(test)]
 mod tests;
 
@@ -75,6 +76,8 @@ pub(crate) struct Worker {
     pub(crate) state: Mutex<State>,
     /// Cancelled when the drain deadline passes: running commands are killed.
     pub(crate) hard_stop: CancellationToken,
+    /// Results not yet stored, on disk.
+    spool: spool::Spool,
     /// Cancelled when the worker starts draining: heartbeats say so at once, so the
     /// scheduler stops placing here before the grace period, not after it.
     pub(crate) draining: CancellationToken,
@@ -98,6 +101,7 @@ impl Worker {
         inventory: Option<GpuInventory>,
     ) -> Self {
         let cores = CoreAllocator::with_domains(&config.cores, &cpuset::numa_domains());
+        let spool = spool::Spool::new(&config.state_dir);
         Self {
             state: Mutex::new(State {
                 cores,
@@ -113,6 +117,7 @@ impl Worker {
             providers,
             results,
             hard_stop: CancellationToken::new(),
+            spool,
             draining: CancellationToken::new(),
             inventory,
             instance: Mutex::new(fence::new_instance_id()),
@@ -125,12 +130,27 @@ impl Worker {
         self.instance.lock().expect("instance lock").clone()
     }
 
+    /// Publishes the results an earlier run of this worker kept on disk (it died before
+    /// NATS took them); before any dispatch is taken, so that the real result comes first.
+    pub(crate) async fn publish_kept(&self) -> usize {
+        let kept = self.spool.all();
+        let n = kept.len();
+        for (result, encoding) in kept {
+            info!(action = %result.id, "publishing a result an earlier run kept on disk");
+            if self.publish_result(&result, encoding).await {
+                self.spool.forget(&result.id);
+            }
+        }
+        n
+    }
+
     /// Stores a result, trying for as long as this process runs (an outage or a stream
     /// election of any length); false only when it stops first or the result cannot be
     /// encoded. The dispatch is not acked until then, so a result not stored is settled
     /// by the next instance of this worker or by the scheduler, never dropped silently.
     pub(crate) async fn publish_result(&self, result: &ActionResult, encoding: Encoding) -> bool {
         let mut round = 0u32;
+        let mut kept = false;
         loop {
             let tried = tokio::select! {
                 r = self.results.publish(result, encoding) => r,
@@ -140,7 +160,12 @@ impl Worker {
                 }
             };
             match tried {
-                Ok(()) => return true,
+                Ok(()) => {
+                    if kept {
+                        self.spool.forget(&result.id);
+                    }
+                    return true;
+                }
                 Err(e @ tangram_nats::PublishError::Encode(_)) => {
                     warn!(action = %result.id, error = %e, "result cannot be encoded; the scheduler settles the action");
                     return false;
@@ -148,6 +173,11 @@ impl Worker {
                 Err(e) => {
                     round += 1;
                     m::result_retry();
+                    if !kept {
+                        // Should this process die before NATS is back, its next start
+                        // publishes it.
+                        kept = self.spool.keep(result, encoding);
+                    }
                     warn!(action = %result.id, round, error = %e, "result not stored yet; trying again");
                 }
             }
@@ -301,6 +331,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     ));
     let instance = worker.instance();
     info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
+    let published = worker.publish_kept().await;
+    if published > 0 {
+        info!(published, "results kept on disk by an earlier run published");
+    }
 
     // Heartbeats and health checks outlive intake: they stop after the drain.
     let background = TaskTracker::new();

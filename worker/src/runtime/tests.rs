@@ -80,6 +80,10 @@ struct Results {
     refused: Mutex<Vec<(String, &'static str)>>,
     /// The instance the fake fence record names.
     fence: Mutex<Option<String>>,
+    /// While set, every publish fails (NATS unreachable).
+    down: std::sync::atomic::AtomicBool,
+    /// Publishes that failed.
+    failed: std::sync::atomic::AtomicUsize,
 }
 
 impl ResultSink for Results {
@@ -116,6 +120,20 @@ impl ResultSink for Results {
         result: &'a ActionResult,
         _encoding: Encoding,
     ) -> BoxFuture<'a, Result<(), tangram_nats::PublishError>> {
+        use std::sync::atomic::Ordering;
+        if self.down.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Box::pin(async {
+                // As the real sink does, after its round of tries.
+                tokio::time::sleep(Duration::from_secs(25)).await;
+                Err(tangram_nats::PublishError::Publish {
+                    attempts: 9,
+                    source: async_nats::jetstream::context::PublishError::new(
+                        async_nats::jetstream::context::PublishErrorKind::TimedOut,
+                    ),
+                })
+            });
+        }
         self.all.lock().unwrap().push(result.clone());
         self.added.notify_waiters();
         Box::pin(async { Ok(()) })
@@ -831,4 +849,48 @@ async fn an_open_whose_creation_outlives_its_timeout_times_out_and_leaves_nothin
     assert_eq!(results.of("slow-open").len(), 1, "one result");
     shutdown.cancel();
     tasks.wait().await;
+}
+
+/// Regression: a worker gave up a result after about 25 s of failed publishing and acked the
+/// dispatch, so an outage longer than that turned a real completion into `worker_lost` (or
+/// nothing). Now it keeps trying, keeps the result on disk, leaves the dispatch unacked, and
+/// a worker started again on the same state directory publishes the kept result first.
+#[tokio::test(start_paused = true)]
+async fn a_result_not_stored_before_the_worker_dies_is_kept_on_disk_and_published_at_the_next_start(
+) {
+    use std::sync::atomic::Ordering;
+    let state = tempfile::tempdir().unwrap();
+    let raw = || RawConfig {
+        state_dir: Some(state.path().display().to_string()),
+        ..RawConfig::default()
+    };
+    let h = Harness::with(raw(), None, None);
+    h.results.down.store(true, Ordering::SeqCst);
+    let o = open("kept-open", "t1");
+    h.deliver("kept-open", &o, false).await;
+    // Far past the old 25 s budget: still trying, the dispatch not acked.
+    let deadline = Instant::now() + NEVER;
+    while h.results.failed.load(Ordering::SeqCst) < 5 {
+        assert!(Instant::now() < deadline, "no publishing tries");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(h.acks_of("kept-open").is_empty(), "acked without a stored result");
+    let kept = std::fs::read_dir(state.path().join("results")).unwrap().count();
+    assert_eq!(kept, 1, "the result is kept on disk");
+    // The process dies (its tasks end without storing anything).
+    h.worker.hard_stop.cancel();
+    h.stop().await;
+    assert!(h.results.of("kept-open").is_empty());
+
+    // Started again on the same state directory, NATS back: the kept result goes first.
+    let again = Harness::with(raw(), None, None);
+    assert_eq!(again.worker.publish_kept().await, 1);
+    let r = again.results.wait("kept-open").await;
+    assert_eq!(completed(&r), 0, "the real result, not worker_lost: {r:?}");
+    assert_eq!(
+        std::fs::read_dir(state.path().join("results")).unwrap().count(),
+        0,
+        "forgotten once stored"
+    );
+    again.stop().await;
 }
