@@ -41,9 +41,7 @@ pub(crate) fn run(what: StreamsCommand) -> anyhow::Result<()> {
         Some(path) => settings_from(path)?,
         None => StreamSettings::default(),
     };
-    settings
-        .validate()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    settings.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let (url, creds) = args.cluster.resolve();
     let done = crate::replay::runtime()?.block_on(async {
         let client = crate::errors::connect(&url, "tangram-streams-upgrade", &creds).await?;
@@ -72,8 +70,8 @@ fn settings_from(path: &std::path::Path) -> anyhow::Result<StreamSettings> {
         #[serde(default)]
         streams: StreamSettings,
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let f: File = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     Ok(f.streams)
 }

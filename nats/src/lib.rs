@@ -245,8 +245,8 @@ pub fn result_exists(e: &jetstream::context::PublishError) -> bool {
     use std::error::Error as _;
     e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence
         || e.source()
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .is_some_and(|j| j.error_code() == jetstream::ErrorCode(WRONG_LAST_SEQUENCE))
+            .and_then(|s| s.downcast_ref::<jetstream::Error>())
+            .is_some_and(|j| j.error_code() == jetstream::ErrorCode(WRONG_LAST_SEQUENCE))
 }
 
 /// Whether a publish was refused because its stream is full: the streams that hold
@@ -414,7 +414,12 @@ mod tests {
             if s.name == subject::ACTIONS_STREAM || s.name == subject::DISPATCH_STREAM {
                 // Backlog: what is processed leaves, so the limits count unprocessed work,
                 // and a full backlog refuses rather than dropping work; no age limit.
-                assert_eq!(s.retention, stream::RetentionPolicy::WorkQueue, "{}", s.name);
+                assert_eq!(
+                    s.retention,
+                    stream::RetentionPolicy::WorkQueue,
+                    "{}",
+                    s.name
+                );
                 assert_eq!(s.discard, stream::DiscardPolicy::New, "{}", s.name);
                 assert!(s.max_age.is_zero(), "{}", s.name);
             } else {

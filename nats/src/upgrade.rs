@@ -122,11 +122,7 @@ pub async fn upgrade(
             let subj = format!("{}.result.{job}.{id}", subject::PREFIX);
             match results.get_last_raw_message_by_subject(&subj).await {
                 Ok(_) => Ok(true),
-                Err(e)
-                    if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound =>
-                {
-                    Ok(false)
-                }
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(false),
                 Err(e) => Err(err(format!("looking up {subj}: {e}"))),
             }
         }
@@ -180,9 +176,7 @@ pub async fn upgrade(
                 .map(|v| v.as_str().to_string());
             let job = subject::parse_action(&m.subject).map(|(j, _)| j.to_string());
             let processed = match (id, job) {
-                (Some(id), Some(job)) => {
-                    dispatched.contains(&id) || result_stored(job, id).await?
-                }
+                (Some(id), Some(job)) => dispatched.contains(&id) || result_stored(job, id).await?,
                 // The scheduler rejects it (with a result the submitter reads) when it comes.
                 _ => false,
             };
@@ -253,10 +247,7 @@ fn source(name: &str, filter: Option<&str>) -> stream::Source {
     }
 }
 
-async fn subjects(
-    s: &mut stream::Stream,
-    filter: &str,
-) -> Result<Vec<String>, UpgradeError> {
+async fn subjects(s: &mut stream::Stream, filter: &str) -> Result<Vec<String>, UpgradeError> {
     let mut out = Vec::new();
     let mut list = s.info_with_subjects(filter).await.map_err(err)?;
     while let Some(entry) = list.next().await {
@@ -303,7 +294,10 @@ async fn caught_up(js: &jetstream::Context) -> Result<u64, UpgradeError> {
             .cached_info()
             .clone();
         let sources_done = info.sources.len() == 2
-            && info.sources.iter().all(|s| s.lag == 0 && s.active.is_some());
+            && info
+                .sources
+                .iter()
+                .all(|s| s.lag == 0 && s.active.is_some());
         let count = info.state.messages;
         // Caught up: no lag, and nothing arrived since the last look.
         if sources_done && last == Some(count) {

@@ -217,10 +217,7 @@ async fn one(
             dispatch: Box::new(d),
             seq: m.sequence,
         };
-        return tx
-            .send(crate::shell::Input::Engine(event))
-            .await
-            .is_ok();
+        return tx.send(crate::shell::Input::Engine(event)).await.is_ok();
     }
     false
 }

@@ -178,7 +178,11 @@ const SETUP_WITHIN: Duration = Duration::from_secs(60);
 /// backoff: a stream electing a leader (a NATS server of a cluster gone) answers within
 /// seconds, and a term must not stall on one request meanwhile. Gives up after
 /// [`SETUP_WITHIN`], or when the term ends.
-async fn patiently<T, E, F, Fut>(what: &str, stop: &CancellationToken, mut f: F) -> anyhow::Result<T>
+async fn patiently<T, E, F, Fut>(
+    what: &str,
+    stop: &CancellationToken,
+    mut f: F,
+) -> anyhow::Result<T>
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,

@@ -33,8 +33,7 @@ fn limit(bytes: i64) -> StreamLimits {
 /// holds 64 KiB and about ten times that flows through: every action is taken and answered,
 /// the history wraps, and the backlog is empty at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> anyhow::Result<()>
-{
+async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> anyhow::Result<()> {
     let mut cluster = Cluster::start_without_scheduler(&[]).await?;
     let mut config = tangram_scheduler::Config::with_nats_url(cluster.nats.url());
     config.streams = StreamSettings {
@@ -96,10 +95,7 @@ async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> 
     // The history wrapped: its first message is long gone, and it holds under its limit.
     let mut history = c.js.get_stream(subject::HISTORY_STREAM).await?;
     let state = history.info().await?.state.clone();
-    assert!(
-        state.first_sequence > 200,
-        "the history wrapped: {state:?}"
-    );
+    assert!(state.first_sequence > 200, "the history wrapped: {state:?}");
     assert!(state.bytes <= 64 << 10, "{state:?}");
     // Nothing is left in the backlog: what was processed left it.
     for name in [subject::ACTIONS_STREAM, subject::DISPATCH_STREAM] {
@@ -138,10 +134,7 @@ async fn rejected_input_leaves_the_backlog() -> anyhow::Result<()> {
     let r = c
         .result(&tangram_shared::ActionId::new("big-1")?, T)
         .await?;
-    assert!(
-        matches!(r.outcome, Outcome::Rejected { .. }),
-        "{r:?}"
-    );
+    assert!(matches!(r.outcome, Outcome::Rejected { .. }), "{r:?}");
     let mut actions = c.js.get_stream(subject::ACTIONS_STREAM).await?;
     let deadline = tokio::time::Instant::now() + T;
     while actions.info().await?.state.bytes > 0 {
@@ -293,13 +286,16 @@ async fn a_cluster_of_the_previous_release_upgrades_in_place() -> anyhow::Result
     let err = tangram_nats::ensure_streams(&js, &StreamSettings::default())
         .await
         .expect_err("the old layout is refused");
-    assert!(
-        err.to_string().contains("tangram streams upgrade"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("tangram streams upgrade"), "{err}");
 
     let out = std::process::Command::new(tangram_tests::built_binary("tangram"))
-        .args(["streams", "upgrade", "--json", "--state-dir", "/nonexistent"])
+        .args([
+            "streams",
+            "upgrade",
+            "--json",
+            "--state-dir",
+            "/nonexistent",
+        ])
         .args(["--nats-url", &cluster.nats.url()])
         .output()?;
     let text = tangram_tests::output_text(&out);
@@ -307,7 +303,10 @@ async fn a_cluster_of_the_previous_release_upgrades_in_place() -> anyhow::Result
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(report["actions_carried"], 2, "{text}");
     assert_eq!(report["dispatches_carried"], 1, "{text}");
-    assert_eq!(report["history_messages"], 8, "6 actions and 2 dispatches: {text}");
+    assert_eq!(
+        report["history_messages"], 8,
+        "6 actions and 2 dispatches: {text}"
+    );
 
     for (name, held) in [(subject::ACTIONS_STREAM, 2), (subject::DISPATCH_STREAM, 1)] {
         let mut s = js.get_stream(name).await?;
@@ -323,14 +322,24 @@ async fn a_cluster_of_the_previous_release_upgrades_in_place() -> anyhow::Result
     let mut history = js.get_stream(subject::HISTORY_STREAM).await?;
     let deadline = tokio::time::Instant::now() + T;
     while history.info().await?.state.messages < 11 {
-        assert!(tokio::time::Instant::now() < deadline, "history: {:?}", history.cached_info().state);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "history: {:?}",
+            history.cached_info().state
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drift = tangram_nats::ensure_streams(&js, &StreamSettings::default()).await?;
     assert!(drift.is_empty(), "{drift:?}");
     // Run again: nothing to do.
     let again = std::process::Command::new(tangram_tests::built_binary("tangram"))
-        .args(["streams", "upgrade", "--json", "--state-dir", "/nonexistent"])
+        .args([
+            "streams",
+            "upgrade",
+            "--json",
+            "--state-dir",
+            "/nonexistent",
+        ])
         .args(["--nats-url", &cluster.nats.url()])
         .output()?;
     let report: serde_json::Value = serde_json::from_slice(&again.stdout)?;

@@ -72,7 +72,11 @@ async fn a_full_backlog_refuses_new_actions_keeps_the_stored_ones_and_drains_by_
     // An operator-sized backlog of three actions.
     let mut stream = c.js.get_stream(subject::ACTIONS_STREAM).await?;
     let mut config = stream.info().await?.config.clone();
-    assert_eq!(stream.info().await?.state.messages, 0, "nothing unprocessed");
+    assert_eq!(
+        stream.info().await?.state.messages,
+        0,
+        "nothing unprocessed"
+    );
     config.max_messages = 3;
     c.js.update_stream(config.clone()).await?;
 
@@ -124,7 +128,10 @@ async fn a_jobs_backlog_is_capped_apart_from_other_jobs() -> anyhow::Result<()> 
         .submit(&close("capa-3", "capa", "t3"))
         .await
         .expect_err("job capa's backlog is full");
-    assert!(err.to_string().contains("maximum messages per subject"), "{err}");
+    assert!(
+        err.to_string().contains("maximum messages per subject"),
+        "{err}"
+    );
     b.submit(&close("capb-1", "capb", "t1")).await?;
     assert_eq!(stream.info().await?.state.messages, 3);
     cluster.start_scheduler();
@@ -132,8 +139,11 @@ async fn a_jobs_backlog_is_capped_apart_from_other_jobs() -> anyhow::Result<()> 
         a.result(&tangram_shared::ActionId::new(id)?, Duration::from_secs(30))
             .await?;
     }
-    b.result(&tangram_shared::ActionId::new("capb-1")?, Duration::from_secs(30))
-        .await?;
+    b.result(
+        &tangram_shared::ActionId::new("capb-1")?,
+        Duration::from_secs(30),
+    )
+    .await?;
     // Processed, the job's backlog has room again.
     a.run(&close("capa-3", "capa", "t3"), Duration::from_secs(30))
         .await?;

@@ -14,7 +14,11 @@ async fn overlapping_random_faults_lose_nothing_duplicate_nothing_and_leave_noth
         .unwrap_or(20_261_204);
     let r = nemesis::run(seed, Size::about(1_200, 16), 90.0).await?;
     let t = &r.report.total;
-    let struck: Vec<String> = r.struck.iter().map(|p| format!("{:?}@{:.0}s/{:.0}s", p.strike, p.at_s, p.for_s)).collect();
+    let struck: Vec<String> = r
+        .struck
+        .iter()
+        .map(|p| format!("{:?}@{:.0}s/{:.0}s", p.strike, p.at_s, p.for_s))
+        .collect();
     eprintln!("seed {seed}: {t:?}; struck {struck:?}");
     assert!(r.struck.len() >= 5, "faults struck: {struck:?}");
     assert!(t.acked > 1_000, "{t:?}");
@@ -26,7 +30,12 @@ async fn overlapping_random_faults_lose_nothing_duplicate_nothing_and_leave_noth
         r.report.evidence.join("\n")
     );
     assert_eq!(
-        (r.left_running, r.left_cores, r.left_sandboxes, r.leaked_containers),
+        (
+            r.left_running,
+            r.left_cores,
+            r.left_sandboxes,
+            r.leaked_containers
+        ),
         (0, 0, 0, 0),
         "seed {seed}: something was left"
     );

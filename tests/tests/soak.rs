@@ -57,6 +57,10 @@ async fn a_few_minutes_of_soak_lose_nothing_refuse_nothing_and_leave_nothing() -
         .and_then(|s| s.rss_mib.get(soak::NATS_SERVER))
         .copied()
         .unwrap_or(0.0);
-    assert!(nats_end < 512.0, "nats-server at {nats_end} MiB: {}", report.table());
+    assert!(
+        nats_end < 512.0,
+        "nats-server at {nats_end} MiB: {}",
+        report.table()
+    );
     Ok(())
 }

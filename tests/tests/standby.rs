@@ -187,14 +187,13 @@ async fn a_dispatch_whose_worker_and_leader_died_together_is_settled_by_the_next
     assert!(killed.elapsed() < bound);
     // Settled, the dispatch left the backlog: the worker, back, finds nothing to run and
     // no second result is stored.
-    let mut dispatches = c.js.get_stream(tangram_shared::subject::DISPATCH_STREAM).await?;
+    let mut dispatches =
+        c.js.get_stream(tangram_shared::subject::DISPATCH_STREAM)
+            .await?;
     assert_eq!(dispatches.info().await?.state.messages, 0);
     let mut back = cluster.spawn_worker_process(&spec)?;
     c.wait_for_workers(&["orphan-a"], T).await?;
-    let n = c
-        .results(&long.id, 2, Duration::from_secs(3))
-        .await?
-        .len();
+    let n = c.results(&long.id, 2, Duration::from_secs(3)).await?.len();
     assert_eq!(n, 1, "one result");
     // Stopped gracefully, the worker removes its sandboxes (the leftover check counts them).
     tangram_tests::signal(back.id(), tangram_tests::Signal::TERM)?;

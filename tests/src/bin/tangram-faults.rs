@@ -87,8 +87,8 @@ fn check_args(args: &[String]) -> Result<(), String> {
     while i < args.len() {
         match args[i].as_str() {
             "--actions" | "--faults" | "--trajectories" | "--pause-s" | "--duration-s"
-            | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--history-bytes" | "--backlog-bytes"
-            | "--picture" | "--max-growth" | "--seed" | "--span-s" => {
+            | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--history-bytes"
+            | "--backlog-bytes" | "--picture" | "--max-growth" | "--seed" | "--span-s" => {
                 if i + 1 >= args.len() {
                     return Err(format!("{} needs a value", args[i]));
                 }
@@ -126,7 +126,8 @@ async fn main() -> anyhow::Result<()> {
         return soak(&args).await;
     }
     if args.iter().any(|a| a == "--nemesis") {
-        let seed: u64 = flag(&args, "--seed").map_or_else(|| Ok(fastrand::u64(..)), |v| v.parse())?;
+        let seed: u64 =
+            flag(&args, "--seed").map_or_else(|| Ok(fastrand::u64(..)), |v| v.parse())?;
         let span_s: f64 = flag(&args, "--span-s").map_or(Ok(600.0), |v| v.parse())?;
         eprintln!("nemesis: seed {seed}, about {actions} actions, faults over {span_s} s ...");
         let r = tangram_tests::faults::nemesis::run(

@@ -187,10 +187,17 @@ pub async fn run(seed: u64, size: Size, span_s: f64) -> anyhow::Result<NemesisRe
     let mut leaked = 0;
     for short in fleet::CPU_WORKERS {
         fleet.signal_worker(short, crate::Signal::TERM)?;
-        fleet.wait_worker_exit(short, Duration::from_secs(60)).await?;
+        fleet
+            .wait_worker_exit(short, Duration::from_secs(60))
+            .await?;
         leaked += crate::containers_of(&fleet.id(short));
     }
-    let report = report.timed(started, Duration::ZERO, Duration::ZERO, finished.longest_stall);
+    let report = report.timed(
+        started,
+        Duration::ZERO,
+        Duration::ZERO,
+        finished.longest_stall,
+    );
     Ok(NemesisReport {
         seed,
         report,
@@ -205,11 +212,7 @@ pub async fn run(seed: u64, size: Size, span_s: f64) -> anyhow::Result<NemesisRe
     })
 }
 
-async fn strike(
-    fleet: &Mutex<Fleet>,
-    client: &crate::Client,
-    p: Planned,
-) -> anyhow::Result<()> {
+async fn strike(fleet: &Mutex<Fleet>, client: &crate::Client, p: Planned) -> anyhow::Result<()> {
     use crate::Signal;
     let lasting = Duration::from_secs_f64(p.for_s);
     eprintln!("nemesis: {p:?}");

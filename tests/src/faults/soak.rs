@@ -171,7 +171,9 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
     client
         .wait_for_workers(&ids, Duration::from_secs(60))
         .await?;
-    client.wait_for_scheduler_to_know(&ids, Duration::from_secs(60)).await?;
+    client
+        .wait_for_scheduler_to_know(&ids, Duration::from_secs(60))
+        .await?;
 
     let started = Instant::now();
     let until = started + cfg.duration;
@@ -187,8 +189,11 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
     let mut samples = Vec::new();
     while Instant::now() < until {
         samples.push(sample(&fleet, &client, started, workload.done()).await?);
-        tokio::time::sleep(cfg.sample_every.min(until.saturating_duration_since(Instant::now())))
-            .await;
+        tokio::time::sleep(
+            cfg.sample_every
+                .min(until.saturating_duration_since(Instant::now())),
+        )
+        .await;
     }
     samples.push(sample(&fleet, &client, started, workload.done()).await?);
     let load_s = started.elapsed().as_secs_f64();
@@ -222,7 +227,9 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
     let mut leaked = 0;
     for short in fleet::CPU_WORKERS {
         fleet.signal_worker(short, crate::Signal::TERM)?;
-        fleet.wait_worker_exit(short, Duration::from_secs(60)).await?;
+        fleet
+            .wait_worker_exit(short, Duration::from_secs(60))
+            .await?;
         leaked += crate::containers_of(&fleet.id(short));
     }
     let report = SoakReport {

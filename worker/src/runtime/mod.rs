@@ -333,7 +333,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     info!(worker = %worker.config.id, %instance, cores = %cpuset::format(&worker.config.cores), "worker starting");
     let published = worker.publish_kept().await;
     if published > 0 {
-        info!(published, "results kept on disk by an earlier run published");
+        info!(
+            published,
+            "results kept on disk by an earlier run published"
+        );
     }
 
     // Heartbeats and health checks outlive intake: they stop after the drain.

@@ -842,7 +842,10 @@ async fn an_open_whose_creation_outlives_its_timeout_times_out_and_leaves_nothin
     // The creation finishes later: what it made is removed, and the worker holds nothing.
     let deadline = Instant::now() + NEVER;
     while sandboxes.open_count() > 0 || Instant::now() < t0 + Duration::from_secs(6) {
-        assert!(Instant::now() < deadline, "the late sandbox was never removed");
+        assert!(
+            Instant::now() < deadline,
+            "the late sandbox was never removed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(worker.state.lock().unwrap().sandboxes.is_empty());
@@ -874,8 +877,13 @@ async fn a_result_not_stored_before_the_worker_dies_is_kept_on_disk_and_publishe
         assert!(Instant::now() < deadline, "no publishing tries");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert!(h.acks_of("kept-open").is_empty(), "acked without a stored result");
-    let kept = std::fs::read_dir(state.path().join("results")).unwrap().count();
+    assert!(
+        h.acks_of("kept-open").is_empty(),
+        "acked without a stored result"
+    );
+    let kept = std::fs::read_dir(state.path().join("results"))
+        .unwrap()
+        .count();
     assert_eq!(kept, 1, "the result is kept on disk");
     // The process dies (its tasks end without storing anything).
     h.worker.hard_stop.cancel();
@@ -888,7 +896,9 @@ async fn a_result_not_stored_before_the_worker_dies_is_kept_on_disk_and_publishe
     let r = again.results.wait("kept-open").await;
     assert_eq!(completed(&r), 0, "the real result, not worker_lost: {r:?}");
     assert_eq!(
-        std::fs::read_dir(state.path().join("results")).unwrap().count(),
+        std::fs::read_dir(state.path().join("results"))
+            .unwrap()
+            .count(),
         0,
         "forgotten once stored"
     );
