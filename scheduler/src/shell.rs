@@ -243,8 +243,23 @@ impl Shell {
                                     warn!(action = %result.id, "not the leader any more; result left to the next one (its dispatch is in the backlog)");
                                     return;
                                 }
-                                if publish_result(&js, &result, encoding).await {
-                                    break;
+                                match tangram_nats::publish_result(
+                                    &js,
+                                    &result,
+                                    encoding,
+                                    RESULT_ATTEMPTS,
+                                )
+                                .await
+                                {
+                                    Ok(()) => break,
+                                    Err(e @ tangram_nats::PublishError::Encode(_)) => {
+                                        // Never storable: trying again cannot help.
+                                        warn!(action = %result.id, error = %e, "result not stored");
+                                        return;
+                                    }
+                                    Err(e) => {
+                                        warn!(action = %result.id, error = %e, "result not stored yet; trying again while this scheduler leads");
+                                    }
                                 }
                             }
                             crate::adopt::forget_dispatches(&dispatches, &result.id).await;

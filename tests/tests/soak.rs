@@ -15,7 +15,8 @@ async fn a_few_minutes_of_soak_lose_nothing_refuse_nothing_and_leave_nothing() -
         file_bytes: 4096,
         sample_every: Duration::from_secs(5),
         history_bytes: Some(256 << 10),
-        // Above the ~10 s of processed work a sourced work queue holds (about 1 MB here).
+        // Above the processed work a sourced work queue holds until its sweep (about 1 MB
+        // here).
         backlog_bytes: Some(8 << 20),
         picture: None,
     })

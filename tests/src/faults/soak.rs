@@ -31,10 +31,11 @@ pub struct SoakConfig {
     /// When set, the history stream is shrunk to this many bytes, so that it wraps many
     /// times in a short run.
     pub history_bytes: Option<i64>,
-    /// When set, the backlog streams are shrunk to this many bytes. JetStream removes
-    /// processed messages from a work queue that a stream sources in a sweep about every
-    /// 10 s, so the backlog also holds about 10 s of processed work: a limit must hold
-    /// that much at the soak's rate, or publishes are refused.
+    /// When set, the backlog streams are shrunk to this many bytes. JetStream removes a
+    /// processed message from a work queue that a stream sources at once only when the
+    /// source has copied it already, else in a later sweep, so the backlog also holds some
+    /// processed work (up to about 30 s of it seen): a limit must hold that much at the
+    /// soak's rate, or publishes are refused.
     pub backlog_bytes: Option<i64>,
     /// Where the picture goes, if anywhere.
     pub picture: Option<PathBuf>,

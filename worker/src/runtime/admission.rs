@@ -166,7 +166,7 @@ impl Admissions {
     pub(crate) fn settle(&mut self, id: &ActionId, stored: bool, acked: bool) {
         if !acked {
             self.unconfirmed.insert(id.clone());
-            if self.unconfirmed.len() % UNCONFIRMED_WARN == 0 {
+            if self.unconfirmed.len().is_multiple_of(UNCONFIRMED_WARN) {
                 warn!(
                     unconfirmed = self.unconfirmed.len(),
                     "dispatch acks not confirmed by the server; their ids are kept"
