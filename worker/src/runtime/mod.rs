@@ -152,7 +152,10 @@ impl Worker {
         let mut round = 0u32;
         let mut kept = false;
         loop {
+            // Biased: a publish that completes counts even when a hard stop came meanwhile
+            // (a result of the drain deadline itself is published as the worker stops).
             let tried = tokio::select! {
+                biased;
                 r = self.results.publish(result, encoding) => r,
                 _ = self.hard_stop.cancelled() => {
                     warn!(action = %result.id, "stopping with a result not stored; the dispatch stays unacked, and the next instance or the scheduler settles it");
