@@ -199,6 +199,82 @@ async fn a_late_completion_after_a_settlement_is_never_stored_as_a_second_result
     Ok(())
 }
 
+/// Regression: a worker restarted while an action's result was stored but its dispatch not
+/// yet acknowledged reported the redelivered dispatch `worker_lost` without looking for the
+/// stored result, and past JetStream's duplicate window that was stored as a second,
+/// contradictory result. Here the completed result is stored, the duplicate window (shortened
+/// to a second) passes, and the dispatch, addressed to an earlier instance, reaches the
+/// worker: the action keeps its one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_workers_worker_lost_never_follows_a_stored_result() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start_without_scheduler(&[]).await?;
+    let client = async_nats::connect(cluster.nats.url()).await?;
+    let js = jetstream::new(client);
+    tangram_nats::ensure_streams(&js, &StreamSettings::default()).await?;
+    let mut results = js.get_stream(subject::RESULTS_STREAM).await?;
+    let mut config = results.info().await?.config.clone();
+    config.duplicate_window = Duration::from_secs(1);
+    js.update_stream(config).await?;
+
+    let w = worker("restarted-1");
+    let a = open("done-before-restart", "rs", "t1");
+    let done = ActionResult::new(
+        a.id.clone(),
+        a.job.clone(),
+        Outcome::Completed { exit_code: 0 },
+        1,
+    );
+    tangram_nats::publish_result(&js, &done, Encoding::Msgpack, 3).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the duplicate window
+    let dispatch = |a: tangram_shared::Action, instance: Option<&str>| Dispatch {
+        epoch: 0,
+        attempt: 1,
+        action: a,
+        grant: Grant {
+            cores: 0,
+            mem_mb: 256,
+        },
+        submitted_at_us: 1,
+        result_encoding: Encoding::Msgpack,
+        instance: instance.map(str::to_string),
+        gpu: None,
+    };
+    // The earlier instance's dispatch, then one for this instance: intake is sequential, so
+    // once the second has its result the first was judged and answered.
+    let probe = open("after-restart", "rs", "t2");
+    for d in [
+        dispatch(a.clone(), Some("an-earlier-instance")),
+        dispatch(probe.clone(), None),
+    ] {
+        js.publish(
+            subject::dispatch(&w, &d.action.id),
+            codec::encode(&d, Encoding::Msgpack)?.into(),
+        )
+        .await?
+        .await?;
+    }
+    cluster.start_worker(noop(w.as_str()))?;
+    let c = tangram_tests::Client::connect(&cluster.nats.url(), "rs").await?;
+    let r = c.result(&probe.id, T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+
+    let subj = subject::result(&a.job, &a.id);
+    let info = results.info_with_subjects(&subj).await?;
+    let counts: Vec<(String, usize)> = futures::StreamExt::collect::<Vec<_>>(info)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(counts, [(subj.clone(), 1)], "one result on the subject");
+    let stored = results.get_last_raw_message_by_subject(&subj).await?;
+    let r: ActionResult = codec::decode(&stored.payload, Encoding::Msgpack)?;
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed { exit_code: 0 },
+        "the stored completion stands"
+    );
+    Ok(())
+}
+
 /// A cluster made by the release before the backlog/history split (limits retention on the
 /// action and dispatch streams) upgrades in place with `tangram streams upgrade`: processes
 /// refuse the old layout with the command to run; the upgrade keeps the history and

@@ -19,6 +19,8 @@ async fn a_few_minutes_of_soak_lose_nothing_refuse_nothing_and_leave_nothing() -
         // here).
         backlog_bytes: Some(8 << 20),
         picture: None,
+        rate: None,
+        noop_sandboxes: false,
     })
     .await?;
     eprintln!("{}", report.table());

@@ -9,7 +9,8 @@
 //! `--soak` runs the soak instead: the fleet at a steady load for `--duration-s` (3600),
 //! `--lanes` rollouts at once (16), sampled every `--sample-s` (10); `--history-bytes N`
 //! shrinks the history so that it wraps (`--backlog-bytes N` the backlog); `--picture FILE`
-//! draws memory and streams over time. Exits 1 unless nothing was lost, duplicated, refused
+//! draws memory and streams over time; `--rate N` paces publishes, `--noop-sandboxes` puts
+//! the CPU workers on the noop runtime. Exits 1 unless nothing was lost, duplicated, refused
 //! or left behind and no process grew by more than 5% over the last half.
 //!
 //! `--nemesis` runs the workload (`--actions`, `--trajectories`) once under a randomised
@@ -28,6 +29,22 @@ fn flag(args: &[String], name: &str) -> Option<String> {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .cloned()
+}
+
+/// A flag's value parsed, or `None` when absent; a value that does not parse is an error
+/// naming the flag.
+fn value<T: std::str::FromStr>(args: &[String], name: &str) -> anyhow::Result<Option<T>> {
+    flag(args, name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name} takes a number, not {v:?}"))
+        })
+        .transpose()
+}
+
+/// A flag's value parsed, or `default` when absent.
+fn number<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> anyhow::Result<T> {
+    Ok(value(args, name)?.unwrap_or(default))
 }
 
 /// The faults `--faults a,b` names, else all of them.
@@ -49,7 +66,7 @@ const USAGE: &str = "\
 usage: tangram-faults [--actions N] [--faults a,b] [--trajectories N] [--pause-s N] [--fleet]
        tangram-faults --soak [--duration-s N] [--lanes N] [--steps N] [--file-bytes N]
                       [--sample-s N] [--history-bytes N] [--backlog-bytes N]
-                      [--picture FILE] [--max-growth F]
+                      [--picture FILE] [--max-growth F] [--rate N] [--noop-sandboxes]
        tangram-faults --nemesis [--seed N] [--actions N] [--trajectories N] [--span-s N]
        tangram-faults --version
 
@@ -79,6 +96,9 @@ table and one JSON line, and exits 1 unless every acknowledged action was ok.
   --backlog-bytes N  shrink the backlog streams to N bytes [unchanged]
   --picture FILE     write memory and streams over time as SVG
   --max-growth F     the most a process's RSS may grow over the last half [0.05]
+  --rate N           pace publishes to N a second across all lanes [as fast as lanes go]
+  --noop-sandboxes   CPU workers on the noop runtime: execs leave no mark and only their
+                     results are counted; rewards and api calls stay real
 ";
 
 /// Checks the command line: `--help` prints the usage, an unknown flag is a usage error.
@@ -88,13 +108,14 @@ fn check_args(args: &[String]) -> Result<(), String> {
         match args[i].as_str() {
             "--actions" | "--faults" | "--trajectories" | "--pause-s" | "--duration-s"
             | "--lanes" | "--steps" | "--file-bytes" | "--sample-s" | "--history-bytes"
-            | "--backlog-bytes" | "--picture" | "--max-growth" | "--seed" | "--span-s" => {
+            | "--backlog-bytes" | "--picture" | "--max-growth" | "--seed" | "--span-s"
+            | "--rate" => {
                 if i + 1 >= args.len() {
                     return Err(format!("{} needs a value", args[i]));
                 }
                 i += 2
             }
-            "--fleet" | "--soak" | "--nemesis" => i += 1,
+            "--fleet" | "--soak" | "--nemesis" | "--noop-sandboxes" => i += 1,
             other => return Err(format!("unexpected argument {other:?}")),
         }
     }
@@ -116,9 +137,9 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("tangram-faults: {bad}\n\n{USAGE}");
         std::process::exit(2);
     }
-    let actions: usize = flag(&args, "--actions").map_or(Ok(10_000), |v| v.parse())?;
-    let trajectories: usize = flag(&args, "--trajectories").map_or(Ok(16), |v| v.parse())?;
-    let pause_s: u64 = flag(&args, "--pause-s").map_or(Ok(20), |v| v.parse())?;
+    let actions: usize = number(&args, "--actions", 10_000)?;
+    let trajectories: usize = number(&args, "--trajectories", 16)?;
+    let pause_s: u64 = number(&args, "--pause-s", 20)?;
     if args.iter().any(|a| a == "--fleet") {
         return fleet(&args, actions, trajectories).await;
     }
@@ -126,9 +147,8 @@ async fn main() -> anyhow::Result<()> {
         return soak(&args).await;
     }
     if args.iter().any(|a| a == "--nemesis") {
-        let seed: u64 =
-            flag(&args, "--seed").map_or_else(|| Ok(fastrand::u64(..)), |v| v.parse())?;
-        let span_s: f64 = flag(&args, "--span-s").map_or(Ok(600.0), |v| v.parse())?;
+        let seed: u64 = value(&args, "--seed")?.unwrap_or_else(|| fastrand::u64(..));
+        let span_s: f64 = number(&args, "--span-s", 600.0)?;
         eprintln!("nemesis: seed {seed}, about {actions} actions, faults over {span_s} s ...");
         let r = tangram_tests::faults::nemesis::run(
             seed,
@@ -186,27 +206,19 @@ async fn fleet(args: &[String], actions: usize, trajectories: usize) -> anyhow::
 
 async fn soak(args: &[String]) -> anyhow::Result<()> {
     use tangram_tests::faults::soak::{self, SoakConfig};
-    let num = |name: &str, default: f64| -> anyhow::Result<f64> {
-        flag(args, name).map_or(Ok(default), |v| {
-            v.parse()
-                .map_err(|_| anyhow::anyhow!("{name} takes a number, not {v:?}"))
-        })
-    };
     let cfg = SoakConfig {
-        duration: std::time::Duration::from_secs_f64(num("--duration-s", 3600.0)?),
-        lanes: num("--lanes", 16.0)? as usize,
-        steps: num("--steps", 8.0)? as usize,
-        file_bytes: num("--file-bytes", 4096.0)? as usize,
-        sample_every: std::time::Duration::from_secs_f64(num("--sample-s", 10.0)?),
-        history_bytes: flag(args, "--history-bytes")
-            .map(|v| v.parse())
-            .transpose()?,
-        backlog_bytes: flag(args, "--backlog-bytes")
-            .map(|v| v.parse())
-            .transpose()?,
+        duration: std::time::Duration::from_secs_f64(number(args, "--duration-s", 3600.0)?),
+        lanes: number(args, "--lanes", 16)?,
+        steps: number(args, "--steps", 8)?,
+        file_bytes: number(args, "--file-bytes", 4096)?,
+        sample_every: std::time::Duration::from_secs_f64(number(args, "--sample-s", 10.0)?),
+        history_bytes: value(args, "--history-bytes")?,
+        backlog_bytes: value(args, "--backlog-bytes")?,
         picture: flag(args, "--picture").map(Into::into),
+        rate: value(args, "--rate")?,
+        noop_sandboxes: args.iter().any(|a| a == "--noop-sandboxes"),
     };
-    let max_growth = num("--max-growth", 0.05)?;
+    let max_growth = number(args, "--max-growth", 0.05)?;
     eprintln!("soak: {:?} with {} lanes ...", cfg.duration, cfg.lanes);
     let report = soak::run(cfg).await?;
     print!("{}", report.table());

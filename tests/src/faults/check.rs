@@ -92,8 +92,9 @@ impl Report {
 /// The effects that happened, by action id.
 #[derive(Debug, Default)]
 pub struct Effects {
-    /// Marks sandbox execs left (one line per run).
-    pub execs: BTreeMap<String, usize>,
+    /// Marks sandbox execs left (one line per run); `None` where execs leave none (the
+    /// `noop` runtime), so that only their results are counted.
+    pub execs: Option<BTreeMap<String, usize>>,
     /// Inputs the reward replicas scored.
     pub rewards: BTreeMap<String, usize>,
     /// Requests the provider served (by their `id` query parameter).
@@ -101,10 +102,10 @@ pub struct Effects {
 }
 
 impl Effects {
-    /// Reads the exec marks and the replicas' request log (one id per line), and counts
-    /// the provider's requests by their targets.
+    /// Reads the exec marks (where execs leave them) and the replicas' request log (one id
+    /// per line), and counts the provider's requests by their targets.
     pub fn read(
-        exec_marks: &std::path::Path,
+        exec_marks: Option<&std::path::Path>,
         replica_log: &std::path::Path,
         api_targets: impl IntoIterator<Item = String>,
     ) -> Self {
@@ -115,7 +116,7 @@ impl Effects {
             }
         }
         Self {
-            execs: count_lines(exec_marks),
+            execs: exec_marks.map(count_lines),
             rewards: count_lines(replica_log),
             calls,
         }
@@ -143,7 +144,7 @@ pub(super) async fn classify(
         let id = s.id.as_str();
         let results = stored.get(id).map(Vec::as_slice).unwrap_or_default();
         let effects = match s.kind {
-            "exec" => Some(execs.get(id).copied().unwrap_or(0)),
+            "exec" => execs.as_ref().map(|m| m.get(id).copied().unwrap_or(0)),
             "reward" => Some(rewards.get(id).copied().unwrap_or(0)),
             "api" => Some(calls.get(id).copied().unwrap_or(0)),
             _ => None,

@@ -260,7 +260,7 @@ pub async fn run(fleet: &ComposeFleet, fault: FleetFault, size: Size) -> anyhow:
         .map(str::to_string)
         .collect();
     let effects = Effects::read(
-        &effects.join("sandbox/log"),
+        Some(&effects.join("sandbox/log")),
         &effects.join("replica.log"),
         api,
     );

@@ -34,6 +34,17 @@ pub const SERVICE: &str = "judge";
 /// The API provider.
 pub const PROVIDER: &str = "search";
 
+/// How a fleet is made.
+#[derive(Debug, Clone, Default)]
+pub struct FleetOptions {
+    /// The CPU workers run the `noop` sandbox runtime: opens, execs and closes complete at
+    /// once and leave no mark, so only their results can be counted (for soaks at rates
+    /// real sandboxes on a small machine cannot reach). Rewards and api calls stay real.
+    pub noop_sandboxes: bool,
+    /// Processes log at `info` only, not every action's path (for long, fast soaks).
+    pub quiet_logs: bool,
+}
+
 /// One worker process, its config and, for the partitioned one, its proxy.
 #[derive(Debug)]
 struct WorkerProc {
@@ -58,12 +69,19 @@ pub struct Fleet {
     tag: String,
     /// Where every process of the fleet writes its log.
     logs: PathBuf,
+    /// What the processes log (`RUST_LOG`).
+    log_filter: &'static str,
 }
 
 impl Fleet {
     /// Starts NATS, the provider and the four workers, no scheduler. Worker ids are
     /// `<tag>-cpu-a` and so on; methods take the short names ([`CPU_WORKERS`]...).
     pub async fn start(tag: &str) -> anyhow::Result<Self> {
+        Self::start_with(tag, FleetOptions::default()).await
+    }
+
+    /// [`Fleet::start`], made as `options` say.
+    pub async fn start_with(tag: &str, options: FleetOptions) -> anyhow::Result<Self> {
         crate::init_logging();
         let nats = NatsServer::start();
         let dir = tempfile::tempdir()?;
@@ -87,6 +105,11 @@ impl Fleet {
             proxy,
             tag: tag.to_string(),
             logs,
+            log_filter: if options.quiet_logs {
+                "info"
+            } else {
+                PROCESS_LOG_FILTER
+            },
         };
         for short in CPU_WORKERS {
             let id = fleet.id(short);
@@ -97,9 +120,14 @@ impl Fleet {
             };
             let text = format!(
                 "id = \"{id}\"\nnats_url = \"{url}\"\ncores = \"0-1\"\nmem_mb = 8192\n\
-                 heartbeat_ms = 200\nshutdown_grace_ms = 10000\n\
+                 heartbeat_ms = 200\nshutdown_grace_ms = 10000\n{runtime}\
                  [sandbox]\nmounts = [\"{}:/effects:rw\"]\n",
-                effects.display()
+                effects.display(),
+                runtime = if options.noop_sandboxes {
+                    "sandbox_runtime = \"noop\"\n"
+                } else {
+                    ""
+                },
             );
             fleet.add_worker(&id, &text)?;
         }
@@ -176,7 +204,7 @@ impl Fleet {
         let (out, err) = self.process_output(id)?;
         let w = self.workers.get_mut(id).context("no such worker")?;
         let child = Command::new(&bin)
-            .env("RUST_LOG", PROCESS_LOG_FILTER)
+            .env("RUST_LOG", self.log_filter)
             .arg("--config")
             .arg(&w.config)
             .stdout(out)
@@ -229,7 +257,7 @@ impl Fleet {
         let bin = built_binary("tangram-scheduler");
         let (out, err) = self.process_output(&id)?;
         let child = Command::new(&bin)
-            .env("RUST_LOG", PROCESS_LOG_FILTER)
+            .env("RUST_LOG", self.log_filter)
             .args(["--id", &id, "--nats-url", &self.nats.url()])
             .stdout(out)
             .stderr(err)

@@ -135,7 +135,7 @@ pub async fn run(fault: Fault, size: Size) -> anyhow::Result<Report> {
     let recovered_at = started.elapsed();
     let finished = workload.finish(Duration::from_secs(600)).await?;
     let effects = check::Effects::read(
-        &fleet.effects_log(),
+        Some(&fleet.effects_log()),
         &fleet.replica_log(),
         fleet.api.seen().into_iter().map(|s| s.target),
     );

@@ -164,7 +164,7 @@ pub async fn run(seed: u64, size: Size, span_s: f64) -> anyhow::Result<NemesisRe
         .into_inner();
     heal(&mut fleet).await?;
     let effects = check::Effects::read(
-        &fleet.effects_log(),
+        Some(&fleet.effects_log()),
         &fleet.replica_log(),
         fleet.api.seen().into_iter().map(|s| s.target),
     );

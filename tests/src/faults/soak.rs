@@ -39,6 +39,12 @@ pub struct SoakConfig {
     pub backlog_bytes: Option<i64>,
     /// Where the picture goes, if anywhere.
     pub picture: Option<PathBuf>,
+    /// Publishes a second across all lanes, if paced; else as fast as the lanes go.
+    pub rate: Option<f64>,
+    /// Sandboxes on the `noop` runtime: their execs leave no mark, so only their results
+    /// are counted; rewards and api calls stay real. For rates that real containers on a
+    /// small machine cannot reach.
+    pub noop_sandboxes: bool,
 }
 
 /// One reading.
@@ -59,6 +65,10 @@ pub struct Sample {
 /// What a soak found.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SoakReport {
+    /// `docker` or `noop`: what ran the sandboxes.
+    pub sandboxes: &'static str,
+    /// Minutes the load ran.
+    pub load_minutes: f64,
     /// ok, lost, duplicated by kind.
     pub report: Report,
     /// Every reading.
@@ -107,8 +117,12 @@ impl SoakReport {
     /// A readable table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "soak: {:.1} actions/s, {} refusals, history turned over {:.1} times\n",
-            self.actions_per_s, self.refusals, self.history_turnovers
+            "soak: {:.1} min, {:.1} actions/s, {} sandboxes, {} refusals, history turned over {:.1} times\n",
+            self.load_minutes,
+            self.actions_per_s,
+            self.sandboxes,
+            self.refusals,
+            self.history_turnovers
         );
         out.push_str("process            rss start MiB  rss end MiB  growth over last half\n");
         let (first, last) = (self.samples.first(), self.samples.last());
@@ -150,7 +164,12 @@ const STREAMS: [&str; 4] = [
 
 /// Runs a soak on a fresh fleet with one scheduler.
 pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
-    let mut fleet = Fleet::start("soak").await?;
+    let options = fleet::FleetOptions {
+        noop_sandboxes: cfg.noop_sandboxes,
+        // Every action's path logged at debug is most of the work at hundreds a second.
+        quiet_logs: cfg.rate.is_some_and(|r| r > 100.0),
+    };
+    let mut fleet = Fleet::start_with("soak", options).await?;
     fleet.start_scheduler()?;
     let job = "soak";
     let client = crate::Client::connect(&fleet.nats.url(), job).await?;
@@ -184,6 +203,7 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
         cfg.lanes,
         cfg.steps,
         cfg.file_bytes,
+        cfg.rate,
         until,
     )
     .await?;
@@ -201,8 +221,9 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
     let answered = workload.done();
     let refusals = workload.refused();
     let finished = workload.finish(Duration::from_secs(600)).await?;
+    let marks = fleet.effects_log();
     let effects = check::Effects::read(
-        &fleet.effects_log(),
+        (!cfg.noop_sandboxes).then_some(marks.as_path()),
         &fleet.replica_log(),
         fleet.api.seen().into_iter().map(|s| s.target),
     );
@@ -234,6 +255,8 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakReport> {
         leaked += crate::containers_of(&fleet.id(short));
     }
     let report = SoakReport {
+        sandboxes: if cfg.noop_sandboxes { "noop" } else { "docker" },
+        load_minutes: load_s / 60.0,
         rss_growth_last_half: growth(&samples),
         samples,
         refusals,
@@ -350,8 +373,8 @@ fn picture(r: &SoakReport) -> anyhow::Result<String> {
     let mut f = Figure::new("Soak: memory and streams over time", 2);
     let t = &r.report.total;
     f.subtitle = Some(format!(
-        "{:.0} actions/s; {} acknowledged, {} lost, {} duplicated; {} refusals; history turned over {:.1} times",
-        r.actions_per_s, t.acked, t.lost, t.duplicated, r.refusals, r.history_turnovers
+        "{:.0} actions/s ({} sandboxes); {} acknowledged, {} lost, {} duplicated; {} refusals; history turned over {:.1} times",
+        r.actions_per_s, r.sandboxes, t.acked, t.lost, t.duplicated, r.refusals, r.history_turnovers
     ));
     let mut p = Panel::new(
         "Resident memory per process",

@@ -38,9 +38,34 @@ struct Progress {
     refused: AtomicUsize,
     started: Instant,
     at: Mutex<Vec<Instant>>,
+    /// When set, every publish waits its turn: a steady rate whatever the lanes.
+    pace: Option<tokio::sync::Mutex<tokio::time::Interval>>,
 }
 
 impl Progress {
+    fn new(rate: Option<f64>) -> Arc<Self> {
+        let pace = rate.filter(|r| *r > 0.0).map(|r| {
+            let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+            // Behind after a stall: catch up, so the rate over the run is the rate asked.
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            tokio::sync::Mutex::new(i)
+        });
+        Arc::new(Self {
+            done: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            started: Instant::now(),
+            at: Mutex::new(Vec::new()),
+            pace,
+        })
+    }
+
+    /// Waits for the next publish's turn, where the rate is paced.
+    async fn turn(&self) {
+        if let Some(p) = &self.pace {
+            p.lock().await.tick().await;
+        }
+    }
+
     fn record(&self) {
         self.done.fetch_add(1, Ordering::Relaxed);
         self.at.lock().expect("progress lock").push(Instant::now());
@@ -79,12 +104,7 @@ impl Workload {
         prefix: &str,
         size: Size,
     ) -> anyhow::Result<Self> {
-        let progress = Arc::new(Progress {
-            done: AtomicUsize::new(0),
-            refused: AtomicUsize::new(0),
-            started: Instant::now(),
-            at: Mutex::new(Vec::new()),
-        });
+        let progress = Progress::new(None);
         let mut tasks = JoinSet::new();
         for t in 0..size.trajectories {
             let client = Client::connect_with(url, job, creds).await?;
@@ -106,21 +126,18 @@ impl Workload {
 
     /// Starts `lanes` rollouts that come and go until `until`: each lane runs trajectories
     /// of `steps` steps one after another (open, steps, close; ids `<lane>g<n>`), every
-    /// exec carrying a file of `file_bytes`.
+    /// exec carrying a file of `file_bytes`. With a `rate`, publishes are paced to that many
+    /// a second across all lanes (lanes then only bound how many wait at once).
     pub async fn start_soak(
         url: &str,
         job: &str,
         lanes: usize,
         steps: usize,
         file_bytes: usize,
+        rate: Option<f64>,
         until: Instant,
     ) -> anyhow::Result<Self> {
-        let progress = Arc::new(Progress {
-            done: AtomicUsize::new(0),
-            refused: AtomicUsize::new(0),
-            started: Instant::now(),
-            at: Mutex::new(Vec::new()),
-        });
+        let progress = Progress::new(rate);
         let mut tasks = JoinSet::new();
         for lane in 0..lanes {
             let client = Client::connect(url, job).await?;
@@ -281,6 +298,7 @@ async fn submit_and_wait(
     log: &mut Vec<Submitted>,
     progress: &Progress,
 ) -> anyhow::Result<Option<ActionResult>> {
+    progress.turn().await;
     let deadline = Instant::now() + RESULT_WAIT;
     loop {
         match tokio::time::timeout(Duration::from_secs(5), c.submit(&a)).await {
