@@ -239,6 +239,24 @@ const HEADER_EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Seque
 /// JetStream's "wrong last sequence" error: the subject holds a message already.
 const WRONG_LAST_SEQUENCE: u64 = 10071;
 
+/// Every subject of `stream` matching `filter` that holds a message (the stream's subject
+/// listing, read to its end); the error as text.
+pub async fn stored_subjects(
+    stream: &jetstream::stream::Stream,
+    filter: &str,
+) -> Result<Vec<String>, String> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    let mut list = stream
+        .info_with_subjects(filter)
+        .await
+        .map_err(|e| e.to_string())?;
+    while let Some(entry) = list.next().await {
+        out.push(entry.map_err(|e| e.to_string())?.0);
+    }
+    Ok(out)
+}
+
 /// Whether a publish was refused because its subject holds a message already (it was sent
 /// with `Nats-Expected-Last-Subject-Sequence: 0`).
 pub fn result_exists(e: &jetstream::context::PublishError) -> bool {

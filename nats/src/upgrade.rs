@@ -104,7 +104,7 @@ pub async fn upgrade(
         .get_stream(subject::ACTIONS_STREAM)
         .await
         .map_err(|e| err(format!("looking up {}: {e}", subject::ACTIONS_STREAM)))?;
-    let mut dispatch = js
+    let dispatch = js
         .get_stream(subject::DISPATCH_STREAM)
         .await
         .map_err(|e| err(format!("looking up {}: {e}", subject::DISPATCH_STREAM)))?;
@@ -129,7 +129,7 @@ pub async fn upgrade(
     };
     let mut dispatched = HashSet::new();
     let mut carried_dispatches = Vec::new();
-    for subj in subjects(&mut dispatch, subject::DISPATCH_ALL).await? {
+    for subj in subjects(&dispatch, subject::DISPATCH_ALL).await? {
         if subj.ends_with(".regrant") {
             continue; // a re-size; the dispatch it amends carries the grant
         }
@@ -247,13 +247,8 @@ fn source(name: &str, filter: Option<&str>) -> stream::Source {
     }
 }
 
-async fn subjects(s: &mut stream::Stream, filter: &str) -> Result<Vec<String>, UpgradeError> {
-    let mut out = Vec::new();
-    let mut list = s.info_with_subjects(filter).await.map_err(err)?;
-    while let Some(entry) = list.next().await {
-        out.push(entry.map_err(err)?.0);
-    }
-    Ok(out)
+async fn subjects(s: &stream::Stream, filter: &str) -> Result<Vec<String>, UpgradeError> {
+    crate::stored_subjects(s, filter).await.map_err(err)
 }
 
 /// Refuses while a process pulls from `s` (a running scheduler or worker would lose its

@@ -96,14 +96,14 @@ const SCAN_CONCURRENCY: usize = 32;
 /// became of its worker. Retried until the listing succeeds or the term ends: a dispatch
 /// not adopted would never get a result if its worker is gone.
 pub(crate) async fn scan_backlog(
-    mut dispatches: jetstream::stream::Stream,
+    dispatches: jetstream::stream::Stream,
     results: jetstream::stream::Stream,
     tx: tokio::sync::mpsc::Sender<crate::shell::Input>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut attempt = 0u32;
     let subjects = loop {
-        match list_subjects(&mut dispatches).await {
+        match tangram_nats::stored_subjects(&dispatches, subject::DISPATCH_ALL).await {
             Ok(s) => break s,
             Err(e) => {
                 attempt += 1;
@@ -148,18 +148,6 @@ pub(crate) async fn scan_backlog(
         adopted = adopted.len(),
         "dispatch backlog read: every dispatch without a result is this term's"
     );
-}
-
-async fn list_subjects(s: &mut jetstream::stream::Stream) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut list = s
-        .info_with_subjects(subject::DISPATCH_ALL)
-        .await
-        .map_err(|e| e.to_string())?;
-    while let Some(entry) = list.next().await {
-        out.push(entry.map_err(|e| e.to_string())?.0);
-    }
-    Ok(out)
 }
 
 /// One dispatch of the backlog; true when it was handed to the engine.
