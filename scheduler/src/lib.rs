@@ -19,6 +19,7 @@ pub mod metrics;
 mod service;
 mod shell;
 mod stored;
+mod term;
 
 pub use config::Config;
 pub use service::run;
