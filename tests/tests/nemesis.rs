@@ -11,8 +11,8 @@ async fn overlapping_random_faults_lose_nothing_duplicate_nothing_and_leave_noth
     let seed = std::env::var("TANGRAM_NEMESIS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20_261_204);
-    let r = nemesis::run(seed, Size::about(1_200, 16), 90.0).await?;
+        .unwrap_or(nemesis::CI_SEED);
+    let r = nemesis::run(seed, Size::about(1_200, 16), nemesis::CI_SPAN_S).await?;
     let t = &r.report.total;
     let struck: Vec<String> = r
         .struck

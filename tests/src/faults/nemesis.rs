@@ -2,7 +2,8 @@
 //! manner of Jepsen's combined nemeses. From a seed, faults are drawn at random moments for
 //! random lengths, and each runs as its own task, so that they overlap: the leader or the
 //! standby SIGKILLed or SIGSTOPped, a CPU worker SIGKILLed or SIGSTOPped, the partition
-//! proxy cutting a worker off, nats-server SIGKILLed (down for a while) or SIGSTOPped for
+//! proxy cutting a worker off (connections reset) or dropping everything it sends and
+//! receives (connections kept, nothing crossing), nats-server SIGKILLed (down for a while) or SIGSTOPped for
 //! longer than the publish retry budgets of earlier releases (25 to 30 s). The results
 //! stream's duplicate window is shortened to 10 s, so that a second result for an action
 //! would be stored and counted rather than dropped by the server. Afterwards every
@@ -30,8 +31,11 @@ pub enum Strike {
     KillWorker,
     /// SIGSTOP a CPU worker for `for_s`.
     PauseWorker,
-    /// Cut the partitioned worker off for `for_s`.
+    /// Cut the partitioned worker off for `for_s`: its connections reset, new ones refused.
     Partition,
+    /// Drop the partitioned worker's packets for `for_s`: connections kept, nothing crossing
+    /// either way until the heal.
+    DropPackets,
     /// SIGKILL nats-server; restarted on its store after `for_s`.
     KillNats,
     /// SIGSTOP nats-server for `for_s`.
@@ -51,6 +55,11 @@ pub struct Planned {
     pub worker: &'static str,
 }
 
+/// The seed of the bounded run in CI (tests/tests/nemesis.rs).
+pub const CI_SEED: u64 = 20_261_202;
+/// The span of the bounded run in CI, seconds.
+pub const CI_SPAN_S: f64 = 90.0;
+
 /// The schedule a seed gives: a fault every 3 to 12 s over `span_s`, each lasting 1 to
 /// 8 s, except NATS pauses of 30 to 40 s (past the retry budgets) one time in four.
 pub fn schedule(seed: u64, span_s: f64) -> Vec<Planned> {
@@ -64,7 +73,8 @@ pub fn schedule(seed: u64, span_s: f64) -> Vec<Planned> {
             3..=4 => Strike::PauseLeader,
             5..=7 => Strike::KillWorker,
             8..=9 => Strike::PauseWorker,
-            10..=12 => Strike::Partition,
+            10 => Strike::Partition,
+            11..=12 => Strike::DropPackets,
             13 => Strike::KillNats,
             _ => Strike::PauseNats,
         };
@@ -72,7 +82,7 @@ pub fn schedule(seed: u64, span_s: f64) -> Vec<Planned> {
             Strike::PauseNats if rng.u32(0..4) == 0 => 30.0 + rng.f64() * 10.0,
             _ => 1.0 + rng.f64() * 7.0,
         };
-        let worker = if strike == Strike::Partition {
+        let worker = if matches!(strike, Strike::Partition | Strike::DropPackets) {
             fleet::PARTITIONED
         } else {
             fleet::CPU_WORKERS[rng.usize(0..fleet::CPU_WORKERS.len())]
@@ -253,6 +263,11 @@ async fn strike(fleet: &Mutex<Fleet>, client: &crate::Client, p: Planned) -> any
             tokio::time::sleep(lasting).await;
             fleet.lock().await.proxy().heal();
         }
+        Strike::DropPackets => {
+            fleet.lock().await.proxy().black_hole();
+            tokio::time::sleep(lasting).await;
+            fleet.lock().await.proxy().heal();
+        }
         Strike::KillNats => {
             fleet.lock().await.nats.kill();
             tokio::time::sleep(lasting).await;
@@ -289,4 +304,52 @@ async fn heal(fleet: &mut Fleet) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule() {
+        let (a, b) = (schedule(7, 900.0), schedule(7, 900.0));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_ne!(format!("{a:?}"), format!("{:?}", schedule(8, 900.0)));
+    }
+
+    #[test]
+    fn the_recorded_schedule_strikes_every_kind_of_fault() {
+        let plan = schedule(7, 900.0);
+        for kind in [
+            Strike::KillLeader,
+            Strike::KillStandby,
+            Strike::PauseLeader,
+            Strike::KillWorker,
+            Strike::PauseWorker,
+            Strike::Partition,
+            Strike::DropPackets,
+            Strike::KillNats,
+            Strike::PauseNats,
+        ] {
+            assert!(plan.iter().any(|p| p.strike == kind), "no {kind:?} in {plan:?}");
+        }
+        assert!(
+            plan.iter().any(|p| p.strike == Strike::PauseNats && p.for_s >= 30.0),
+            "no NATS outage past the old retry budgets"
+        );
+    }
+
+    #[test]
+    fn the_ci_schedule_strikes_packets_nats_the_leader_and_a_worker_early() {
+        // The bounded workload ends after about 55 s: what it must meet comes before 42 s.
+        let plan: Vec<Planned> = schedule(CI_SEED, CI_SPAN_S)
+            .into_iter()
+            .filter(|p| p.at_s < 42.0)
+            .collect();
+        let has = |kinds: &[Strike]| plan.iter().any(|p| kinds.contains(&p.strike));
+        assert!(has(&[Strike::DropPackets]), "{plan:?}");
+        assert!(has(&[Strike::PauseNats]) && has(&[Strike::KillNats]), "{plan:?}");
+        assert!(has(&[Strike::KillLeader]) && has(&[Strike::PauseLeader]), "{plan:?}");
+        assert!(has(&[Strike::KillWorker]), "{plan:?}");
+    }
 }
