@@ -8,6 +8,7 @@ mod cluster;
 mod cordon;
 mod creds;
 mod errors;
+mod fleet;
 mod gpu_sim;
 mod image_sim;
 mod images;
@@ -227,6 +228,11 @@ enum BenchWhat {
     /// CPU worker): orchestration per action and actions/s, beside the NATS floors measured on
     /// the same server in the same run, for the server's default sync and for `always`.
     Pipeline(pipeline::PipelineArgs),
+    /// The real scheduler (a leader and a standby) and nats-server under hundreds of workers
+    /// (real worker processes on the `noop` runtime, many to a process) and tens of thousands
+    /// of open sandboxes: actions/s, latency, CPU and memory, the status answer and failover,
+    /// for each worker count of a sweep.
+    Fleet(fleet::FleetArgs),
     /// One relay of the pipeline bench's cross-process floor chain (the bench starts it).
     #[command(hide = true)]
     Relay {
@@ -320,6 +326,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Pipeline(args),
         } => pipeline::pipeline(args),
+        Command::Bench {
+            what: BenchWhat::Fleet(args),
+        } => fleet::fleet(args),
         Command::Bench {
             what: BenchWhat::Relay { nats_url, hop },
         } => pipeline::relay(&nats_url, hop),

@@ -61,6 +61,11 @@ struct Args {
     /// declared GPUs) as JSON, and exit.
     #[arg(long)]
     print_gpus: bool,
+    /// Benchmarks only: run this many workers in this one process, each with its own NATS
+    /// connection, consumers and heartbeats, ids `<id>-0000` upwards. Needs the `noop`
+    /// runtime (`tangram bench fleet` uses it to put hundreds of workers on one machine).
+    #[arg(long, hide = true)]
+    bench_replicas: Option<u32>,
 }
 
 fn parse_mode(s: &str) -> Result<GrantMode, String> {
@@ -166,6 +171,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let replicas = args.bench_replicas.unwrap_or(1);
+    if replicas > 1 && config.sandbox_runtime != RuntimeKind::Noop {
+        eprintln!(
+            "tangram-worker: --bench-replicas runs many workers in one process for benchmarks \
+             and needs --sandbox-runtime noop"
+        );
+        return ExitCode::from(64);
+    }
     let result = rt.block_on(async {
         if let Some(addr) = config.metrics_addr {
             tangram_worker::metrics::install(addr)?;
@@ -188,7 +201,11 @@ fn main() -> ExitCode {
             .instrument(tracing::info_span!("signals")),
         );
         signals.close();
-        let result = tangram_worker::run(config, shutdown.clone()).await;
+        let result = if replicas > 1 {
+            run_replicas(config, replicas, shutdown.clone()).await
+        } else {
+            tangram_worker::run(config, shutdown.clone()).await
+        };
         shutdown.cancel();
         signals.wait().await;
         result
@@ -200,4 +217,33 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `n` workers made from `config` until `shutdown`; the first error ends them all.
+async fn run_replicas(
+    config: tangram_worker::Config,
+    n: u32,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut workers = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let mut c = config.clone();
+        let id = format!("{}-{i:04}", config.id.as_str());
+        c.id = tangram_shared::WorkerId::new(id.clone())?;
+        c.state_dir = config.state_dir.join(&id);
+        let stop = shutdown.clone();
+        workers.spawn(
+            async move { tangram_worker::run(c, stop).await }
+                .instrument(tracing::info_span!("replica", id = %id)),
+        );
+    }
+    let mut first_error = None;
+    while let Some(done) = workers.join_next().await {
+        let r = done.map_err(anyhow::Error::from).and_then(|r| r);
+        if let Err(e) = r {
+            shutdown.cancel();
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }

@@ -180,7 +180,7 @@ pub fn pipeline(a: PipelineArgs) -> anyhow::Result<()> {
 }
 
 /// The 1, 5 and 15 minute load averages: the bench shares the machine, and says so.
-fn loadavg() -> Vec<f64> {
+pub(crate) fn loadavg() -> Vec<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .split_whitespace()
@@ -191,7 +191,7 @@ fn loadavg() -> Vec<f64> {
 
 /// The shipped server config with the sync setting under test: `always`, or no
 /// `sync_interval` at all (the server's default).
-fn server_conf(sync: &str) -> anyhow::Result<String> {
+pub(crate) fn server_conf(sync: &str) -> anyhow::Result<String> {
     let mut conf: String = SERVER_CONF
         .lines()
         .filter(|l| !l.trim_start().starts_with("sync_interval"))
@@ -208,9 +208,9 @@ fn server_conf(sync: &str) -> anyhow::Result<String> {
 
 /// A child process killed when dropped.
 #[derive(Debug)]
-struct Proc {
-    name: &'static str,
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) name: &'static str,
+    pub(crate) child: Child,
 }
 
 impl Drop for Proc {

@@ -331,10 +331,14 @@ mod tests {
             Strike::KillNats,
             Strike::PauseNats,
         ] {
-            assert!(plan.iter().any(|p| p.strike == kind), "no {kind:?} in {plan:?}");
+            assert!(
+                plan.iter().any(|p| p.strike == kind),
+                "no {kind:?} in {plan:?}"
+            );
         }
         assert!(
-            plan.iter().any(|p| p.strike == Strike::PauseNats && p.for_s >= 30.0),
+            plan.iter()
+                .any(|p| p.strike == Strike::PauseNats && p.for_s >= 30.0),
             "no NATS outage past the old retry budgets"
         );
     }
@@ -348,8 +352,14 @@ mod tests {
             .collect();
         let has = |kinds: &[Strike]| plan.iter().any(|p| kinds.contains(&p.strike));
         assert!(has(&[Strike::DropPackets]), "{plan:?}");
-        assert!(has(&[Strike::PauseNats]) && has(&[Strike::KillNats]), "{plan:?}");
-        assert!(has(&[Strike::KillLeader]) && has(&[Strike::PauseLeader]), "{plan:?}");
+        assert!(
+            has(&[Strike::PauseNats]) && has(&[Strike::KillNats]),
+            "{plan:?}"
+        );
+        assert!(
+            has(&[Strike::KillLeader]) && has(&[Strike::PauseLeader]),
+            "{plan:?}"
+        );
         assert!(has(&[Strike::KillWorker]), "{plan:?}");
     }
 }

@@ -116,7 +116,11 @@ async fn accept(
 }
 
 /// Copies `from` to `to`; each chunk, and the end of the stream, waits until bytes cross.
-async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut crossing: watch::Receiver<bool>) {
+async fn forward(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut crossing: watch::Receiver<bool>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = from.read(&mut buf).await.unwrap_or(0);
@@ -153,7 +157,9 @@ mod tests {
     #[tokio::test]
     async fn a_black_hole_holds_bytes_on_open_connections_and_delivers_them_after_the_heal() {
         let proxy = Proxy::start(echo().await).await.unwrap();
-        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port())).await.unwrap();
+        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
         let mut got = [0u8; 5];
         conn.write_all(b"hello").await.unwrap();
         conn.read_exact(&mut got).await.unwrap();
@@ -161,16 +167,24 @@ mod tests {
 
         proxy.black_hole();
         conn.write_all(b"again").await.unwrap();
-        let mut late = TcpStream::connect(("127.0.0.1", proxy.port())).await.unwrap();
+        let mut late = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
         late.write_all(b"fresh").await.unwrap();
         let held = tokio::time::timeout(Duration::from_millis(300), conn.read(&mut got)).await;
         assert!(held.is_err(), "bytes crossed a black hole: {held:?}");
         let held = tokio::time::timeout(Duration::from_millis(50), late.read(&mut got)).await;
-        assert!(held.is_err(), "a new connection crossed a black hole: {held:?}");
+        assert!(
+            held.is_err(),
+            "a new connection crossed a black hole: {held:?}"
+        );
 
         proxy.heal();
         conn.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"again", "the held bytes arrive after the heal, connection kept");
+        assert_eq!(
+            &got, b"again",
+            "the held bytes arrive after the heal, connection kept"
+        );
         late.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"fresh");
     }
@@ -178,7 +192,9 @@ mod tests {
     #[tokio::test]
     async fn a_cut_resets_open_connections() {
         let proxy = Proxy::start(echo().await).await.unwrap();
-        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port())).await.unwrap();
+        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port()))
+            .await
+            .unwrap();
         conn.write_all(b"x").await.unwrap();
         let mut got = [0u8; 1];
         conn.read_exact(&mut got).await.unwrap();
@@ -199,14 +215,19 @@ mod nats_tests {
     #[tokio::test]
     async fn a_nats_client_talks_through_the_proxy() {
         let nats = crate::NatsServer::start();
-        let proxy = Proxy::start(format!("127.0.0.1:{}", nats.port())).await.unwrap();
+        let proxy = Proxy::start(format!("127.0.0.1:{}", nats.port()))
+            .await
+            .unwrap();
         let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(proxy.url()))
             .await
             .expect("connected within 5 s")
             .unwrap();
         let mut sub = client.subscribe("x").await.unwrap();
         client.publish("x", "hi".into()).await.unwrap();
-        let m = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(&m.payload[..], b"hi");
     }
 }

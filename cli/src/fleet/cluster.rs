@@ -1,0 +1,243 @@
+//! The processes of one fleet-bench cluster: nats-server, a leader and a standby scheduler,
+//! and worker processes each running many workers on the `noop` runtime. Killed when dropped.
+
+use crate::pipeline::{server_conf, Proc};
+use anyhow::{bail, Context as _};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Workers one worker process hosts, at most.
+const WORKERS_PER_PROCESS: u32 = 100;
+/// The two schedulers' ids.
+pub const SCHEDULERS: [&str; 2] = ["fleet-sched-a", "fleet-sched-b"];
+
+/// What a cluster is started with.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// Workers in all.
+    pub workers: u32,
+    /// Cores each worker declares.
+    pub cores: u32,
+    /// Memory each worker declares, MiB.
+    pub mem_mb: u64,
+    /// Heartbeat period of every worker, ms.
+    pub heartbeat_ms: u64,
+    /// `always` or `default`.
+    pub sync: String,
+}
+
+/// A running cluster, in a temporary directory.
+#[derive(Debug)]
+pub struct Cluster {
+    // Dropped in order: workers, schedulers, then the server.
+    workers: Vec<Proc>,
+    schedulers: Vec<(String, Option<Proc>)>,
+    nats: Option<Proc>,
+    pub url: String,
+    /// Worker ids, in the order they were made.
+    pub worker_ids: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts the server, both schedulers and the workers; returns once the server listens.
+    pub fn start(nats: &Path, shape: &Shape) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("tangram-fleet-")
+            .tempdir()?;
+        let d = dir.path().to_path_buf();
+        std::fs::create_dir_all(d.join("store"))?;
+        std::fs::write(d.join("server.conf"), server_conf(&shape.sync)?)?;
+        let port = crate::cluster::free_port()?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let spawn = |name: &'static str, log: &str, cmd: &mut Command| -> anyhow::Result<Proc> {
+            let child = crate::cluster::spawn_logged(&d.join(log), name, cmd)?;
+            Ok(Proc { name, child })
+        };
+        let server = spawn(
+            "nats",
+            "nats.log",
+            Command::new(nats)
+                .arg("-c")
+                .arg(d.join("server.conf"))
+                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-m", &crate::cluster::free_port()?.to_string(), "-sd"])
+                .arg(d.join("store")),
+        )
+        .with_context(|| {
+            format!(
+                "nats-server ({}); install it with deploy/install-tools.sh",
+                nats.display()
+            )
+        })?;
+        let mut c = Cluster {
+            workers: Vec::new(),
+            schedulers: Vec::new(),
+            nats: Some(server),
+            url: url.clone(),
+            worker_ids: Vec::new(),
+            dir,
+        };
+        let deadline = std::time::Duration::from_secs(10);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > deadline {
+                bail!("nats-server did not start\n{}", c.log_tail("nats.log"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for id in SCHEDULERS {
+            let p = spawn(
+                "scheduler",
+                &format!("{id}.log"),
+                Command::new(crate::cluster::sibling("tangram-scheduler")?)
+                    .args(["--nats-url", &url, "--id", id])
+                    .env("RUST_LOG", "warn"),
+            )?;
+            c.schedulers.push((id.to_string(), Some(p)));
+        }
+        let mut left = shape.workers;
+        let mut k = 0;
+        while left > 0 {
+            let n = left.min(WORKERS_PER_PROCESS);
+            let prefix = format!("fw{k:02}");
+            let p = spawn(
+                "workers",
+                &format!("{prefix}.log"),
+                Command::new(crate::cluster::sibling("tangram-worker")?)
+                    .args(["--id", &prefix, "--nats-url", &url])
+                    .args(["--sandbox-runtime", "noop"])
+                    .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
+                    .args(["--mem-mb", &shape.mem_mb.to_string()])
+                    .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
+                    .args(["--bench-replicas", &n.to_string()])
+                    .env("RUST_LOG", "warn")
+                    .env("TMPDIR", &d),
+            )?;
+            c.workers.push(p);
+            c.worker_ids
+                .extend((0..n).map(|i| format!("{prefix}-{i:04}")));
+            left -= n;
+            k += 1;
+        }
+        Ok(c)
+    }
+
+    /// The process id of a scheduler still running.
+    pub fn scheduler_pid(&self, id: &str) -> Option<u32> {
+        self.schedulers
+            .iter()
+            .find(|(s, _)| s == id)
+            .and_then(|(_, p)| p.as_ref())
+            .map(|p| p.child.id())
+    }
+
+    /// The server's process id.
+    pub fn nats_pid(&self) -> Option<u32> {
+        self.nats.as_ref().map(|p| p.child.id())
+    }
+
+    /// The worker processes' ids.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers.iter().map(|p| p.child.id()).collect()
+    }
+
+    /// The last lines of every log, for an error.
+    pub fn log_tails(&self) -> String {
+        let mut names: Vec<String> = SCHEDULERS.iter().map(|s| format!("{s}.log")).collect();
+        names.push("nats.log".into());
+        names.push("fw00.log".into());
+        names
+            .iter()
+            .map(|n| format!("--- {n}\n{}", self.log_tail(n)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn log_tail(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.workers.clear();
+        self.schedulers.clear();
+        self.nats = None;
+    }
+}
+
+/// One process's CPU time so far (user and system), and its resident memory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// CPU seconds.
+    pub cpu_s: f64,
+    /// Resident set, MiB.
+    pub rss_mib: f64,
+}
+
+/// Reads `/proc/<pid>/stat` and `/proc/<pid>/status`; zero where the process is gone.
+pub fn usage(pid: u32) -> Usage {
+    // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
+    const TICKS: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Usage {
+        cpu_s: (ticks(11) + ticks(12)) / TICKS,
+        rss_mib: rss_kib / 1024.0,
+    }
+}
+
+/// The summed usage of several processes.
+pub fn usage_of(pids: &[u32]) -> Usage {
+    pids.iter()
+        .map(|&p| usage(p))
+        .fold(Usage::default(), |a, u| Usage {
+            cpu_s: a.cpu_s + u.cpu_s,
+            rss_mib: a.rss_mib + u.rss_mib,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let u = usage(std::process::id());
+        assert!(u.rss_mib > 1.0, "{u:?}");
+        // Spin a little so that at least one tick is counted.
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_add(1);
+        }
+        assert!(x > 0);
+        assert!(usage(std::process::id()).cpu_s > 0.0);
+        assert_eq!(
+            usage(u32::MAX).cpu_s,
+            0.0,
+            "a process that is not there reads as zero"
+        );
+    }
+}

@@ -1,0 +1,395 @@
+//! `tangram bench fleet`: the real scheduler process (a leader and a standby) and a real
+//! nats-server under hundreds of workers and tens of thousands of open sandboxes, on one
+//! machine. The workers are real too (`tangram-worker`: their own NATS connections, dispatch
+//! consumers and heartbeats), on the benchmark-only `noop` runtime, many to a process
+//! (`--bench-replicas`), so that hundreds fit beside the scheduler.
+//!
+//! For each worker count of the sweep, a fresh cluster: every lane's sandbox opened, the
+//! scheduler's cost of the heartbeats alone (idle), then actions at the asked rate (execs,
+//! and trajectories ending and starting), the status answer timed meanwhile, then the leader
+//! SIGKILLed and the time until the standby leads and answers an exec on a sandbox opened
+//! under the old leader. Every submitted action must have exactly one stored result.
+
+mod cluster;
+mod load;
+mod report;
+
+use anyhow::{bail, Context as _};
+use cluster::{usage, usage_of, Cluster, Shape};
+use load::{Lanes, Load};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tangram_shared::stats::quantile;
+use tangram_shared::status::Status;
+use tangram_shared::subject;
+use tokio::time::Instant;
+
+/// Options of `tangram bench fleet`.
+#[derive(Debug, clap::Args)]
+pub struct FleetArgs {
+    /// Worker counts to measure, one fresh cluster each.
+    #[arg(long, value_delimiter = ',', default_value = "10,50,100,250,500")]
+    pub workers: Vec<u32>,
+    /// Cores each worker declares (the noop runtime books them and runs nothing).
+    #[arg(long, default_value_t = 64)]
+    pub cores: u32,
+    /// Sandboxes open at once across the fleet (one lane, a trajectory at a time, each).
+    #[arg(long, default_value_t = 20_000)]
+    pub sandboxes: usize,
+    /// Actions a second offered in the steady phase.
+    #[arg(long, default_value_t = 2000.0)]
+    pub rate: f64,
+    /// Length of the steady phase, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub duration_s: u64,
+    /// Every this many actions of a lane, its trajectory ends (close) and the next opens.
+    #[arg(long, default_value_t = 20)]
+    pub churn: u32,
+    /// Opens in flight at once while the sandboxes are opened.
+    #[arg(long, default_value_t = 512)]
+    pub open_in_flight: usize,
+    /// Heartbeat period of every worker, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+    /// JetStream sync: `always` (what nats/server.conf ships) or `default` (the server's).
+    #[arg(long, default_value = "always", value_parser = ["always", "default"])]
+    pub sync: String,
+    /// Skip the leader failover.
+    #[arg(long)]
+    pub no_failover: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the curves against workers as SVG.
+    #[arg(long)]
+    pub picture: Option<PathBuf>,
+    /// nats-server binary [default: tools/bin/nats-server above the working directory, then PATH].
+    #[arg(long, env = "TANGRAM_NATS_SERVER")]
+    pub nats_server: Option<PathBuf>,
+}
+
+/// Runs the sweep and prints the report; an error when an action was lost or doubled, or
+/// the status answer broke.
+pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
+    if a.workers.is_empty() || a.workers.contains(&0) {
+        bail!("--workers takes worker counts of at least 1, such as 10,50,100");
+    }
+    if a.sandboxes == 0 || a.rate <= 0.0 || a.duration_s == 0 {
+        bail!("--sandboxes, --rate and --duration-s must be positive");
+    }
+    let nats = crate::nats_server::find(a.nats_server.as_ref())?;
+    let load_before = crate::pipeline::loadavg();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for &workers in &a.workers {
+        eprintln!("fleet: {workers} workers, {} sandboxes ...", a.sandboxes);
+        let per_worker = a.sandboxes.div_ceil(workers as usize) as u64;
+        let shape = Shape {
+            workers,
+            cores: a.cores,
+            // Room for every lane's sandbox, and for a churning lane's next one.
+            mem_mb: (per_worker * 2 + 8) * load::SANDBOX_MB,
+            heartbeat_ms: a.heartbeat_ms,
+            sync: a.sync.clone(),
+        };
+        let cluster = Cluster::start(&nats, &shape)?;
+        let row = rt.block_on(async {
+            let budget = Duration::from_secs(a.duration_s * 3 + 600);
+            tokio::time::timeout(budget, measure(&cluster, &a, workers))
+                .await
+                .with_context(|| {
+                    format!("{workers} workers: the run took longer than {budget:?}")
+                })?
+        });
+        let row = match row {
+            Ok(r) => r,
+            Err(e) => bail!("{e:#}\n{}", cluster.log_tails()),
+        };
+        rows.push(row);
+        drop(cluster);
+    }
+    let out = json!({
+        "bench": "fleet",
+        "cores_per_worker": a.cores,
+        "sandboxes": a.sandboxes,
+        "rate": a.rate,
+        "duration_s": a.duration_s,
+        "sync": a.sync,
+        "heartbeat_ms": a.heartbeat_ms,
+        "load_avg_before": load_before,
+        "load_avg_after": crate::pipeline::loadavg(),
+        "rows": rows,
+    });
+    if let Some(path) = &a.picture {
+        std::fs::write(path, report::picture(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        report::print_table(&out);
+    }
+    let broken: Vec<String> = rows
+        .iter()
+        .filter(|r| {
+            r["results"]["missing"].as_u64() != Some(0)
+                || r["results"]["duplicated"].as_u64() != Some(0)
+                || r["status"]["answered"].as_bool() != Some(true)
+        })
+        .map(|r| r["workers"].to_string())
+        .collect();
+    if !broken.is_empty() {
+        bail!(
+            "actions lost or doubled, or no status answer, at {} workers",
+            broken.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// One status request: the answer, its size in bytes and how long it took.
+async fn status(client: &async_nats::Client) -> anyhow::Result<(Status, usize, Duration)> {
+    status_within(client, Duration::from_secs(10)).await
+}
+
+async fn status_within(
+    client: &async_nats::Client,
+    within: Duration,
+) -> anyhow::Result<(Status, usize, Duration)> {
+    let t = Instant::now();
+    let m = tokio::time::timeout(within, client.request(subject::STATUS, "".into()))
+        .await
+        .with_context(|| format!("no status answer within {within:?}"))??;
+    let took = t.elapsed();
+    let s: Status = serde_json::from_slice(&m.payload).context("decoding the status answer")?;
+    Ok((s, m.payload.len(), took))
+}
+
+/// Waits until the leader's status lists every worker; the status then.
+async fn wait_for_fleet(
+    client: &async_nats::Client,
+    n: usize,
+    within: Duration,
+) -> anyhow::Result<Status> {
+    let deadline = Instant::now() + within;
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        match status(client).await {
+            Ok((s, _, _)) if s.workers.len() >= n && s.leader.is_some() => return Ok(s),
+            Ok((s, _, _)) => last = format!("{} of {n} workers listed", s.workers.len()),
+            Err(e) => last = format!("{e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("the fleet did not come up within {within:?}: {last}")
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+/// p50 and p99 of `v` (milliseconds), rounded.
+fn pcts(mut v: Vec<f64>) -> Value {
+    v.sort_by(f64::total_cmp);
+    let r = |x: f64| (x * 100.0).round() / 100.0;
+    json!({"p50": r(quantile(&v, 0.5)), "p99": r(quantile(&v, 0.99)), "n": v.len()})
+}
+
+async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Result<Value> {
+    let load = Load::start(&cluster.url).await?;
+    let came_up = Instant::now();
+    let st = wait_for_fleet(
+        load.client(),
+        cluster.worker_ids.len(),
+        Duration::from_secs(120),
+    )
+    .await?;
+    let up_s = came_up.elapsed().as_secs_f64();
+    let leader = st
+        .leader
+        .as_ref()
+        .map(|l| l.id.clone())
+        .context("no leader in the status")?;
+    let leader_pid = cluster
+        .scheduler_pid(&leader)
+        .with_context(|| format!("the leader {leader} is not one of ours"))?;
+    let nats_pid = cluster.nats_pid().context("nats-server is gone")?;
+    let worker_pids = cluster.worker_pids();
+
+    // Every lane's sandbox.
+    let lanes = Lanes::new(a.sandboxes, a.churn);
+    let t = Instant::now();
+    let opened = lanes.open_all(&load, a.open_in_flight).await;
+    let open_s = t.elapsed().as_secs_f64();
+    let opened_ok = opened.iter().filter(|s| s.completed).count();
+    if opened_ok < a.sandboxes {
+        bail!("only {opened_ok} of {} sandboxes opened", a.sandboxes);
+    }
+
+    // The heartbeats alone: the leader's CPU while nothing else happens.
+    let idle_s = 10.0;
+    let before = usage(leader_pid);
+    tokio::time::sleep(Duration::from_secs_f64(idle_s)).await;
+    let idle_cpu = usage(leader_pid).cpu_s - before.cpu_s;
+    let heartbeats = idle_s * workers as f64 * 1000.0 / a.heartbeat_ms as f64;
+
+    // The steady phase, with the status asked every few seconds meanwhile.
+    let (sched0, nats0, workers0) = (usage(leader_pid), usage(nats_pid), usage_of(&worker_pids));
+    let status_probe = {
+        let client = load.client().clone();
+        let every = Duration::from_secs(5);
+        let until = Instant::now() + Duration::from_secs(a.duration_s);
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                tokio::time::sleep(every).await;
+                out.push(
+                    status(&client)
+                        .await
+                        .map(|(s, bytes, took)| (s.sandboxes, bytes, took)),
+                );
+            }
+            out
+        })
+    };
+    let phase = lanes
+        .run(&load, a.rate, Duration::from_secs(a.duration_s))
+        .await;
+    let (sched1, nats1, workers1) = (usage(leader_pid), usage(nats_pid), usage_of(&worker_pids));
+    let statuses = status_probe.await?;
+    let answered: Vec<&(usize, usize, Duration)> =
+        statuses.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let status_failed = statuses.iter().filter(|r| r.is_err()).count();
+    let actions = phase.samples.len();
+    let to_dispatch: Vec<f64> = phase
+        .samples
+        .iter()
+        .filter_map(|s| {
+            s.dispatched
+                .map(|d| ms(d.saturating_duration_since(s.stored)))
+        })
+        .collect();
+    let to_result: Vec<f64> = phase
+        .samples
+        .iter()
+        .map(|s| ms(s.answered.saturating_duration_since(s.stored)))
+        .collect();
+    let stored: Vec<f64> = phase
+        .samples
+        .iter()
+        .map(|s| ms(s.stored.saturating_duration_since(s.published)))
+        .collect();
+    let completed = phase.samples.iter().filter(|s| s.completed).count();
+
+    // Failover: the leader SIGKILLed, with every sandbox open.
+    let failover = if a.no_failover {
+        Value::Null
+    } else {
+        failover(cluster, &load, &lanes, &leader).await?
+    };
+
+    let (one, missing, duplicated) = load.count_results(Duration::from_secs(300)).await?;
+    use std::sync::atomic::Ordering::Relaxed;
+    let cpu_per_action_us = (sched1.cpu_s - sched0.cpu_s) * 1e6 / actions.max(1) as f64;
+    let phase_s = phase.seconds;
+    Ok(json!({
+        "workers": workers,
+        "worker_processes": worker_pids.len(),
+        "sandboxes": a.sandboxes,
+        "fleet_up_s": (up_s * 10.0).round() / 10.0,
+        "opens": {
+            "seconds": (open_s * 100.0).round() / 100.0,
+            "per_s": (opened.len() as f64 / open_s).round(),
+            "latency_ms": pcts(opened.iter().map(|s| ms(s.answered.saturating_duration_since(s.stored))).collect()),
+        },
+        "heartbeats": {
+            "per_s": heartbeats / idle_s,
+            "scheduler_cpu_share": (idle_cpu / idle_s * 1000.0).round() / 1000.0,
+            "scheduler_us_per_heartbeat": (idle_cpu * 1e6 / heartbeats.max(1.0)).round(),
+        },
+        "steady": {
+            "offered_per_s": a.rate,
+            "actions": actions,
+            "completed": completed,
+            "by_kind": phase.by_kind,
+            "actions_per_s": (actions as f64 / phase_s).round(),
+            "behind": phase.behind,
+            "refused": load.refused.load(Relaxed),
+            "unanswered": load.unanswered.load(Relaxed),
+            "publish_to_stored_ms": pcts(stored),
+            "stored_to_dispatch_ms": pcts(to_dispatch),
+            "stored_to_result_ms": pcts(to_result),
+        },
+        "scheduler": {
+            "cpu_us_per_action": cpu_per_action_us.round(),
+            "cpu_share": ((sched1.cpu_s - sched0.cpu_s) / phase_s * 1000.0).round() / 1000.0,
+            "rss_mib": (sched1.rss_mib * 10.0).round() / 10.0,
+        },
+        "nats": {
+            "cpu_share": ((nats1.cpu_s - nats0.cpu_s) / phase_s * 1000.0).round() / 1000.0,
+            "rss_mib": (nats1.rss_mib * 10.0).round() / 10.0,
+        },
+        "worker_processes_cpu_share": ((workers1.cpu_s - workers0.cpu_s) / phase_s * 1000.0).round() / 1000.0,
+        "worker_processes_rss_mib": workers1.rss_mib.round(),
+        "status": {
+            "answered": status_failed == 0 && !answered.is_empty(),
+            "asked": statuses.len(),
+            "failed": status_failed,
+            "bytes": answered.iter().map(|r| r.1).max().unwrap_or(0),
+            "max_ms": answered.iter().map(|r| ms(r.2)).fold(0.0, f64::max),
+            "sandboxes_listed": answered.last().map(|r| r.0),
+        },
+        "failover": failover,
+        "results": {
+            "submitted": load.submitted.lock().expect("lock").len(),
+            "exactly_one": one,
+            "missing": missing,
+            "duplicated": duplicated,
+        },
+    }))
+}
+
+/// SIGKILLs the leader; the time until the standby's status answers as leader, and until an
+/// exec on a sandbox opened under the old leader has its result.
+async fn failover(
+    cluster: &Cluster,
+    load: &Arc<Load>,
+    lanes: &Arc<Lanes>,
+    leader: &str,
+) -> anyhow::Result<Value> {
+    // Only the process: the cluster keeps its slot so that it is not killed twice.
+    let pid = cluster
+        .scheduler_pid(leader)
+        .context("the leader is gone")?;
+    crate::cluster::signal(pid, rustix::process::Signal::KILL)?;
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(60);
+    let leads = loop {
+        if Instant::now() > deadline {
+            bail!("no new leader within 60 s of killing {leader}");
+        }
+        // Asked often and briefly: a request that met the dead leader's interest would
+        // otherwise wait out its whole timeout.
+        if let Ok((s, _, _)) = status_within(load.client(), Duration::from_millis(250)).await {
+            if s.leader.as_ref().is_some_and(|l| l.id != leader) {
+                break killed.elapsed();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let probe = lanes
+        .probe(load)
+        .await
+        .context("the probe exec after the failover got no result")?;
+    let answered = probe.answered.saturating_duration_since(killed);
+    Ok(json!({
+        "new_leader_s": (leads.as_secs_f64() * 100.0).round() / 100.0,
+        "exec_answered_s": (answered.as_secs_f64() * 100.0).round() / 100.0,
+        "probe_completed": probe.completed,
+    }))
+}
