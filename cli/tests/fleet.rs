@@ -33,7 +33,11 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
             "--sandboxes",
             "500",
         ])
-        .args(["--rate", "200", "--duration-s", "30", "--sync", "default"])
+        // Lanes take turns in order, so each gets rate x duration / sandboxes turns (12 here,
+        // 2 at the least this test accepts): a churn of 2 makes every lane's second turn a
+        // close and an open. With the default churn (20) no lane reached its first close.
+        .args(["--rate", "200", "--duration-s", "30", "--churn", "2"])
+        .args(["--sync", "default"])
         .arg("--nats-server")
         .arg(nats_server())
         .env_remove("TANGRAM_NATS_URL")

@@ -431,11 +431,9 @@ async fn scan_stored(
     }
 }
 
-/// Whether a result is stored on `subject`: a direct get from the stream (no JetStream API
-/// round trip). A failed lookup counts as none stored, said in the log: within the stream's
-/// duplicate window JetStream itself drops a resubmission.
-/// Whether a result is stored on `subject`; an error when the server could not say, after
-/// a few tries (never guessed: a guess of "none" would run a finished action again).
+/// Whether a result is stored on `subject`, by a direct get from the stream (no JetStream API
+/// round trip); an error when the server could not say, after a few tries (never guessed: a
+/// guess of "none" would run a finished action again).
 async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> Result<bool, String> {
     use async_nats::jetstream::stream::DirectGetErrorKind;
     let mut last = String::new();
