@@ -233,6 +233,9 @@ enum BenchWhat {
     /// of open sandboxes: actions/s, latency, CPU and memory, the status answer and failover,
     /// for each worker count of a sweep.
     Fleet(fleet::FleetArgs),
+    /// How long a sandbox open takes on one real Docker worker, for a held-out mix of open
+    /// shapes (memory sizes, an environment, a task image), with the warm pool on and off.
+    Opens(fleet::OpensArgs),
     /// One relay of the pipeline bench's cross-process floor chain (the bench starts it).
     #[command(hide = true)]
     Relay {
@@ -326,6 +329,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Pipeline(args),
         } => pipeline::pipeline(args),
+        Command::Bench {
+            what: BenchWhat::Opens(args),
+        } => fleet::opens(args),
         Command::Bench {
             what: BenchWhat::Fleet(args),
         } => fleet::fleet(args),

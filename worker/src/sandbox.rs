@@ -77,6 +77,35 @@ pub struct SandboxHandle {
     pub containment: Option<Containment>,
     /// How long pulling its image took, µs (0: the image was there).
     pub pull_us: u64,
+    /// The open's environment as `KEY=VALUE`, applied to every command run in it (under the
+    /// command's own, [`exec_env`]): a claimed warm sandbox was created before its open.
+    pub env: Vec<String>,
+}
+
+/// An open's or a command's environment as Docker takes it.
+pub fn env_list(env: &BTreeMap<String, String>) -> Vec<String> {
+    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// The environment of one command: the sandbox's, then `TANGRAM_CPUS`, then the command's
+/// own, a later value of a name replacing an earlier one.
+pub fn exec_env(
+    sandbox: &[String],
+    cpus: usize,
+    command: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(sandbox.len() + 1 + command.len());
+    let layers = sandbox
+        .iter()
+        .cloned()
+        .chain(std::iter::once(format!("TANGRAM_CPUS={cpus}")))
+        .chain(env_list(command));
+    for kv in layers {
+        let name = kv.split('=').next().unwrap_or_default().to_string();
+        out.retain(|e| e.split('=').next() != Some(name.as_str()));
+        out.push(kv);
+    }
+    out
 }
 
 /// One command to run in a sandbox.
@@ -181,6 +210,16 @@ pub trait SandboxRuntime: Send + Sync + std::fmt::Debug {
         sandbox: &'a SandboxHandle,
         request: ExecRequest<'a>,
     ) -> BoxFuture<'a, Result<ExecOutput, SandboxError>>;
+
+    /// Sets the sandbox's memory limit to `memory_mb` (a claimed warm sandbox takes its
+    /// open's). Runtimes without limits accept it.
+    fn resize<'a>(
+        &'a self,
+        _sandbox: &'a SandboxHandle,
+        _memory_mb: u64,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Kills every command running in the sandbox; the sandbox itself stays.
     fn stop<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, ()>;
@@ -300,7 +339,7 @@ impl SandboxRuntime for InMemorySandboxes {
     fn start<'a>(
         &'a self,
         key: &'a SandboxKey,
-        _open: &'a SandboxOpen,
+        open: &'a SandboxOpen,
         _parking_cores: &'a str,
     ) -> BoxFuture<'a, Result<SandboxHandle, SandboxError>> {
         Box::pin(async move {
@@ -315,6 +354,7 @@ impl SandboxRuntime for InMemorySandboxes {
                 cgroup: None,
                 containment: None,
                 pull_us: 0,
+                env: env_list(&open.env),
             })
         })
     }

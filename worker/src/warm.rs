@@ -5,67 +5,60 @@
 //! [`WarmPool`] wraps the real runtime and is itself a [`SandboxRuntime`]. A pooled
 //! container is made by the same `start` as any other, so it has the same hardening; it has
 //! never run a command, and it is handed out once, to one trajectory, then closed like any
-//! other sandbox: nothing is reused between trajectories. Only opens that ask for what the
-//! pool holds claim from it (the default image, memory and work directory, no environment);
-//! the rest create as before.
+//! other sandbox: nothing is reused between trajectories.
 //!
-//! Its size follows demand: the most matching opens seen in any stretch as long as a
-//! creation takes (over the last minute), with a quarter on top, between `warm_pool_min` and
-//! `warm_pool`. Under memory pressure (the host has less than a tenth of its memory
-//! available) the pool lets its containers go and makes no new ones.
+//! Every open can be a claim. What a container fixes at creation is its image and the size
+//! of its `/work`: the pool keeps sandboxes of the default image and of the images in demand
+//! (learned from the last minute's opens on this worker, [`demand`]). What an open may vary
+//! freely is fitted on claim: the memory limit is set to the open's (up or down), and the
+//! open's environment rides on each command (a sandbox's environment is applied per exec,
+//! warm or cold, with the command's own on top).
+//!
+//! Its size follows demand, per shape: the most opens of that shape seen in any stretch as
+//! long as a creation takes (over the last minute), with a quarter on top; the default
+//! shape never below `warm_pool_min`, all shapes together never above `warm_pool`. Several
+//! creations run at once when the pool is short. Under memory pressure (the host has less
+//! than a tenth of its memory available) the pool lets its containers go and makes no new
+//! ones.
+
+mod demand;
+
+pub use demand::{target, Demand, Shape, OTHER_SHAPES, WINDOW};
 
 use crate::sandbox::{
     ExecOutput, ExecRequest, RuntimeKind, SandboxError, SandboxHandle, SandboxKey, SandboxRuntime,
 };
 use futures::future::BoxFuture;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tangram_shared::SandboxOpen;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// How far back opens count toward the pool's size.
-const WINDOW: Duration = Duration::from_secs(60);
-/// Head room over the observed burst.
-const HEADROOM: f64 = 1.25;
 /// What a creation is taken to cost before one has been measured.
 const FIRST_CREATE: Duration = Duration::from_secs(2);
 /// Below this share of the host's memory available, the pool empties.
 const PRESSURE: f64 = 0.10;
 /// After a failed creation, the next waits this long.
 const RETRY: Duration = Duration::from_secs(2);
-/// How long a stopping pool waits for a creation in flight, to remove what it makes (the
+/// How long a stopping pool waits for the creations in flight, to remove what they make (the
 /// worker waits 3 s for its background tasks in all).
 const STOP_CREATE_WAIT: Duration = Duration::from_millis(2_500);
-/// Opens remembered for sizing, at most.
-const OPENS_KEPT: usize = 4096;
-
-/// How many warm sandboxes to hold: the largest number of matching opens in any stretch of
-/// `create` within `opens` (times of the last minute's opens), with head room, clamped to
-/// `[min, max]`. Pure, for tests.
-pub fn target(opens: &[Instant], create: Duration, min: usize, max: usize) -> usize {
-    let mut peak = 0;
-    let mut start = 0;
-    for (end, t) in opens.iter().enumerate() {
-        while t.duration_since(opens[start]) > create {
-            start += 1;
-        }
-        peak = peak.max(end + 1 - start);
-    }
-    let want = (peak as f64 * HEADROOM).ceil() as usize;
-    want.clamp(min, max.max(min))
-}
+/// Creations in flight at once, at most: a pool emptied by a burst refills in about one
+/// creation time per this many sandboxes, not one creation time each.
+pub const REFILL_PARALLEL: usize = 4;
 
 /// What the pool reports (heartbeats, status, metrics).
 pub type PoolReport = tangram_shared::WarmPoolReport;
 
 #[derive(Debug, Default)]
 struct PoolState {
-    ready: VecDeque<SandboxHandle>,
-    creating: usize,
-    opens: VecDeque<Instant>,
+    ready: HashMap<Shape, VecDeque<SandboxHandle>>,
+    creating: HashMap<Shape, usize>,
+    demand: Demand,
     /// Mean creation time, smoothed.
     create: Option<Duration>,
     hits: u64,
@@ -73,13 +66,29 @@ struct PoolState {
     closed: bool,
 }
 
+impl PoolState {
+    fn ready_total(&self) -> usize {
+        self.ready.values().map(VecDeque::len).sum()
+    }
+    fn creating_total(&self) -> usize {
+        self.creating.values().sum()
+    }
+}
+
+/// What one pass of the pool's loop decided.
+enum Step {
+    Shrink(SandboxHandle),
+    Grow(Shape),
+    Wait,
+}
+
 /// A warm pool in front of a runtime. See the module docs.
 pub struct WarmPool {
     inner: Arc<dyn SandboxRuntime>,
-    /// What a pooled sandbox is opened with.
+    /// What a pooled sandbox is opened with, its image aside.
     template: SandboxOpen,
-    /// The default image's name: an open naming it matches the template.
-    image: String,
+    /// The default image's shape.
+    default: Shape,
     parking: String,
     min: usize,
     max: usize,
@@ -100,7 +109,7 @@ impl std::fmt::Debug for WarmPool {
 }
 
 impl WarmPool {
-    /// A pool of between `min` and `max` sandboxes of the default open, parked on `parking`.
+    /// A pool of between `min` and `max` sandboxes, parked on `parking`.
     pub fn new(
         inner: Arc<dyn SandboxRuntime>,
         image: &str,
@@ -127,10 +136,14 @@ impl WarmPool {
         max: usize,
         pressure: Box<dyn Fn() -> bool + Send + Sync>,
     ) -> Self {
+        let template = SandboxOpen::default();
         Self {
             inner,
-            template: SandboxOpen::default(),
-            image: image.to_string(),
+            default: Shape {
+                image: image.to_string(),
+                workdir_mb: template.workdir_mb,
+            },
+            template,
             parking: parking.to_string(),
             min: min.min(max),
             max,
@@ -140,135 +153,187 @@ impl WarmPool {
         }
     }
 
-    /// Whether an open can be served by a pooled sandbox.
-    fn matches(&self, open: &SandboxOpen) -> bool {
-        open.image.as_deref().is_none_or(|i| i == self.image)
-            && open.memory_mb == self.template.memory_mb
-            && open.workdir_mb == self.template.workdir_mb
-            && open.env.is_empty()
+    /// The shape that serves an open.
+    fn shape_of(&self, open: &SandboxOpen) -> Shape {
+        Shape {
+            image: open
+                .image
+                .clone()
+                .unwrap_or_else(|| self.default.image.clone()),
+            workdir_mb: open.workdir_mb,
+        }
     }
 
     /// Where the pool stands.
     pub fn report(&self) -> PoolReport {
-        let mut st = self.state.lock().expect("pool lock");
+        let st = self.state.lock().expect("pool lock");
+        let ready = st.ready_total();
         PoolReport {
-            target: self.target_of(&mut st) as u32,
-            ready: st.ready.len() as u32,
+            target: self.targets_of(&st).iter().map(|(_, n)| *n).sum::<usize>() as u32,
+            ready: ready as u32,
             hits: st.hits,
             misses: st.misses,
-            mem_mb: st.ready.len() as u64 * self.template.memory_mb,
+            mem_mb: ready as u64 * self.template.memory_mb,
         }
     }
 
-    fn target_of(&self, st: &mut PoolState) -> usize {
+    /// How many of each shape the pool wants now (none once closed).
+    fn targets_of(&self, st: &PoolState) -> Vec<(Shape, usize)> {
         if st.closed {
-            return 0;
+            return Vec::new();
         }
-        target(
-            st.opens.make_contiguous(),
+        st.demand.targets(
+            &self.default,
             st.create.unwrap_or(FIRST_CREATE),
             self.min,
             self.max,
         )
     }
 
-    /// Keeps the pool at its target until `stop`, then removes what it holds.
+    /// Decides the next move under the lock: release a sandbox of a shape over its target
+    /// (every shape, under pressure), or start a creation for the first shape under its
+    /// target while fewer than [`REFILL_PARALLEL`] are in flight.
+    fn step(&self, pressure: bool) -> Step {
+        let mut st = self.state.lock().expect("pool lock");
+        st.demand.expire(Instant::now());
+        let targets = if pressure {
+            Vec::new()
+        } else {
+            self.targets_of(&st)
+        };
+        let want = |s: &Shape| targets.iter().find(|(t, _)| t == s).map_or(0, |(_, n)| *n);
+        let over = st
+            .ready
+            .iter()
+            .find(|(s, q)| q.len() > want(s))
+            .map(|(s, _)| s.clone());
+        if let Some(s) = over {
+            if let Some(h) = st.ready.get_mut(&s).and_then(VecDeque::pop_front) {
+                return Step::Shrink(h);
+            }
+        }
+        st.ready.retain(|_, q| !q.is_empty());
+        if st.creating_total() >= REFILL_PARALLEL {
+            return Step::Wait;
+        }
+        for (shape, n) in &targets {
+            let have = st.ready.get(shape).map_or(0, VecDeque::len)
+                + st.creating.get(shape).copied().unwrap_or(0);
+            if have < *n {
+                *st.creating.entry(shape.clone()).or_default() += 1;
+                return Step::Grow(shape.clone());
+            }
+        }
+        Step::Wait
+    }
+
+    /// Keeps the pool at its targets until `stop`, then removes what it holds.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut n: u64 = 0;
+        let mut creations: JoinSet<(Shape, Duration, Result<SandboxHandle, SandboxError>)> =
+            JoinSet::new();
         loop {
             if stop.is_cancelled() || self.state.lock().expect("pool lock").closed {
                 break;
             }
             let pressure = (self.pressure)();
-            let (grow, shrink) = {
-                let mut st = self.state.lock().expect("pool lock");
-                let now = Instant::now();
-                while st
-                    .opens
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) > WINDOW)
-                {
-                    st.opens.pop_front();
-                }
-                let want = if pressure { 0 } else { self.target_of(&mut st) };
-                let have = st.ready.len() + st.creating;
-                let grow = have < want;
-                if grow {
-                    st.creating += 1;
-                }
-                let shrink = (st.ready.len() > want)
-                    .then(|| st.ready.pop_front())
-                    .flatten();
-                (grow, shrink)
-            };
-            if let Some(h) = shrink {
-                if pressure {
-                    info!("memory pressure: releasing a warm sandbox");
-                }
-                let _ = self.inner.remove(&h).await;
-                self.publish_gauges();
-                continue;
-            }
-            if !grow {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-                continue;
-            }
-            n += 1;
-            let key = SandboxKey {
-                job: "warm".into(),
-                trajectory: format!("pool-{n}"),
-            };
-            let t0 = Instant::now();
-            let start = self.inner.start(&key, &self.template, &self.parking);
-            tokio::pin!(start);
-            let made = tokio::select! {
-                r = &mut start => r,
-                _ = stop.cancelled() => {
-                    // The daemon goes on creating the container whatever becomes of this
-                    // future: let it finish (bounded) and remove it, or it outlives the worker.
-                    if let Ok(Ok(h)) = tokio::time::timeout(STOP_CREATE_WAIT, &mut start).await {
-                        let _ = self.inner.remove(&h).await;
+            match self.step(pressure) {
+                Step::Shrink(h) => {
+                    if pressure {
+                        info!("memory pressure: releasing a warm sandbox");
                     }
-                    self.state.lock().expect("pool lock").creating -= 1;
-                    break;
+                    let _ = self.inner.remove(&h).await;
+                    self.publish_gauges();
                 }
-            };
-            let took = t0.elapsed();
-            // Decided under the lock, done after it.
-            let (discard, failed) = {
-                let mut st = self.state.lock().expect("pool lock");
-                st.creating -= 1;
-                match made {
-                    Ok(h) if st.closed => (Some(h), None),
-                    Ok(h) => {
-                        st.create = Some(match st.create {
-                            Some(c) => (c * 3 + took) / 4,
-                            None => took,
-                        });
-                        st.ready.push_back(h);
-                        debug!(took_ms = took.as_millis() as u64, "warm sandbox ready");
-                        (None, None)
+                Step::Grow(shape) => {
+                    n += 1;
+                    let key = SandboxKey {
+                        job: "warm".into(),
+                        trajectory: format!("pool-{n}"),
+                    };
+                    let open = SandboxOpen {
+                        image: (shape != self.default).then(|| shape.image.clone()),
+                        workdir_mb: shape.workdir_mb,
+                        ..self.template.clone()
+                    };
+                    let (inner, parking) = (self.inner.clone(), self.parking.clone());
+                    creations.spawn(async move {
+                        let t0 = Instant::now();
+                        let made = inner.start(&key, &open, &parking).await;
+                        (shape, t0.elapsed(), made)
+                    });
+                }
+                Step::Wait => {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = self.wake.notified() => {}
+                        Some(done) = creations.join_next() => self.created(done, &stop).await,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
-                    Err(e) => (None, Some(e)),
-                }
-            };
-            if let Some(h) = discard {
-                let _ = self.inner.remove(&h).await;
-            }
-            if let Some(e) = failed {
-                warn!(error = %e, "creating a warm sandbox failed; trying again shortly");
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(tangram_nats::backoff::jitter(RETRY)) => {}
                 }
             }
-            self.publish_gauges();
         }
+        // The daemon goes on creating containers whatever becomes of the futures: let the
+        // creations in flight finish (bounded) and remove what they make, or it outlives the
+        // worker.
+        let deadline = Instant::now() + STOP_CREATE_WAIT;
+        while let Ok(Some(done)) = tokio::time::timeout_at(deadline, creations.join_next()).await {
+            if let Ok((_, _, Ok(h))) = done {
+                let _ = self.inner.remove(&h).await;
+            }
+        }
+        creations.abort_all();
         self.close().await;
+    }
+
+    /// Files a finished creation: parked, or removed when the pool closed meanwhile.
+    async fn created(
+        &self,
+        done: Result<
+            (Shape, Duration, Result<SandboxHandle, SandboxError>),
+            tokio::task::JoinError,
+        >,
+        stop: &CancellationToken,
+    ) {
+        let Ok((shape, took, made)) = done else {
+            return;
+        };
+        // Decided under the lock, done after it.
+        let (discard, failed) = {
+            let mut st = self.state.lock().expect("pool lock");
+            if let Some(c) = st.creating.get_mut(&shape) {
+                *c = c.saturating_sub(1);
+            }
+            match made {
+                Ok(h) if st.closed || stop.is_cancelled() => (Some(h), None),
+                Ok(h) => {
+                    st.create = Some(match st.create {
+                        Some(c) => (c * 3 + took) / 4,
+                        None => took,
+                    });
+                    st.ready.entry(shape.clone()).or_default().push_back(h);
+                    debug!(took_ms = took.as_millis() as u64, image = %shape.image, "warm sandbox ready");
+                    (None, None)
+                }
+                Err(e) => {
+                    if shape != self.default {
+                        st.demand.forget(&shape);
+                    }
+                    (None, Some(e))
+                }
+            }
+        };
+        if let Some(h) = discard {
+            let _ = self.inner.remove(&h).await;
+        }
+        if let Some(e) = failed {
+            warn!(error = %e, image = %shape.image, "creating a warm sandbox failed; trying again shortly");
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(tangram_nats::backoff::jitter(RETRY)) => {}
+            }
+        }
+        self.publish_gauges();
     }
 
     /// Removes every warm sandbox; the pool makes no more.
@@ -276,7 +341,7 @@ impl WarmPool {
         let ready: Vec<SandboxHandle> = {
             let mut st = self.state.lock().expect("pool lock");
             st.closed = true;
-            st.ready.drain(..).collect()
+            st.ready.drain().flat_map(|(_, q)| q).collect()
         };
         for h in &ready {
             let _ = self.inner.remove(h).await;
@@ -287,6 +352,36 @@ impl WarmPool {
     fn publish_gauges(&self) {
         let r = self.report();
         crate::metrics::warm_pool(r.ready, r.mem_mb);
+    }
+
+    /// Takes a parked sandbox of `shape`, counting the open toward demand.
+    fn claim(&self, shape: &Shape, asked: Instant) -> Option<SandboxHandle> {
+        let mut st = self.state.lock().expect("pool lock");
+        if st.closed {
+            return None;
+        }
+        let h = st.ready.get_mut(shape).and_then(VecDeque::pop_front);
+        match h.is_some() {
+            true => {
+                st.hits += 1;
+                st.demand.record(asked, shape.clone());
+            }
+            false => st.misses += 1,
+        }
+        h
+    }
+
+    /// Makes a claimed sandbox the open's: its memory limit and its environment.
+    async fn fit(
+        &self,
+        mut h: SandboxHandle,
+        open: &SandboxOpen,
+    ) -> Result<SandboxHandle, SandboxError> {
+        if open.memory_mb != self.template.memory_mb {
+            self.inner.resize(&h, open.memory_mb).await?;
+        }
+        h.env = crate::sandbox::env_list(&open.env);
+        Ok(h)
     }
 }
 
@@ -319,35 +414,36 @@ impl SandboxRuntime for WarmPool {
         parking_cores: &'a str,
     ) -> BoxFuture<'a, Result<SandboxHandle, SandboxError>> {
         Box::pin(async move {
-            if !self.matches(open) || parking_cores != self.parking {
+            if parking_cores != self.parking {
                 return self.inner.start(key, open, parking_cores).await;
             }
-            let claimed = {
-                let mut st = self.state.lock().expect("pool lock");
-                st.opens.push_back(Instant::now());
-                while st.opens.len() > OPENS_KEPT {
-                    st.opens.pop_front();
-                }
-                let h = if st.closed {
-                    None
-                } else {
-                    st.ready.pop_front()
-                };
-                match h.is_some() {
-                    true => st.hits += 1,
-                    false => st.misses += 1,
-                }
-                h
-            };
+            let asked = Instant::now();
+            let shape = self.shape_of(open);
+            let claimed = self.claim(&shape, asked);
             self.wake.notify_one();
             crate::metrics::warm_claim(claimed.is_some());
-            match claimed {
-                Some(h) => {
-                    self.publish_gauges();
-                    Ok(h)
+            if let Some(h) = claimed {
+                self.publish_gauges();
+                match self.fit(h.clone(), open).await {
+                    Ok(h) => return Ok(h),
+                    Err(e) => {
+                        // It cannot be made the open's (a limit below what it uses): it goes,
+                        // and the open creates its own.
+                        warn!(error = %e, sandbox = %h.id, "fitting a warm sandbox failed; creating one");
+                        let _ = self.inner.remove(&h).await;
+                    }
                 }
-                None => self.inner.start(key, open, parking_cores).await,
             }
+            let made = self.inner.start(key, open, parking_cores).await;
+            if made.is_ok() {
+                // Demand counts opens that could be served: an image that cannot be pulled or
+                // run never gets a pool.
+                let mut st = self.state.lock().expect("pool lock");
+                st.demand.record(asked, shape);
+                drop(st);
+                self.wake.notify_one();
+            }
+            made
         })
     }
 
@@ -367,6 +463,14 @@ impl SandboxRuntime for WarmPool {
         request: ExecRequest<'a>,
     ) -> BoxFuture<'a, Result<ExecOutput, SandboxError>> {
         self.inner.exec(sandbox, request)
+    }
+
+    fn resize<'a>(
+        &'a self,
+        sandbox: &'a SandboxHandle,
+        memory_mb: u64,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        self.inner.resize(sandbox, memory_mb)
     }
 
     fn stop<'a>(&'a self, sandbox: &'a SandboxHandle) -> BoxFuture<'a, ()> {

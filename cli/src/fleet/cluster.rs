@@ -125,6 +125,32 @@ impl Cluster {
         Ok(c)
     }
 
+    /// Starts one more worker process, `id`, on the cluster's server, with these arguments
+    /// and environment (the opens bench: one real Docker worker with a warm pool).
+    pub fn add_worker(
+        &mut self,
+        id: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<()> {
+        let log = self.dir.path().join(format!("{id}.log"));
+        let child = crate::cluster::spawn_logged(
+            &log,
+            "worker",
+            Command::new(crate::cluster::sibling("tangram-worker")?)
+                .args(["--id", id, "--nats-url", &self.url])
+                .args(args)
+                .envs(env.iter().map(|(k, v)| (*k, v)))
+                .env("RUST_LOG", "warn"),
+        )?;
+        self.workers.push(Proc {
+            name: "worker",
+            child,
+        });
+        self.worker_ids.push(id.to_string());
+        Ok(())
+    }
+
     /// The process id of a scheduler still running.
     pub fn scheduler_pid(&self, id: &str) -> Option<u32> {
         self.schedulers
@@ -148,7 +174,14 @@ impl Cluster {
     pub fn log_tails(&self) -> String {
         let mut names: Vec<String> = SCHEDULERS.iter().map(|s| format!("{s}.log")).collect();
         names.push("nats.log".into());
-        names.push("fw00.log".into());
+        names.extend(self.worker_ids.first().map(|w| {
+            // Bench replicas log per process (fw00), a worker of its own under its id.
+            let process = w
+                .split_once('-')
+                .filter(|(p, _)| p.starts_with("fw"))
+                .map_or(w.as_str(), |(p, _)| p);
+            format!("{process}.log")
+        }));
         names
             .iter()
             .map(|n| format!("--- {n}\n{}", self.log_tail(n)))

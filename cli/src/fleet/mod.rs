@@ -12,7 +12,10 @@
 
 mod cluster;
 mod load;
+mod opens;
 mod report;
+
+pub use opens::{opens, OpensArgs};
 
 use anyhow::{bail, Context as _};
 use cluster::{usage, usage_of, Cluster, Shape};

@@ -314,7 +314,7 @@ impl DockerSandboxes {
             cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPER.into()]),
             user: Some(self.config.user.clone()),
             working_dir: Some("/work".into()),
-            env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            env: Some(crate::sandbox::env_list(env)),
             labels: Some(labels),
             network_disabled: Some(true),
             host_config: Some(host_config),
@@ -366,6 +366,20 @@ impl DockerSandboxes {
             cpuset_cpus: Some(cpus.to_string()),
             cpu_period: Some(crate::cgroup::PERIOD_US),
             cpu_quota: Some(quota_us),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(id, body)
+            .await
+            .map_err(|e| DockerError::from_api(e, id))
+    }
+
+    /// Sets the container's memory limit (swap included, so there is none), up or down.
+    pub async fn update_memory(&self, id: &str, memory_mb: u64) -> Result<(), DockerError> {
+        let memory = (memory_mb as i64) << 20;
+        let body = ContainerUpdateBody {
+            memory: Some(memory),
+            memory_swap: Some(memory),
             ..Default::default()
         };
         self.docker

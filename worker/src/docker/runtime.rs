@@ -128,6 +128,7 @@ impl SandboxRuntime for DockerRuntime {
                 cgroup,
                 containment,
                 pull_us: created.pull_us,
+                env: crate::sandbox::env_list(&open.env),
             })
         })
     }
@@ -221,6 +222,19 @@ impl SandboxRuntime for DockerRuntime {
                 }
             }
             Ok(out)
+        })
+    }
+
+    fn resize<'a>(
+        &'a self,
+        sandbox: &'a SandboxHandle,
+        memory_mb: u64,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.docker.update_memory(&sandbox.id, memory_mb).await;
+            m::grant("docker", "resize", t.elapsed().as_secs_f64());
+            Ok(r?)
         })
     }
 

@@ -248,8 +248,7 @@ impl Worker {
             drop(first_write);
             granted.map_err(|e| sandbox_outcome(e, &format!("granting cores {list}")))?;
             let argv: Vec<String> = exec.argv.iter().map(|a| a.replace("{cpus}", &n.to_string())).collect();
-            let mut env = vec![format!("TANGRAM_CPUS={n}")];
-            env.extend(exec.env.iter().map(|(k, v)| format!("{k}={v}")));
+            let env = crate::sandbox::exec_env(&s.handle.env, n, &exec.env);
             let run = self.dk().exec(
                 &s.handle,
                 ExecRequest {
