@@ -275,11 +275,27 @@ pub(crate) async fn lead(
                     tracing::warn!(%reply, "a status request asked for its answer outside an inbox; not answered");
                     return true;
                 }
+                let req = match tangram_shared::status::StatusRequest::parse(&msg.payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Answered, never dropped: the asker learns what was wrong.
+                        let body = serde_json::json!({"error": format!(
+                            "a status request's body is empty or JSON like {{\"workers_after\": \"<id>\", \"workers_limit\": 100}}: {e}"
+                        )});
+                        let _ = client.publish(reply, body.to_string().into()).await;
+                        return true;
+                    }
+                };
                 let (otx, orx) = tokio::sync::oneshot::channel();
                 if tx.send(Input::Status(otx)).await.is_err() {
                     return false;
                 }
                 if let Ok(mut status) = orx.await {
+                    tangram_shared::status::page(
+                        &mut status,
+                        &req,
+                        tangram_shared::status::STATUS_PAGE_BYTES,
+                    );
                     fill_lease(&mut status, &store).await;
                     status.backlog = backlog(&consumer, &gate).await;
                     if let Ok(body) = serde_json::to_vec(&status) {

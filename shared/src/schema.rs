@@ -71,6 +71,10 @@ pub fn all() -> Vec<SchemaFile> {
             "status.json",
             "The scheduler's reply (JSON) to a request on tangram.v1.status.",
         ),
+        file::<crate::status::StatusRequest>(
+            "status-request.json",
+            "A request on tangram.v1.status (JSON; an empty body asks for the first page).",
+        ),
         file::<LeaderRecord>(
             "kv-leader.json",
             "The leader lease: key `leader` of the tangram_scheduler bucket (JSON).",

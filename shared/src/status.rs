@@ -14,8 +14,16 @@ pub struct Status {
     pub policy: String,
     /// Seconds since the scheduler started.
     pub uptime_s: f64,
-    /// Workers, by id.
+    /// Workers, by id: all of them, or one page when `next_after` is set.
     pub workers: Vec<WorkerStatus>,
+    /// Workers known in all, whether or not this reply lists every one.
+    #[serde(default)]
+    pub workers_total: usize,
+    /// Set when the reply lists only a page of the workers (a listing of every worker would
+    /// pass [`STATUS_PAGE_BYTES`], or the request asked for fewer): the last id listed. Ask
+    /// again with [`StatusRequest::workers_after`] set to it for the next page.
+    #[serde(default)]
+    pub next_after: Option<String>,
     /// Actions waiting, by kind.
     pub queued: BTreeMap<String, usize>,
     /// The queue by kind: depth, the oldest wait and an estimate of the wait a new action of
@@ -42,6 +50,59 @@ pub struct Status {
     /// Standby schedulers that announced themselves in the last few seconds.
     #[serde(default)]
     pub standbys: Vec<StandbyRecord>,
+}
+
+/// How large the workers of one status reply may be, as JSON: half the smallest `max_payload`
+/// a NATS server ships with (1 MiB), so that every page fits every server.
+pub const STATUS_PAGE_BYTES: usize = 512 * 1024;
+
+/// The body of a status request. Empty, or `{}`, asks for the first page.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct StatusRequest {
+    /// List only workers whose id sorts after this one (the previous reply's `next_after`).
+    #[serde(default)]
+    pub workers_after: Option<String>,
+    /// List at most this many workers.
+    #[serde(default)]
+    pub workers_limit: Option<usize>,
+}
+
+impl StatusRequest {
+    /// Reads a request body: empty, or JSON of this shape.
+    pub fn parse(body: &[u8]) -> Result<Self, serde_json::Error> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self::default());
+        }
+        serde_json::from_slice(body)
+    }
+}
+
+/// Cuts `status.workers` to the page `req` asks for: in id order, after `workers_after`, at
+/// most `workers_limit`, and no more than `budget` bytes of JSON (one worker at least, so
+/// that paging always moves on). Sets `workers_total`, and `next_after` when workers remain.
+pub fn page(status: &mut Status, req: &StatusRequest, budget: usize) {
+    let mut workers = std::mem::take(&mut status.workers);
+    workers.sort_by(|a, b| a.id.cmp(&b.id));
+    status.workers_total = workers.len();
+    let start = match &req.workers_after {
+        Some(after) => workers.partition_point(|w| w.id.as_str() <= after.as_str()),
+        None => 0,
+    };
+    let limit = req.workers_limit.unwrap_or(usize::MAX).max(1);
+    let mut used = 0;
+    let mut kept = Vec::new();
+    for w in workers.drain(start..) {
+        // The size of its JSON and a comma.
+        let size = serde_json::to_vec(&w).map_or(0, |b| b.len()) + 1;
+        if kept.len() == limit || (!kept.is_empty() && used + size > budget) {
+            status.next_after = kept.last().map(|w: &WorkerStatus| w.id.clone());
+            break;
+        }
+        used += size;
+        kept.push(w);
+    }
+    status.workers = kept;
 }
 
 /// The queue of one action kind.
@@ -206,4 +267,87 @@ pub struct StandbyRecord {
     pub host: String,
     /// When it last announced itself, Unix milliseconds (its own clock).
     pub seen_unix_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_of(n: usize) -> Status {
+        Status {
+            // Out of order on purpose: pages are in id order.
+            workers: (0..n)
+                .rev()
+                .map(|i| WorkerStatus {
+                    id: format!("w{i:03}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ids(s: &Status) -> Vec<&str> {
+        s.workers.iter().map(|w| w.id.as_str()).collect()
+    }
+
+    #[test]
+    fn pages_list_every_worker_once_in_order_within_the_budget() {
+        let one = serde_json::to_vec(&WorkerStatus {
+            id: "w000".into(),
+            ..Default::default()
+        })
+        .unwrap()
+        .len()
+            + 1;
+        let mut seen = Vec::new();
+        let mut req = StatusRequest::default();
+        let mut pages = 0;
+        loop {
+            let mut s = status_of(10);
+            page(&mut s, &req, one * 4);
+            assert_eq!(s.workers_total, 10);
+            assert!(s.workers.len() <= 4, "{:?}", ids(&s));
+            seen.extend(ids(&s).into_iter().map(String::from));
+            pages += 1;
+            match s.next_after {
+                Some(after) => req.workers_after = Some(after),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3);
+        let want: Vec<String> = (0..10).map(|i| format!("w{i:03}")).collect();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn a_reply_that_fits_lists_everything_and_says_no_next() {
+        let mut s = status_of(3);
+        page(&mut s, &StatusRequest::default(), STATUS_PAGE_BYTES);
+        assert_eq!(ids(&s), vec!["w000", "w001", "w002"]);
+        assert_eq!((s.workers_total, s.next_after), (3, None));
+        // A limit pages too; one worker larger than the budget still makes a page.
+        let mut s = status_of(3);
+        let req = StatusRequest {
+            workers_limit: Some(2),
+            ..Default::default()
+        };
+        page(&mut s, &req, STATUS_PAGE_BYTES);
+        assert_eq!(s.next_after.as_deref(), Some("w001"));
+        let mut s = status_of(3);
+        page(&mut s, &StatusRequest::default(), 1);
+        assert_eq!(ids(&s), vec!["w000"]);
+    }
+
+    #[test]
+    fn a_request_body_is_empty_or_json_and_bad_json_is_an_error() {
+        assert_eq!(StatusRequest::parse(b"").unwrap(), StatusRequest::default());
+        assert_eq!(
+            StatusRequest::parse(b" \n").unwrap(),
+            StatusRequest::default()
+        );
+        let r = StatusRequest::parse(br#"{"workers_after":"w1","workers_limit":5}"#).unwrap();
+        assert_eq!(r.workers_after.as_deref(), Some("w1"));
+        assert!(StatusRequest::parse(b"not json").is_err());
+    }
 }

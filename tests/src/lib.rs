@@ -979,13 +979,11 @@ impl Client {
 
     /// The scheduler's status report (`tangram.v1.status`).
     pub async fn status(&self) -> anyhow::Result<Status> {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(5),
-            self.nats.request(subject::STATUS, "".into()),
+        Ok(
+            tangram_nats::status::fetch(&self.nats, Duration::from_secs(5))
+                .await?
+                .status,
         )
-        .await
-        .context("the scheduler did not answer its status")??;
-        Ok(serde_json::from_slice(&reply.payload)?)
     }
 
     /// Waits until the scheduler's status satisfies `ready` and returns it; fails after

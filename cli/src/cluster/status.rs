@@ -22,16 +22,12 @@ pub fn fetch_status(
         )
         .await
         .context("connecting to NATS timed out")??;
-        let reply = tokio::time::timeout(
-            timeout,
-            client.request(tangram_shared::subject::STATUS, "".into()),
-        )
-        .await
-        .context("the scheduler did not answer (is it running?)")?
-        .context("asking the scheduler for its status")?;
-        Ok(serde_json::from_slice(&reply.payload)?)
+        Ok(tangram_nats::status::fetch(&client, timeout).await?.status)
     })
 }
+
+/// Workers listed one by one in `tangram status`'s tables, at most.
+const TABLE_WORKERS: usize = 50;
 
 /// What `tangram status` says after a worker's row: stopping, draining, cordoned.
 fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
@@ -90,7 +86,24 @@ pub fn status(
         "state",
     ]);
     crate::table::left(&mut t, &[5]);
-    for w in &st.workers {
+    // A fleet of hundreds is summed up and its first workers listed; --json lists every one.
+    let shown = &st.workers[..st.workers.len().min(TABLE_WORKERS)];
+    if shown.len() < st.workers.len() {
+        let sum = |f: fn(&tangram_shared::status::WorkerStatus) -> u64| -> u64 {
+            st.workers.iter().map(f).sum()
+        };
+        println!(
+            "fleet: {} workers, cores {} / {} used, memory {} / {} MiB used, {} running, {} sandboxes",
+            st.workers.len(),
+            sum(|w| w.cores_used as u64),
+            sum(|w| w.cores as u64),
+            sum(|w| w.mem_used_mb),
+            sum(|w| w.mem_mb),
+            sum(|w| w.running as u64),
+            sum(|w| w.sandboxes as u64),
+        );
+    }
+    for w in shown {
         t.add_row([
             w.id.to_string(),
             format!("{} / {}", w.cores_used, w.cores),
@@ -107,8 +120,14 @@ pub fn status(
         ]);
     }
     print!("\n{}", crate::table::render(&t, ""));
-    let pools: Vec<_> = st
-        .workers
+    if shown.len() < st.workers.len() {
+        println!(
+            "(the first {} of {} workers by id; `tangram status --json` lists every one)",
+            shown.len(),
+            st.workers.len()
+        );
+    }
+    let pools: Vec<_> = shown
         .iter()
         .filter_map(|w| w.warm.map(|p| (w.id.as_str(), p)))
         .collect();
@@ -139,7 +158,7 @@ pub fn status(
         }
         print!("\n{}", crate::table::render(&t, ""));
     }
-    let caches: Vec<_> = st.workers.iter().filter(|w| !w.images.is_empty()).collect();
+    let caches: Vec<_> = shown.iter().filter(|w| !w.images.is_empty()).collect();
     if !caches.is_empty() {
         let mut t = crate::table::new(["image cache", "images", "disk (MiB)", "references"]);
         crate::table::left(&mut t, &[3]);

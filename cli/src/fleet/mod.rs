@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tangram_shared::stats::quantile;
 use tangram_shared::status::Status;
-use tangram_shared::subject;
 use tokio::time::Instant;
 
 /// Options of `tangram bench fleet`.
@@ -165,12 +164,8 @@ async fn status_within(
     within: Duration,
 ) -> anyhow::Result<(Status, usize, Duration)> {
     let t = Instant::now();
-    let m = tokio::time::timeout(within, client.request(subject::STATUS, "".into()))
-        .await
-        .with_context(|| format!("no status answer within {within:?}"))??;
-    let took = t.elapsed();
-    let s: Status = serde_json::from_slice(&m.payload).context("decoding the status answer")?;
-    Ok((s, m.payload.len(), took))
+    let f = tangram_nats::status::fetch(client, within).await?;
+    Ok((f.status, f.bytes, t.elapsed()))
 }
 
 /// Waits until the leader's status lists every worker; the status then.

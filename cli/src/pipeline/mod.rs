@@ -328,14 +328,9 @@ async fn wait_for_worker(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.request(subject::STATUS, "".into()),
-        )
-        .await;
-        if let Ok(Ok(m)) = reply {
-            let st: tangram_shared::status::Status = serde_json::from_slice(&m.payload)?;
-            if st.workers.iter().any(|w| w.id == worker) {
+        let reply = tangram_nats::status::fetch(client, Duration::from_secs(2)).await;
+        if let Ok(f) = reply {
+            if f.status.workers.iter().any(|w| w.id == worker) {
                 return Ok(());
             }
         }
