@@ -89,19 +89,39 @@ pub(crate) trait ResultSink: Send + Sync {
     fn refuse<'a>(&'a self, refusal: Refusal<'a>) -> BoxFuture<'a, ()>;
 }
 
-/// Results on their JetStream subjects.
-pub(crate) struct JetStreamResults(pub(crate) jetstream::Context);
+/// Results on their JetStream subjects, and the scheduler's KV records the worker reads.
+pub(crate) struct JetStreamResults {
+    js: jetstream::Context,
+    /// The scheduler's bucket, looked up once: a lookup is a JetStream API request (stream
+    /// info), and the fence watch reads two keys a second. Made per read, 500 workers sent the
+    /// server's API queue a thousand requests a second whatever the action rate, and under
+    /// load it filled (the leader's own consumer calls then timed out and its term failed).
+    store: tokio::sync::OnceCell<jetstream::kv::Store>,
+}
 
 impl JetStreamResults {
+    pub(crate) fn new(js: jetstream::Context) -> Self {
+        Self {
+            js,
+            store: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The scheduler's bucket; `None` while it cannot be looked up (asked again next time).
+    async fn store(&self) -> Option<&jetstream::kv::Store> {
+        self.store
+            .get_or_try_init(|| {
+                self.js
+                    .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+            })
+            .await
+            .ok()
+    }
+
     /// A key of the scheduler's bucket, read within 5 s; `None` when absent or unreadable.
     async fn bucket_value(&self, key: String) -> Option<Vec<u8>> {
         let read = async {
-            let store = self
-                .0
-                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
-                .await
-                .ok()?;
-            let entry = store.entry(key).await.ok()??;
+            let entry = self.store().await?.entry(key).await.ok()??;
             Some(entry.value.to_vec())
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), read)
@@ -137,16 +157,10 @@ impl ResultSink for JetStreamResults {
 
     fn stored_epoch(&self) -> BoxFuture<'_, Option<u64>> {
         Box::pin(async move {
-            let store = self
-                .0
-                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
-                .await
-                .ok()?;
-            let entry = store
-                .entry(tangram_shared::subject::EPOCH_KEY)
-                .await
-                .ok()??;
-            String::from_utf8_lossy(&entry.value).trim().parse().ok()
+            let v = self
+                .bucket_value(tangram_shared::subject::EPOCH_KEY.to_string())
+                .await?;
+            String::from_utf8_lossy(&v).trim().parse().ok()
         })
     }
 
@@ -163,7 +177,7 @@ impl ResultSink for JetStreamResults {
                 Encoding::Msgpack.content_type(),
             );
             let sent = self
-                .0
+                .js
                 .publish_with_headers(
                     subject::deadletter_refused(r.reason),
                     headers,
@@ -188,6 +202,6 @@ impl ResultSink for JetStreamResults {
     ) -> BoxFuture<'a, Result<(), tangram_nats::PublishError>> {
         // About 25 s of retries in all (each attempt also waits for its acknowledgement):
         // results must not be lost to an outage or a cluster electing a stream leader.
-        Box::pin(tangram_nats::publish_result(&self.0, result, encoding, 9))
+        Box::pin(tangram_nats::publish_result(&self.js, result, encoding, 9))
     }
 }

@@ -329,7 +329,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         sandboxes,
         services,
         providers,
-        Arc::new(JetStreamResults(js)),
+        Arc::new(JetStreamResults::new(js)),
         inventory,
     ));
     let instance = worker.instance();
