@@ -29,6 +29,26 @@ pub fn fetch_status(
 /// Workers listed one by one in `tangram status`'s tables, at most.
 const TABLE_WORKERS: usize = 50;
 
+/// The one line that sums a fleet up when its workers are more than the tables list.
+fn fleet_summary(workers: &[tangram_shared::status::WorkerStatus]) -> Option<String> {
+    if workers.len() <= TABLE_WORKERS {
+        return None;
+    }
+    let sum = |f: fn(&tangram_shared::status::WorkerStatus) -> u64| -> u64 {
+        workers.iter().map(f).sum()
+    };
+    Some(format!(
+        "fleet: {} workers, cores {} / {} used, memory {} / {} MiB used, {} running, {} sandboxes",
+        workers.len(),
+        sum(|w| w.cores_used as u64),
+        sum(|w| w.cores as u64),
+        sum(|w| w.mem_used_mb),
+        sum(|w| w.mem_mb),
+        sum(|w| w.running as u64),
+        sum(|w| w.sandboxes as u64),
+    ))
+}
+
 /// What `tangram status` says after a worker's row: stopping, draining, cordoned.
 fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
     if w.draining {
@@ -88,20 +108,8 @@ pub fn status(
     crate::table::left(&mut t, &[5]);
     // A fleet of hundreds is summed up and its first workers listed; --json lists every one.
     let shown = &st.workers[..st.workers.len().min(TABLE_WORKERS)];
-    if shown.len() < st.workers.len() {
-        let sum = |f: fn(&tangram_shared::status::WorkerStatus) -> u64| -> u64 {
-            st.workers.iter().map(f).sum()
-        };
-        println!(
-            "fleet: {} workers, cores {} / {} used, memory {} / {} MiB used, {} running, {} sandboxes",
-            st.workers.len(),
-            sum(|w| w.cores_used as u64),
-            sum(|w| w.cores as u64),
-            sum(|w| w.mem_used_mb),
-            sum(|w| w.mem_mb),
-            sum(|w| w.running as u64),
-            sum(|w| w.sandboxes as u64),
-        );
+    if let Some(line) = fleet_summary(&st.workers) {
+        println!("{line}");
     }
     for w in shown {
         t.add_row([
@@ -258,4 +266,34 @@ pub fn status(
         print!("{}", crate::table::render(&t, ""));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tangram_shared::status::WorkerStatus;
+
+    #[test]
+    fn a_fleet_larger_than_the_tables_is_summed_up_in_one_line() {
+        let fleet = |n: usize| -> Vec<WorkerStatus> {
+            (0..n)
+                .map(|i| WorkerStatus {
+                    id: format!("w{i}"),
+                    cores: 4,
+                    cores_used: (i % 2) as u32,
+                    mem_mb: 1000,
+                    mem_used_mb: 10,
+                    running: 1,
+                    sandboxes: 3,
+                    ..Default::default()
+                })
+                .collect()
+        };
+        assert_eq!(fleet_summary(&fleet(TABLE_WORKERS)), None);
+        let line = fleet_summary(&fleet(60)).expect("summed up");
+        assert_eq!(
+            line,
+            "fleet: 60 workers, cores 30 / 240 used, memory 600 / 60000 MiB used, 60 running, 180 sandboxes"
+        );
+    }
 }
