@@ -236,6 +236,10 @@ enum BenchWhat {
     /// How long a sandbox open takes on one real Docker worker, for a held-out mix of open
     /// shapes (memory sizes, an environment, a task image), with the warm pool on and off.
     Opens(fleet::OpensArgs),
+    /// How many sandboxes one real Docker worker keeps open and what each costs the host;
+    /// opens (pool off and from a full pool), `true` round trips at 10 and at all open, and
+    /// closes, at that density.
+    Density(fleet::DensityArgs),
     /// One relay of the pipeline bench's cross-process floor chain (the bench starts it).
     #[command(hide = true)]
     Relay {
@@ -332,6 +336,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             what: BenchWhat::Opens(args),
         } => fleet::opens(args),
+        Command::Bench {
+            what: BenchWhat::Density(args),
+        } => fleet::density(args),
         Command::Bench {
             what: BenchWhat::Fleet(args),
         } => fleet::fleet(args),

@@ -29,3 +29,50 @@ async fn a_trajectorys_new_sandbox_opens_while_its_old_one_is_being_removed() ->
     docker.remove(&again.id).await?;
     Ok(())
 }
+
+/// Regression: sandboxes were created with the parked CPU quota (1% of a core) already set,
+/// so the container's own start (runc init, the keeper's shell) ran throttled: a creation
+/// took 1.1 s where the same container starts in 0.18 s. A new sandbox now starts without a
+/// quota and is parked once it runs: its start was never throttled, and both its cgroup and
+/// Docker's record say parked.
+#[tokio::test]
+async fn a_new_sandbox_starts_unthrottled_and_is_parked_once_it_runs() -> anyhow::Result<()> {
+    use tangram_worker::cgroup::CgroupCpu;
+    let config = RawConfig::default().validate()?;
+    let docker = DockerSandboxes::connect("start-quota-w", config.sandbox.clone()).await?;
+    let made = docker
+        .create("j", "t", &SandboxOpen::default(), "0")
+        .await?;
+    let checked = async {
+        let cpu = CgroupCpu::for_pid(made.pid)?;
+        // Started under the parked quota, the start was throttled for 13 periods (1.3 s).
+        // Parked right after its start, the keeper's shell may still be finishing its first
+        // fork: a period or two at most.
+        let throttled = cpu.throttled_periods()?;
+        assert!(
+            throttled <= 2,
+            "the container's start ran under the parked quota: throttled in {throttled} periods"
+        );
+        let quota = match &cpu {
+            CgroupCpu::V1 { cpu, .. } => std::fs::read_to_string(cpu.join("cpu.cfs_quota_us"))?,
+            CgroupCpu::V2 { dir } => std::fs::read_to_string(dir.join("cpu.max"))?,
+        };
+        let parked = tangram_worker::docker::PARKED_QUOTA_US.to_string();
+        assert!(
+            quota.split_whitespace().next() == Some(parked.as_str()),
+            "parked in the cgroup: {quota}"
+        );
+        let out = std::process::Command::new("docker")
+            .args(["inspect", "-f", "{{.HostConfig.CpuQuota}}", &made.id])
+            .output()?;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            parked,
+            "Docker's record"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    docker.remove(&made.id).await?;
+    checked
+}

@@ -73,6 +73,20 @@ impl CgroupCpu {
         }
     }
 
+    /// How many CFS periods the container was throttled in (`nr_throttled` of `cpu.stat`).
+    pub fn throttled_periods(&self) -> io::Result<u64> {
+        let dir = match self {
+            CgroupCpu::V1 { cpu, .. } => cpu,
+            CgroupCpu::V2 { dir } => dir,
+        };
+        let text = std::fs::read_to_string(dir.join("cpu.stat"))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("nr_throttled ")?.trim().parse().ok())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "no nr_throttled in cpu.stat")
+            })
+    }
+
     /// Grants `cpus` (a cpuset list) with a quota of `quota_us` per [`PERIOD_US`].
     ///
     /// Widening writes the cpuset before the quota and narrowing the quota before the cpuset,

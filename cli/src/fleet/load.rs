@@ -25,6 +25,17 @@ pub const SANDBOX_MB: u64 = 16;
 /// How long one action may take before it counts unanswered.
 const ACTION_WAIT: Duration = Duration::from_secs(60);
 
+/// `true` on one core: the exec whose round trip is all overhead.
+pub fn exec_true() -> ActionSpec {
+    ActionSpec::SandboxExec(SandboxExec {
+        argv: vec!["true".into()],
+        cpus: CpuRange { min: 1, max: 1 },
+        files: BTreeMap::new(),
+        env: BTreeMap::new(),
+        stdin: None,
+    })
+}
+
 /// One action's moments, as the client saw them.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
@@ -279,17 +290,7 @@ impl Lanes {
     }
 
     fn exec(&self, lane: usize) -> Action {
-        self.action(
-            lane,
-            "exec",
-            ActionSpec::SandboxExec(SandboxExec {
-                argv: vec!["true".into()],
-                cpus: CpuRange { min: 1, max: 1 },
-                files: BTreeMap::new(),
-                env: BTreeMap::new(),
-                stdin: None,
-            }),
-        )
+        self.action(lane, "exec", exec_true())
     }
 
     fn close(&self, lane: usize) -> Action {

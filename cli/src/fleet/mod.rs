@@ -11,10 +11,12 @@
 //! under the old leader. Every submitted action must have exactly one stored result.
 
 mod cluster;
+mod density;
 mod load;
 mod opens;
 mod report;
 
+pub use density::{density, DensityArgs};
 pub use opens::{opens, OpensArgs};
 
 use anyhow::{bail, Context as _};
@@ -352,40 +354,72 @@ async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Resu
     }))
 }
 
-/// SIGKILLs the leader; the time until the standby's status answers as leader, and until an
-/// exec on a sandbox opened under the old leader has its result.
+/// SIGKILLs the leader, and at once submits an exec on a sandbox opened under it. The times
+/// from the kill until: the standby holds the lease (read from the scheduler's bucket); its
+/// status answers as leader; the exec's result arrives.
 async fn failover(
     cluster: &Cluster,
     load: &Arc<Load>,
     lanes: &Arc<Lanes>,
     leader: &str,
 ) -> anyhow::Result<Value> {
+    let js = async_nats::jetstream::new(load.client().clone());
+    let bucket = js
+        .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
+        .await
+        .context("the scheduler's bucket")?;
     // Only the process: the cluster keeps its slot so that it is not killed twice.
     let pid = cluster
         .scheduler_pid(leader)
         .context("the leader is gone")?;
     crate::cluster::signal(pid, rustix::process::Signal::KILL)?;
     let killed = Instant::now();
+    let probe = {
+        let (lanes, load) = (lanes.clone(), load.clone());
+        tokio::spawn(async move { lanes.probe(&load).await })
+    };
     let deadline = killed + Duration::from_secs(60);
+    let holder = |e: Option<async_nats::jetstream::kv::Entry>| {
+        e.and_then(|e| {
+            serde_json::from_slice::<tangram_shared::status::LeaderRecord>(&e.value).ok()
+        })
+        .map(|r| r.id)
+    };
+    let lease = loop {
+        if Instant::now() > deadline {
+            bail!("no scheduler took the lease within 60 s of killing {leader}");
+        }
+        let h = holder(
+            bucket
+                .entry(tangram_shared::subject::LEADER_KEY)
+                .await
+                .ok()
+                .flatten(),
+        );
+        if h.is_some_and(|h| h != leader) {
+            break killed.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let leads = loop {
         if Instant::now() > deadline {
-            bail!("no new leader within 60 s of killing {leader}");
+            bail!("no new leader answered status within 60 s of killing {leader}");
         }
-        // Asked often and briefly: a request that met the dead leader's interest would
-        // otherwise wait out its whole timeout.
-        if let Ok((s, _, _)) = status_within(load.client(), Duration::from_millis(250)).await {
+        // Asked often: a request that met the dead leader's interest would otherwise wait
+        // out its whole timeout.
+        if let Ok((s, _, _)) = status_within(load.client(), Duration::from_secs(1)).await {
             if s.leader.as_ref().is_some_and(|l| l.id != leader) {
                 break killed.elapsed();
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let probe = lanes
-        .probe(load)
-        .await
+    let probe = probe
+        .await?
         .context("the probe exec after the failover got no result")?;
     let answered = probe.answered.saturating_duration_since(killed);
     Ok(json!({
+        "lease_taken_s": (lease.as_secs_f64() * 100.0).round() / 100.0,
         "new_leader_s": (leads.as_secs_f64() * 100.0).round() / 100.0,
         "exec_answered_s": (answered.as_secs_f64() * 100.0).round() / 100.0,
         "probe_completed": probe.completed,

@@ -5,7 +5,7 @@
 //! runs `true` (the exec round trip beside it) and is closed.
 
 use super::cluster::{Cluster, Shape as ClusterShape};
-use super::load::{Load, JOB};
+use super::load::{exec_true, Load, JOB};
 use super::{ms, pcts};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 use tangram_shared::{
-    Action, ActionId, ActionSpec, CpuRange, JobId, SandboxClose, SandboxExec, SandboxOpen,
-    TrajectoryId,
+    Action, ActionId, ActionSpec, JobId, SandboxClose, SandboxOpen, TrajectoryId,
 };
 use tokio::time::Instant;
 
@@ -221,19 +220,7 @@ async fn run(
                 failed += 1;
                 continue;
             };
-            let e = load
-                .submit(ids.action(
-                    &t,
-                    "exec",
-                    ActionSpec::SandboxExec(SandboxExec {
-                        argv: vec!["true".into()],
-                        cpus: CpuRange { min: 1, max: 1 },
-                        files: BTreeMap::new(),
-                        env: BTreeMap::new(),
-                        stdin: None,
-                    }),
-                ))
-                .await;
+            let e = load.submit(ids.action(&t, "exec", exec_true())).await;
             let c = load
                 .submit(ids.action(&t, "close", ActionSpec::SandboxClose(SandboxClose {})))
                 .await;

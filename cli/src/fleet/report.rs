@@ -63,7 +63,8 @@ pub(super) fn print_table(out: &Value) {
                 "-".into()
             } else {
                 format!(
-                    "{:.1} s / {:.1} s",
+                    "{:.1} / {:.1} / {:.1} s",
+                    f(&fo["lease_taken_s"]),
                     f(&fo["new_leader_s"]),
                     f(&fo["exec_answered_s"])
                 )
@@ -73,7 +74,7 @@ pub(super) fn print_table(out: &Value) {
     }
     print!("\n{}", crate::table::render(&t, ""));
     println!(
-        "dispatch and result: from the action's PubAck; failover: the standby leading / an exec on an old sandbox answered, after SIGKILL"
+        "dispatch and result: from the action's PubAck; failover, from SIGKILL: the standby holding the lease / its status answering / an exec on an old sandbox answered (submitted at the kill)"
     );
 }
 
@@ -185,6 +186,7 @@ pub(super) fn picture(out: &Value) -> anyhow::Result<String> {
             "Failover after SIGKILL",
             "s",
             vec![
+                Line::new("lease taken", 2, series(&["failover", "lease_taken_s"])),
                 Line::new("new leader", 0, series(&["failover", "new_leader_s"])),
                 Line::new("exec answered", 1, series(&["failover", "exec_answered_s"])),
             ],
