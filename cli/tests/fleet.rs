@@ -86,3 +86,49 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
         "{fo}"
     );
 }
+
+/// Two scheduler groups on one server, each a NATS account with its own leader, standby,
+/// workers and load: each loses nothing, sees only its own workers (the bench fails if a
+/// group's status lists another's) and fails over on its own.
+#[test]
+fn two_scheduler_groups_share_one_server_and_neither_sees_the_other() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
+        .args([
+            "bench",
+            "fleet",
+            "--json",
+            "--workers",
+            "6",
+            "--groups",
+            "2",
+        ])
+        .args(["--sandboxes", "60", "--rate", "30", "--duration-s", "8"])
+        .args(["--churn", "2", "--sync", "default"])
+        .arg("--nats-server")
+        .arg(nats_server())
+        .env_remove("TANGRAM_NATS_URL")
+        .output()
+        .expect("running tangram");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "one row a group");
+    for (g, r) in rows.iter().enumerate() {
+        assert_eq!(r["group"], g);
+        assert_eq!(r["workers"], 3, "{r}");
+        let res = &r["results"];
+        assert_eq!(
+            (res["missing"].as_u64(), res["duplicated"].as_u64()),
+            (Some(0), Some(0)),
+            "group {g}: {res}"
+        );
+        assert!(
+            res["submitted"].as_u64().unwrap_or(0) > 30,
+            "group {g}: {res}"
+        );
+        assert_eq!(r["status"]["answered"], true, "group {g}");
+        assert_eq!(r["failover"]["probe_completed"], true, "group {g}");
+    }
+}

@@ -24,6 +24,9 @@ pub struct Shape {
     pub mem_mb: u64,
     /// Heartbeat period of every worker, ms.
     pub heartbeat_ms: u64,
+    /// Scheduler groups, each a NATS account of its own with a leader, a standby and its
+    /// share of the workers (1: no accounts).
+    pub groups: u32,
     /// `always` or `default`.
     pub sync: String,
 }
@@ -38,7 +41,23 @@ pub struct Cluster {
     pub url: String,
     /// Worker ids, in the order they were made.
     pub worker_ids: Vec<String>,
+    /// The scheduler groups: one unless the shape asks for more.
+    pub groups: Vec<Group>,
     dir: tempfile::TempDir,
+}
+
+/// One scheduler group: its NATS account's user, its schedulers and its workers. Groups share
+/// nothing but the server; each account has its own subjects, streams and bucket.
+#[derive(Debug, Clone, Default)]
+pub struct Group {
+    /// The nkey seed file of the account's user (none on a one-group cluster: no accounts).
+    pub nkey_file: Option<std::path::PathBuf>,
+    /// Its schedulers' ids.
+    pub schedulers: Vec<String>,
+    /// Its workers' ids.
+    pub worker_ids: Vec<String>,
+    /// Its worker processes' ids.
+    pub worker_pids: Vec<u32>,
 }
 
 impl Cluster {
@@ -49,7 +68,30 @@ impl Cluster {
             .tempdir()?;
         let d = dir.path().to_path_buf();
         std::fs::create_dir_all(d.join("store"))?;
-        std::fs::write(d.join("server.conf"), server_conf(&shape.sync)?)?;
+        let groups = shape.groups.max(1);
+        let mut conf = server_conf(&shape.sync)?;
+        let mut group_list = vec![Group::default(); groups as usize];
+        if groups > 1 {
+            // Each account's streams book the shipped limits: the server's store holds them all
+            // (a booking; the files grow only with what is stored).
+            conf = conf.replace(
+                "max_file_store: 20GB",
+                &format!("max_file_store: {}GB", 20 * groups),
+            );
+            conf.push_str("accounts {\n");
+            for (g, group) in group_list.iter_mut().enumerate() {
+                let user = tangram_nats::auth::User::generate(tangram_nats::auth::Role::Operator);
+                let path = d.join(format!("group-{g}.nk"));
+                std::fs::write(&path, format!("{}\n", user.seed))?;
+                conf.push_str(&format!(
+                    "  G{g}: {{ jetstream: enabled, users: [ {{ nkey: {} }} ] }}\n",
+                    user.public
+                ));
+                group.nkey_file = Some(path);
+            }
+            conf.push_str("}\n");
+        }
+        std::fs::write(d.join("server.conf"), conf)?;
         let port = crate::cluster::free_port()?;
         let url = format!("nats://127.0.0.1:{port}");
         let spawn = |name: &'static str, log: &str, cmd: &mut Command| -> anyhow::Result<Proc> {
@@ -78,6 +120,7 @@ impl Cluster {
             nats: Some(server),
             url: url.clone(),
             worker_ids: Vec::new(),
+            groups: Vec::new(),
             dir,
         };
         let deadline = std::time::Duration::from_secs(10);
@@ -88,39 +131,62 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        for id in SCHEDULERS {
-            let p = spawn(
-                "scheduler",
-                &format!("{id}.log"),
-                Command::new(crate::cluster::sibling("tangram-scheduler")?)
-                    .args(["--nats-url", &url, "--id", id])
-                    .env("RUST_LOG", "warn"),
-            )?;
-            c.schedulers.push((id.to_string(), Some(p)));
-        }
         let mut left = shape.workers;
         let mut k = 0;
-        while left > 0 {
-            let n = left.min(WORKERS_PER_PROCESS);
-            let prefix = format!("fw{k:02}");
-            let p = spawn(
-                "workers",
-                &format!("{prefix}.log"),
-                Command::new(crate::cluster::sibling("tangram-worker")?)
-                    .args(["--id", &prefix, "--nats-url", &url])
-                    .args(["--sandbox-runtime", "noop"])
-                    .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
-                    .args(["--mem-mb", &shape.mem_mb.to_string()])
-                    .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
-                    .args(["--bench-replicas", &n.to_string()])
-                    .env("RUST_LOG", "warn")
-                    .env("TMPDIR", &d),
-            )?;
-            c.workers.push(p);
-            c.worker_ids
-                .extend((0..n).map(|i| format!("{prefix}-{i:04}")));
-            left -= n;
-            k += 1;
+        for (g, mut group) in group_list.into_iter().enumerate() {
+            let creds: Vec<(&str, &Path)> = group
+                .nkey_file
+                .as_deref()
+                .map(|f| ("TANGRAM_NKEY_FILE", f))
+                .into_iter()
+                .collect();
+            for id in SCHEDULERS {
+                let id = if groups > 1 {
+                    format!("g{g}-{id}")
+                } else {
+                    id.to_string()
+                };
+                let p = spawn(
+                    "scheduler",
+                    &format!("{id}.log"),
+                    Command::new(crate::cluster::sibling("tangram-scheduler")?)
+                        .args(["--nats-url", &url, "--id", &id])
+                        .envs(creds.iter().copied())
+                        .env("RUST_LOG", "warn"),
+                )?;
+                c.schedulers.push((id.clone(), Some(p)));
+                group.schedulers.push(id);
+            }
+            // This group's share of the workers (the first groups take any remainder).
+            let share = shape.workers / groups + u32::from((g as u32) < shape.workers % groups);
+            let mut mine = share.min(left);
+            left -= mine;
+            while mine > 0 {
+                let n = mine.min(WORKERS_PER_PROCESS);
+                let prefix = format!("fw{k:02}");
+                let p = spawn(
+                    "workers",
+                    &format!("{prefix}.log"),
+                    Command::new(crate::cluster::sibling("tangram-worker")?)
+                        .args(["--id", &prefix, "--nats-url", &url])
+                        .args(["--sandbox-runtime", "noop"])
+                        .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
+                        .args(["--mem-mb", &shape.mem_mb.to_string()])
+                        .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
+                        .args(["--bench-replicas", &n.to_string()])
+                        .envs(creds.iter().copied())
+                        .env("RUST_LOG", "warn")
+                        .env("TMPDIR", &d),
+                )?;
+                group.worker_pids.push(p.child.id());
+                c.workers.push(p);
+                let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
+                c.worker_ids.extend(ids.iter().cloned());
+                group.worker_ids.extend(ids);
+                mine -= n;
+                k += 1;
+            }
+            c.groups.push(group);
         }
         Ok(c)
     }
@@ -143,6 +209,10 @@ impl Cluster {
                 .envs(env.iter().map(|(k, v)| (*k, v)))
                 .env("RUST_LOG", "warn"),
         )?;
+        if let Some(g) = self.groups.first_mut() {
+            g.worker_ids.push(id.to_string());
+            g.worker_pids.push(child.id());
+        }
         self.workers.push(Proc {
             name: "worker",
             child,
@@ -165,14 +235,13 @@ impl Cluster {
         self.nats.as_ref().map(|p| p.child.id())
     }
 
-    /// The worker processes' ids.
-    pub fn worker_pids(&self) -> Vec<u32> {
-        self.workers.iter().map(|p| p.child.id()).collect()
-    }
-
     /// The last lines of every log, for an error.
     pub fn log_tails(&self) -> String {
-        let mut names: Vec<String> = SCHEDULERS.iter().map(|s| format!("{s}.log")).collect();
+        let mut names: Vec<String> = self
+            .schedulers
+            .iter()
+            .map(|(s, _)| format!("{s}.log"))
+            .collect();
         names.push("nats.log".into());
         names.extend(self.worker_ids.first().map(|w| {
             // Bench replicas log per process (fw00), a worker of its own under its id.

@@ -102,6 +102,7 @@ fn start(nats: &std::path::Path, a: &DensityArgs, pool: u32) -> anyhow::Result<C
             cores: 2,
             mem_mb: 0,
             heartbeat_ms: 1_000,
+            groups: 1,
             sync: "default".into(),
         },
     )?;
@@ -217,7 +218,7 @@ async fn wait_for_worker(load: &Load, ready: u32) -> anyhow::Result<()> {
 
 async fn cold_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
     let n = a.sandboxes as usize;
-    let load = Load::start(url).await?;
+    let load = Load::start(url, None).await?;
     wait_for_worker(&load, 0).await?;
     let before = host::Snapshot::take(WORKER)?;
     let (mut opened, _) = each(&load, 0..FEW, a.in_flight, "open", open).await?;
@@ -249,7 +250,7 @@ async fn cold_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
 
 async fn warm_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
     let p = a.warm_pool as usize;
-    let load = Load::start(url).await?;
+    let load = Load::start(url, None).await?;
     wait_for_worker(&load, a.warm_pool).await?;
     let (claims, took) = each(&load, 0..p, a.in_flight, "open", open).await?;
     // The pool's counts arrive with the worker's next heartbeats.

@@ -70,9 +70,17 @@ pub struct Load {
 }
 
 impl Load {
-    /// Subscribes to the job's results and to every dispatch.
-    pub async fn start(url: &str) -> anyhow::Result<Arc<Self>> {
-        let client = async_nats::connect(url).await?;
+    /// Subscribes to the job's results and to every dispatch; as the user of `nkey_file`
+    /// when given (a scheduler group's account).
+    pub async fn start(
+        url: &str,
+        nkey_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(f) = nkey_file {
+            options = options.nkey(std::fs::read_to_string(f)?.trim().to_string());
+        }
+        let client = options.connect(url).await?;
         let js = jetstream::new(client.clone());
         let waiters: Arc<Waiters> = Arc::default();
         let dispatched: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();

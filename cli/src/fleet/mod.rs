@@ -60,6 +60,10 @@ pub struct FleetArgs {
     /// JetStream sync: `always` (what nats/server.conf ships) or `default` (the server's).
     #[arg(long, default_value = "always", value_parser = ["always", "default"])]
     pub sync: String,
+    /// Scheduler groups sharing the server, each a NATS account with its own leader and
+    /// standby, its share of the workers, sandboxes and rate, and its own job.
+    #[arg(long, default_value_t = 1)]
+    pub groups: u32,
     /// Skip the leader failover.
     #[arg(long)]
     pub no_failover: bool,
@@ -79,6 +83,9 @@ pub struct FleetArgs {
 pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
     if a.workers.is_empty() || a.workers.contains(&0) {
         bail!("--workers takes worker counts of at least 1, such as 10,50,100");
+    }
+    if a.groups == 0 || a.workers.iter().any(|&w| w < a.groups) {
+        bail!("--groups must be at least 1 and at most the smallest worker count");
     }
     if a.sandboxes == 0 || a.rate <= 0.0 || a.duration_s == 0 {
         bail!("--sandboxes, --rate and --duration-s must be positive");
@@ -100,21 +107,24 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
             mem_mb: (per_worker * 2 + 8) * load::SANDBOX_MB,
             heartbeat_ms: a.heartbeat_ms,
             sync: a.sync.clone(),
+            groups: a.groups,
         };
         let cluster = Cluster::start(&nats, &shape)?;
-        let row = rt.block_on(async {
+        let measured = rt.block_on(async {
             let budget = Duration::from_secs(a.duration_s * 3 + 600);
-            tokio::time::timeout(budget, measure(&cluster, &a, workers))
+            let groups = (0..cluster.groups.len()).map(|g| measure(&cluster, g, &a));
+            tokio::time::timeout(budget, futures::future::join_all(groups))
                 .await
-                .with_context(|| {
-                    format!("{workers} workers: the run took longer than {budget:?}")
-                })?
+                .with_context(|| format!("{workers} workers: the run took longer than {budget:?}"))
         });
-        let row = match row {
-            Ok(r) => r,
-            Err(e) => bail!("{e:#}\n{}", cluster.log_tails()),
+        let measured = match measured {
+            Ok(rows) => rows.into_iter().collect::<anyhow::Result<Vec<Value>>>(),
+            Err(e) => Err(e),
         };
-        rows.push(row);
+        match measured {
+            Ok(r) => rows.extend(r),
+            Err(e) => bail!("{e:#}\n{}", cluster.log_tails()),
+        }
         drop(cluster);
     }
     let out = json!({
@@ -124,6 +134,7 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
         "rate": a.rate,
         "duration_s": a.duration_s,
         "sync": a.sync,
+        "groups": a.groups,
         "heartbeat_ms": a.heartbeat_ms,
         "load_avg_before": load_before,
         "load_avg_after": crate::pipeline::loadavg(),
@@ -200,15 +211,32 @@ fn pcts(mut v: Vec<f64>) -> Value {
     json!({"p50": r(quantile(&v, 0.5)), "p99": r(quantile(&v, 0.99)), "n": v.len()})
 }
 
-async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Result<Value> {
-    let load = Load::start(&cluster.url).await?;
+/// One scheduler group of the cluster under its share of the load: its row of the report.
+async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<Value> {
+    let group = &cluster.groups[g];
+    let workers = group.worker_ids.len() as u32;
+    let share = cluster.groups.len();
+    let sandboxes = a.sandboxes.div_ceil(share);
+    let rate = a.rate / share as f64;
+    let load = Load::start(&cluster.url, group.nkey_file.as_deref()).await?;
     let came_up = Instant::now();
     let st = wait_for_fleet(
         load.client(),
-        cluster.worker_ids.len(),
+        group.worker_ids.len(),
         Duration::from_secs(120),
     )
     .await?;
+    // A group sees its own workers and no other's.
+    if let Some(w) = st
+        .workers
+        .iter()
+        .find(|w| !group.worker_ids.contains(&w.id))
+    {
+        bail!(
+            "group {g}'s status lists {}, a worker of another group",
+            w.id
+        );
+    }
     let up_s = came_up.elapsed().as_secs_f64();
     let leader = st
         .leader
@@ -219,16 +247,16 @@ async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Resu
         .scheduler_pid(&leader)
         .with_context(|| format!("the leader {leader} is not one of ours"))?;
     let nats_pid = cluster.nats_pid().context("nats-server is gone")?;
-    let worker_pids = cluster.worker_pids();
+    let worker_pids = group.worker_pids.clone();
 
     // Every lane's sandbox.
-    let lanes = Lanes::new(a.sandboxes, a.churn);
+    let lanes = Lanes::new(sandboxes, a.churn);
     let t = Instant::now();
     let opened = lanes.open_all(&load, a.open_in_flight).await;
     let open_s = t.elapsed().as_secs_f64();
     let opened_ok = opened.iter().filter(|s| s.completed).count();
-    if opened_ok < a.sandboxes {
-        bail!("only {opened_ok} of {} sandboxes opened", a.sandboxes);
+    if opened_ok < sandboxes {
+        bail!("only {opened_ok} of {sandboxes} sandboxes opened");
     }
 
     // The heartbeats alone: the leader's CPU while nothing else happens.
@@ -258,7 +286,7 @@ async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Resu
         })
     };
     let phase = lanes
-        .run(&load, a.rate, Duration::from_secs(a.duration_s))
+        .run(&load, rate, Duration::from_secs(a.duration_s))
         .await;
     let (sched1, nats1, workers1) = (usage(leader_pid), usage(nats_pid), usage_of(&worker_pids));
     let statuses = status_probe.await?;
@@ -299,8 +327,9 @@ async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Resu
     let phase_s = phase.seconds;
     Ok(json!({
         "workers": workers,
+        "group": g,
         "worker_processes": worker_pids.len(),
-        "sandboxes": a.sandboxes,
+        "sandboxes": sandboxes,
         "fleet_up_s": (up_s * 10.0).round() / 10.0,
         "opens": {
             "seconds": (open_s * 100.0).round() / 100.0,
@@ -313,7 +342,7 @@ async fn measure(cluster: &Cluster, a: &FleetArgs, workers: u32) -> anyhow::Resu
             "scheduler_us_per_heartbeat": (idle_cpu * 1e6 / heartbeats.max(1.0)).round(),
         },
         "steady": {
-            "offered_per_s": a.rate,
+            "offered_per_s": rate,
             "actions": actions,
             "completed": completed,
             "by_kind": phase.by_kind,

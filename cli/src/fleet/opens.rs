@@ -137,6 +137,7 @@ fn start(nats: &std::path::Path, pool: u32, image: &str) -> anyhow::Result<Clust
             cores: 2,
             mem_mb: 16_384,
             heartbeat_ms: 500,
+            groups: 1,
             sync: "always".into(),
         },
     )?;
@@ -186,7 +187,7 @@ async fn run(
     pool: u32,
     rounds: u32,
 ) -> anyhow::Result<Value> {
-    let load = Load::start(&cluster.url).await?;
+    let load = Load::start(&cluster.url, None).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = super::status(load.client()).await.ok();

@@ -9,8 +9,8 @@ fn f(v: &Value) -> f64 {
 
 pub(super) fn print_table(out: &Value) {
     println!(
-        "fleet bench: {} sandboxes, {} actions/s offered for {} s, {} cores a worker, heartbeats every {} ms, sync {}; load average {} -> {}",
-        out["sandboxes"], out["rate"], out["duration_s"], out["cores_per_worker"],
+        "fleet bench: {} sandboxes, {} actions/s offered for {} s, {} scheduler group(s), {} cores a worker, heartbeats every {} ms, sync {}; load average {} -> {}",
+        out["sandboxes"], out["rate"], out["duration_s"], out["groups"], out["cores_per_worker"],
         out["heartbeat_ms"], out["sync"].as_str().unwrap_or(""),
         out["load_avg_before"], out["load_avg_after"]
     );
@@ -32,8 +32,13 @@ pub(super) fn print_table(out: &Value) {
         let s = &r["steady"];
         let st = &r["status"];
         let fo = &r["failover"];
+        let grouped = out["groups"].as_u64().is_some_and(|g| g > 1);
         t.add_row([
-            r["workers"].to_string(),
+            if grouped {
+                format!("{} (group {})", r["workers"], r["group"])
+            } else {
+                r["workers"].to_string()
+            },
             format!("{:.0}", f(&r["opens"]["per_s"])),
             format!("{:.0}", f(&s["actions_per_s"])),
             format!(
