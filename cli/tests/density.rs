@@ -5,29 +5,21 @@
 //! workspace's binaries, the pinned nats-server and the sandbox image (deploy/test.sh makes
 //! all three).
 
-use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
 #[test]
 fn a_docker_worker_parks_opens_runs_and_closes_every_sandbox_and_claims_from_a_full_pool() {
-    let nats = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("cli/ has a parent")
-        .join("tools/bin/nats-server");
-    assert!(nats.exists(), "run `bash deploy/install-tools.sh` first");
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
-        .args(["bench", "density", "--json", "--sandboxes", "12"])
-        .args(["--in-flight", "4", "--execs", "20", "--warm-pool", "4"])
-        .arg("--nats-server")
-        .arg(&nats)
-        .env_remove("TANGRAM_NATS_URL")
-        .output()
-        .expect("running tangram");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
-    let r: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let r = common::bench_json(&[
+        "density",
+        "--sandboxes",
+        "12",
+        "--in-flight",
+        "4",
+        "--execs",
+        "20",
+        "--warm-pool",
+        "4",
+    ]);
     let cold = &r["cold"];
     // The bulk opens exclude the first ten (opened before the exec at ten).
     assert_eq!(cold["opens"]["n"], 2, "{cold}");

@@ -4,49 +4,28 @@
 //! Fails if any action is lost or doubled or the status answer breaks. Needs the workspace's
 //! binaries built and the pinned nats-server installed (deploy/test.sh does both).
 
-use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
-
-fn nats_server() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("cli/ has a parent")
-        .join("tools/bin/nats-server");
-    assert!(
-        p.exists(),
-        "nats-server not found at {}: run `bash deploy/install-tools.sh` first",
-        p.display()
-    );
-    p
-}
+mod common;
 
 #[test]
 fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
-        .args([
-            "bench",
-            "fleet",
-            "--json",
-            "--workers",
-            "50",
-            "--sandboxes",
-            "500",
-        ])
-        // Lanes take turns in order, so each gets rate x duration / sandboxes turns (12 here,
-        // 2 at the least this test accepts): a churn of 2 makes every lane's second turn a
-        // close and an open. With the default churn (20) no lane reached its first close.
-        .args(["--rate", "200", "--duration-s", "30", "--churn", "2"])
-        .args(["--sync", "default"])
-        .arg("--nats-server")
-        .arg(nats_server())
-        .env_remove("TANGRAM_NATS_URL")
-        .output()
-        .expect("running tangram");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    // Lanes take turns in order, so each gets rate x duration / sandboxes turns (12 here,
+    // 2 at the least this test accepts): a churn of 2 makes every lane's second turn a
+    // close and an open. With the default churn (20) no lane reached its first close.
+    let report = common::bench_json(&[
+        "fleet",
+        "--workers",
+        "50",
+        "--sandboxes",
+        "500",
+        "--rate",
+        "200",
+        "--duration-s",
+        "30",
+        "--churn",
+        "2",
+        "--sync",
+        "default",
+    ]);
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
@@ -92,27 +71,23 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
 /// group's status lists another's) and fails over on its own.
 #[test]
 fn two_scheduler_groups_share_one_server_and_neither_sees_the_other() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
-        .args([
-            "bench",
-            "fleet",
-            "--json",
-            "--workers",
-            "6",
-            "--groups",
-            "2",
-        ])
-        .args(["--sandboxes", "60", "--rate", "30", "--duration-s", "8"])
-        .args(["--churn", "2", "--sync", "default"])
-        .arg("--nats-server")
-        .arg(nats_server())
-        .env_remove("TANGRAM_NATS_URL")
-        .output()
-        .expect("running tangram");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let report = common::bench_json(&[
+        "fleet",
+        "--workers",
+        "6",
+        "--groups",
+        "2",
+        "--sandboxes",
+        "60",
+        "--rate",
+        "30",
+        "--duration-s",
+        "8",
+        "--churn",
+        "2",
+        "--sync",
+        "default",
+    ]);
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2, "one row a group");
     for (g, r) in rows.iter().enumerate() {

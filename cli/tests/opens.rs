@@ -4,37 +4,19 @@
 //! created its container, or if any open, exec or close failed. Needs the workspace's binaries,
 //! the pinned nats-server and the sandbox image (deploy/test.sh makes all three).
 
-use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
 #[test]
 fn every_shape_of_open_claims_a_warm_sandbox_after_the_first_of_a_new_image() {
-    let nats = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("cli/ has a parent")
-        .join("tools/bin/nats-server");
-    assert!(nats.exists(), "run `bash deploy/install-tools.sh` first");
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
-        .args([
-            "bench",
-            "opens",
-            "--json",
-            "--rounds",
-            "2",
-            "--cold-rounds",
-            "0",
-        ])
-        .args(["--rate", "0.5"])
-        .arg("--nats-server")
-        .arg(&nats)
-        .env_remove("TANGRAM_NATS_URL")
-        .output()
-        .expect("running tangram");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let report = common::bench_json(&[
+        "opens",
+        "--rounds",
+        "2",
+        "--cold-rounds",
+        "0",
+        "--rate",
+        "0.5",
+    ]);
     let runs = report["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 1, "the warm run only: {report}");
     let warm = &runs[0]["shapes"];

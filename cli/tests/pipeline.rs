@@ -2,37 +2,20 @@
 //! worker (the benchmark-only `noop` sandbox runtime, so no Docker). Needs the workspace's
 //! binaries built and the pinned nats-server installed (deploy/test.sh does both).
 
-use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn nats_server() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("cli/ has a parent")
-        .join("tools/bin/nats-server");
-    assert!(
-        p.exists(),
-        "nats-server not found at {}: run `bash deploy/install-tools.sh` first",
-        p.display()
-    );
-    p
-}
+use serde_json::Value;
 
 #[test]
 fn pipeline_bench_quick_reports_both_sync_settings_and_one_result_per_action() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
-        .args(["bench", "pipeline", "--quick", "--json"])
-        .args(["--sandbox-runtime", "noop", "--phase-s", "60"])
-        .arg("--nats-server")
-        .arg(nats_server())
-        .env_remove("TANGRAM_NATS_URL")
-        .output()
-        .expect("running tangram");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
-    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let report = common::bench_json(&[
+        "pipeline",
+        "--quick",
+        "--sandbox-runtime",
+        "noop",
+        "--phase-s",
+        "60",
+    ]);
     assert_eq!(report["bench"], "pipeline");
     assert_eq!(report["sandbox_runtime"], "noop");
     let settings = report["settings"].as_array().expect("settings");

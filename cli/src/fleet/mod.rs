@@ -204,6 +204,19 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
 }
 
+/// Runs the `docker` CLI; its standard output, or an error with its standard error.
+fn docker(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("docker").args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// p50 and p99 of `v` (milliseconds), rounded.
 fn pcts(mut v: Vec<f64>) -> Value {
     v.sort_by(f64::total_cmp);

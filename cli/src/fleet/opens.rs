@@ -6,7 +6,7 @@
 
 use super::cluster::{Cluster, Shape as ClusterShape};
 use super::load::{exec_true, Load, JOB};
-use super::{ms, pcts};
+use super::{docker, ms, pcts};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -104,18 +104,6 @@ pub fn opens(a: OpensArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_table(&report);
-    }
-    Ok(())
-}
-
-fn docker(args: &[&str]) -> anyhow::Result<()> {
-    let out = std::process::Command::new("docker").args(args).output()?;
-    if !out.status.success() {
-        bail!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
     }
     Ok(())
 }

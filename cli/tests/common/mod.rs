@@ -50,3 +50,32 @@ pub fn wait_listening(port: u16, log: &std::path::Path) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The pinned nats-server (`deploy/install-tools.sh` installs it).
+pub fn nats_server() -> PathBuf {
+    let p = repo().join("tools/bin/nats-server");
+    assert!(
+        p.exists(),
+        "nats-server not found at {}: run `bash deploy/install-tools.sh` first",
+        p.display()
+    );
+    p
+}
+
+/// Runs `tangram bench <args> --json` on the pinned nats-server; its report, once it has
+/// exited 0 (the test fails with its output otherwise).
+pub fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tangram"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .arg("--nats-server")
+        .arg(nats_server())
+        .env_remove("TANGRAM_NATS_URL")
+        .output()
+        .expect("running tangram");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stdout}{stderr}");
+    serde_json::from_str(&stdout).expect("one JSON object")
+}

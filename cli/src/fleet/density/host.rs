@@ -2,9 +2,9 @@
 //! cgroups (v1 or v2) and `docker`: available memory, each container's charge, the runtime
 //! shim beside each container, and the Docker daemons' resident memory.
 
-use anyhow::{bail, Context as _};
+use super::super::docker;
+use anyhow::Context as _;
 use serde_json::{json, Value};
-use std::process::Command;
 
 /// The host at one moment.
 #[derive(Debug, Clone, Default)]
@@ -72,18 +72,6 @@ pub fn per_sandbox(before: &Snapshot, after: &Snapshot) -> Value {
         "available_after_mib": after.available_kib / 1024,
         "fit_in_available": n + after.available_kib / host.max(1),
     })
-}
-
-fn docker(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("docker").args(args).output()?;
-    if !out.status.success() {
-        bail!(
-            "docker {}: {}",
-            args.first().unwrap_or(&""),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn meminfo(key: &str) -> anyhow::Result<u64> {
