@@ -46,6 +46,37 @@ async fn an_operators_stream_edit_survives_a_restart_and_is_reported_as_drift() 
     Ok(())
 }
 
+/// Regression: a process whose stream lookup failed (on a three-node cluster, while a new
+/// stream elects its leader) created the stream itself, lost the race to the scheduler, and
+/// failed on "stream name already in use" instead of taking the stream as there: the check
+/// read the error's source, where the client never puts the server's error.
+#[tokio::test]
+async fn a_stream_created_meanwhile_with_other_settings_counts_as_there() -> anyhow::Result<()> {
+    let nats = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await?);
+    tangram_nats::ensure_streams(&js, &StreamSettings::default()).await?;
+    // What a worker or rollout would create: the bundled definition, with other limits than
+    // the stored one (the scheduler's replicas and byte limits differ in a real cluster).
+    let mut config = js.get_stream("TANGRAM_HISTORY").await?.info().await?.config.clone();
+    config.max_bytes /= 2;
+    let err = js
+        .create_stream(config)
+        .await
+        .expect_err("the stream exists with other settings");
+    assert!(tangram_nats::created_meanwhile(&err), "{err:?}");
+    // And a stream that cannot be created for another reason is not taken as there.
+    let err = js
+        .create_stream(jetstream::stream::Config {
+            name: "TANGRAM_OVERLAP".into(),
+            subjects: vec!["tangram.v1.action.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect_err("subjects overlap the actions stream");
+    assert!(!tangram_nats::created_meanwhile(&err), "{err:?}");
+    Ok(())
+}
+
 /// Three replicas on a single server cannot be created: the error names the stream.
 #[tokio::test]
 async fn replicas_a_single_server_cannot_hold_are_a_clear_error() -> anyhow::Result<()> {
