@@ -1,6 +1,8 @@
 //! `tangram bench fleet`, bounded: 50 real workers (one worker process hosting them all) on
 //! the `noop` runtime, the real scheduler with a standby and a real nats-server, 500 open
-//! sandboxes, 30 s of actions at 200 a second, then a failover.
+//! sandboxes, 30 s of actions at 200 a second (execs, trajectories ending and starting,
+//! reward calls on a GPU worker's reference replicas, api calls through the provider quota),
+//! then a failover; every process with its own role's credentials, as a secured fleet runs.
 //! Fails if any action is lost or doubled or the status answer breaks. Needs the workspace's
 //! binaries built and the pinned nats-server installed (deploy/test.sh does both).
 
@@ -29,7 +31,14 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
-    assert_eq!(r["workers"], 50);
+    // The 50 noop workers and a GPU worker, each with its own seed; the load as the job's
+    // rollout role; a connection without credentials refused.
+    assert_eq!(
+        (r["workers"].as_u64(), r["gpu_workers"].as_u64()),
+        (Some(50), Some(1))
+    );
+    assert_eq!(report["auth"], "per-role nkeys");
+    assert_eq!(r["anonymous_connection_refused"], true);
     let res = &r["results"];
     assert_eq!(
         (res["missing"].as_u64(), res["duplicated"].as_u64()),
@@ -43,7 +52,13 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
     let actions = steady["actions"].as_u64().unwrap_or(0);
     assert!(actions > 1_000, "{steady}");
     assert_eq!(steady["completed"], steady["actions"], "{steady}");
-    for kind in ["sandbox_exec", "sandbox_close", "sandbox_open"] {
+    for kind in [
+        "sandbox_exec",
+        "sandbox_close",
+        "sandbox_open",
+        "reward",
+        "api",
+    ] {
         assert!(
             steady["by_kind"][kind].as_u64().unwrap_or(0) > 0,
             "no {kind}: {steady}"
@@ -62,6 +77,11 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
         fo["new_leader_s"]
             .as_f64()
             .is_some_and(|s| s > 0.0 && s < 30.0),
+        "{fo}"
+    );
+    // The exec submitted at the kill is not left with the dead leader for its ack wait.
+    assert!(
+        fo["exec_answered_s"].as_f64().is_some_and(|s| s < 9.0),
         "{fo}"
     );
 }
@@ -92,7 +112,12 @@ fn two_scheduler_groups_share_one_server_and_neither_sees_the_other() {
     assert_eq!(rows.len(), 2, "one row a group");
     for (g, r) in rows.iter().enumerate() {
         assert_eq!(r["group"], g);
-        assert_eq!(r["workers"], 3, "{r}");
+        assert_eq!(
+            (r["workers"].as_u64(), r["gpu_workers"].as_u64()),
+            (Some(3), Some(1)),
+            "{r}"
+        );
+        assert_eq!(r["anonymous_connection_refused"], true, "group {g}");
         let res = &r["results"];
         assert_eq!(
             (res["missing"].as_u64(), res["duplicated"].as_u64()),

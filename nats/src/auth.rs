@@ -527,13 +527,19 @@ impl User {
 
 /// The `authorization { users = [...] }` block of a nats-server config for these users.
 pub fn server_authorization(users: &[User]) -> String {
+    format!("authorization {{\n  users = {}}}\n", server_users(users))
+}
+
+/// The `[...]` list of these users with their permissions, as an `authorization` block or an
+/// account's `users` takes it.
+pub fn server_users(users: &[User]) -> String {
     let list = |v: &[String]| {
         v.iter()
             .map(|s| format!("\"{s}\""))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let mut out = String::from("authorization {\n  users = [\n");
+    let mut out = String::from("[\n");
     for u in users {
         out.push_str(&format!(
             "    # {}\n    {{ nkey: \"{}\"",
@@ -556,7 +562,7 @@ pub fn server_authorization(users: &[User]) -> String {
         }
         out.push_str(" }\n");
     }
-    out.push_str("  ]\n}\n");
+    out.push_str("  ]\n");
     out
 }
 

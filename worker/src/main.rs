@@ -66,6 +66,11 @@ struct Args {
     /// runtime (`tangram bench fleet` uses it to put hundreds of workers on one machine).
     #[arg(long, hide = true)]
     bench_replicas: Option<u32>,
+    /// Benchmarks only, with `--bench-replicas`: each replica connects as the worker role of
+    /// its own id, with the seed `<dir>/worker-<id>.nk` (`tangram creds` names them so), as a
+    /// secured fleet's workers do; TLS settings still come from the configuration.
+    #[arg(long, hide = true, requires = "bench_replicas")]
+    bench_creds_dir: Option<std::path::PathBuf>,
 }
 
 fn parse_mode(s: &str) -> Result<GrantMode, String> {
@@ -202,7 +207,7 @@ fn main() -> ExitCode {
         );
         signals.close();
         let result = if replicas > 1 {
-            run_replicas(config, replicas, shutdown.clone()).await
+            run_replicas(config, replicas, args.bench_creds_dir, shutdown.clone()).await
         } else {
             tangram_worker::run(config, shutdown.clone()).await
         };
@@ -219,10 +224,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs `n` workers made from `config` until `shutdown`; the first error ends them all.
+/// Runs `n` workers made from `config` until `shutdown`, each with its own seed from
+/// `creds` when given; the first error ends them all.
 async fn run_replicas(
     config: tangram_worker::Config,
     n: u32,
+    creds: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut workers = tokio::task::JoinSet::new();
@@ -231,6 +238,13 @@ async fn run_replicas(
         let id = format!("{}-{i:04}", config.id.as_str());
         c.id = tangram_shared::WorkerId::new(id.clone())?;
         c.state_dir = config.state_dir.join(&id);
+        if let Some(dir) = &creds {
+            let own = tangram_nats::auth::Credentials::from_seed_file(
+                dir.join(format!("worker-{id}.nk")),
+            );
+            c.credentials.nkey_file = own.nkey_file;
+            c.credentials.inbox_prefix = own.inbox_prefix;
+        }
         let stop = shutdown.clone();
         workers.spawn(
             async move { tangram_worker::run(c, stop).await }

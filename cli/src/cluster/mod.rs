@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
-mod files;
+pub(crate) mod files;
 mod status;
 
 pub(crate) use files::apply_config_file;
@@ -18,8 +18,8 @@ use files::{prometheus_config, GpuProvider, GpuSection, GpuService, GpuWorkerFil
 pub use status::{fetch_status, status};
 
 const SERVER_CONF: &str = include_str!("../../../nats/server.conf");
-const REPLICA_PY: &str = include_str!("../../../services/reference-replica/replica.py");
-const SEARCH_PY: &str = include_str!("../../../services/search-standin/search.py");
+pub(crate) const REPLICA_PY: &str = include_str!("../../../services/reference-replica/replica.py");
+pub(crate) const SEARCH_PY: &str = include_str!("../../../services/search-standin/search.py");
 
 /// Options of `tangram up`. Each is a flag, an environment variable, and a key of the
 /// `[up]` table of the config file (`--config`, or `tangram.toml`): flags and environment

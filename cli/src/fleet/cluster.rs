@@ -29,14 +29,29 @@ pub struct Shape {
     pub groups: u32,
     /// `always` or `default`.
     pub sync: String,
+    /// Every process connects as its own role (the secured default: per-role nkeys, each
+    /// worker its own); false: no authentication at all.
+    pub auth: bool,
+    /// Reward replicas and an api provider: each group gets a GPU worker with this many
+    /// declared GPUs serving the `rm` reward service (the reference replica), and the
+    /// `search` provider (a rate-limited stand-in) at `api_rate` a second; 0: none.
+    pub gpus: u32,
+    /// The `search` provider's fleet-wide quota, requests a second.
+    pub api_rate: f64,
 }
+
+/// The reward service the GPU workers serve.
+pub const REWARD_SERVICE: &str = "rm";
+/// The api provider the GPU workers call.
+pub const API_PROVIDER: &str = "search";
 
 /// A running cluster, in a temporary directory.
 #[derive(Debug)]
 pub struct Cluster {
-    // Dropped in order: workers, schedulers, then the server.
+    // Dropped in order: workers, schedulers, helper services, then the server.
     workers: Vec<Proc>,
     schedulers: Vec<(String, Option<Proc>)>,
+    services: Vec<Proc>,
     nats: Option<Proc>,
     pub url: String,
     /// Worker ids, in the order they were made.
@@ -46,22 +61,57 @@ pub struct Cluster {
     dir: tempfile::TempDir,
 }
 
-/// One scheduler group: its NATS account's user, its schedulers and its workers. Groups share
+/// One scheduler group: its NATS account's users, its schedulers and its workers. Groups share
 /// nothing but the server; each account has its own subjects, streams and bucket.
 #[derive(Debug, Clone, Default)]
 pub struct Group {
-    /// The nkey seed file of the account's user (none on a one-group cluster: no accounts).
-    pub nkey_file: Option<std::path::PathBuf>,
+    /// Where its users' seeds are, one `<role>.nk` a role as `tangram creds` writes them
+    /// (none on a cluster without authentication).
+    pub creds: Option<std::path::PathBuf>,
     /// Its schedulers' ids.
     pub schedulers: Vec<String>,
-    /// Its workers' ids.
+    /// Its workers' ids (the GPU worker's included).
     pub worker_ids: Vec<String>,
     /// Its worker processes' ids.
     pub worker_pids: Vec<u32>,
+    /// Its GPU worker, when the shape has one.
+    pub gpu_worker: Option<String>,
+}
+
+impl Group {
+    /// The seed file of `role` (`operator`, `scheduler`, `rollout-<job>`, `worker-<id>`).
+    pub fn seed(&self, role: &str) -> Option<std::path::PathBuf> {
+        self.creds.as_ref().map(|d| d.join(format!("{role}.nk")))
+    }
+}
+
+/// The `noop` worker processes of a group: (process id prefix, its workers' ids).
+fn plan_processes(shape: &Shape, groups: u32) -> Vec<Vec<(String, Vec<String>)>> {
+    let mut left = shape.workers;
+    let mut k = 0;
+    (0..groups)
+        .map(|g| {
+            // This group's share of the workers (the first groups take any remainder).
+            let share = shape.workers / groups + u32::from(g < shape.workers % groups);
+            let mut mine = share.min(left);
+            left -= mine;
+            let mut out = Vec::new();
+            while mine > 0 {
+                let n = mine.min(WORKERS_PER_PROCESS);
+                let prefix = format!("fw{k:02}");
+                let ids = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
+                out.push((prefix, ids));
+                mine -= n;
+                k += 1;
+            }
+            out
+        })
+        .collect()
 }
 
 impl Cluster {
-    /// Starts the server, both schedulers and the workers; returns once the server listens.
+    /// Starts the server, both schedulers and the workers of every group (and the reward
+    /// and api stand-ins); returns once the server listens.
     pub fn start(nats: &Path, shape: &Shape) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("tangram-fleet-")
@@ -69,27 +119,47 @@ impl Cluster {
         let d = dir.path().to_path_buf();
         std::fs::create_dir_all(d.join("store"))?;
         let groups = shape.groups.max(1);
+        if groups > 1 && !shape.auth {
+            bail!("scheduler groups are NATS accounts, which need users: drop --no-auth");
+        }
+        let plans = plan_processes(shape, groups);
+        let gpu_id = |g: usize| {
+            (groups > 1)
+                .then(|| format!("gpu-g{g}"))
+                .unwrap_or("gpu-0".into())
+        };
         let mut conf = server_conf(&shape.sync)?;
         let mut group_list = vec![Group::default(); groups as usize];
-        if groups > 1 {
-            // Each account's streams book the shipped limits: the server's store holds them all
-            // (a booking; the files grow only with what is stored).
-            conf = conf.replace(
-                "max_file_store: 20GB",
-                &format!("max_file_store: {}GB", 20 * groups),
-            );
-            conf.push_str("accounts {\n");
+        if shape.auth {
+            let mut accounts = String::new();
             for (g, group) in group_list.iter_mut().enumerate() {
-                let user = tangram_nats::auth::User::generate(tangram_nats::auth::Role::Operator);
-                let path = d.join(format!("group-{g}.nk"));
-                std::fs::write(&path, format!("{}\n", user.seed))?;
-                conf.push_str(&format!(
-                    "  G{g}: {{ jetstream: enabled, users: [ {{ nkey: {} }} ] }}\n",
-                    user.public
-                ));
-                group.nkey_file = Some(path);
+                // Every role's seed, each worker its own: what a secured fleet runs with.
+                let creds = d.join(format!("creds-{g}"));
+                let mut ids: Vec<String> =
+                    plans[g].iter().flat_map(|(_, ids)| ids.clone()).collect();
+                if shape.gpus > 0 {
+                    ids.push(gpu_id(g));
+                }
+                let users = crate::creds::ensure(&creds, &ids, &[super::load::JOB])?;
+                if groups == 1 {
+                    conf.push_str(&tangram_nats::auth::server_authorization(&users));
+                } else {
+                    accounts.push_str(&format!(
+                        "  G{g}: {{ jetstream: enabled, users: {} }}\n",
+                        tangram_nats::auth::server_users(&users)
+                    ));
+                }
+                group.creds = Some(creds);
             }
-            conf.push_str("}\n");
+            if groups > 1 {
+                // Each account's streams book the shipped limits: the server's store holds
+                // them all (a booking; the files grow only with what is stored).
+                conf = conf.replace(
+                    "max_file_store: 20GB",
+                    &format!("max_file_store: {}GB", 20 * groups),
+                );
+                conf.push_str(&format!("accounts {{\n{accounts}}}\n"));
+            }
         }
         std::fs::write(d.join("server.conf"), conf)?;
         let port = crate::cluster::free_port()?;
@@ -117,6 +187,7 @@ impl Cluster {
         let mut c = Cluster {
             workers: Vec::new(),
             schedulers: Vec::new(),
+            services: Vec::new(),
             nats: Some(server),
             url: url.clone(),
             worker_ids: Vec::new(),
@@ -131,15 +202,19 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut left = shape.workers;
-        let mut k = 0;
-        for (g, mut group) in group_list.into_iter().enumerate() {
-            let creds: Vec<(&str, &Path)> = group
-                .nkey_file
-                .as_deref()
-                .map(|f| ("TANGRAM_NKEY_FILE", f))
-                .into_iter()
-                .collect();
+        let search = if shape.gpus > 0 {
+            Some(c.start_search(shape.api_rate)?)
+        } else {
+            None
+        };
+        for (g, (mut group, processes)) in group_list.into_iter().zip(plans).enumerate() {
+            let creds = group.creds.clone();
+            let seed = |role: &str| -> Vec<(&'static str, std::path::PathBuf)> {
+                creds
+                    .iter()
+                    .map(|d| ("TANGRAM_NKEY_FILE", d.join(format!("{role}.nk"))))
+                    .collect()
+            };
             for id in SCHEDULERS {
                 let id = if groups > 1 {
                     format!("g{g}-{id}")
@@ -151,44 +226,151 @@ impl Cluster {
                     &format!("{id}.log"),
                     Command::new(crate::cluster::sibling("tangram-scheduler")?)
                         .args(["--nats-url", &url, "--id", &id])
-                        .envs(creds.iter().copied())
+                        .envs(seed("scheduler"))
                         .env("RUST_LOG", "warn"),
                 )?;
                 c.schedulers.push((id.clone(), Some(p)));
                 group.schedulers.push(id);
             }
-            // This group's share of the workers (the first groups take any remainder).
-            let share = shape.workers / groups + u32::from((g as u32) < shape.workers % groups);
-            let mut mine = share.min(left);
-            left -= mine;
-            while mine > 0 {
-                let n = mine.min(WORKERS_PER_PROCESS);
-                let prefix = format!("fw{k:02}");
+            for (prefix, ids) in processes {
+                let mut cmd = Command::new(crate::cluster::sibling("tangram-worker")?);
+                cmd.args(["--id", &prefix, "--nats-url", &url])
+                    .args(["--sandbox-runtime", "noop"])
+                    .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
+                    .args(["--mem-mb", &shape.mem_mb.to_string()])
+                    .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
+                    .args(["--bench-replicas", &ids.len().to_string()])
+                    .env("RUST_LOG", "warn")
+                    .env("TMPDIR", &d);
+                if let Some(creds) = &creds {
+                    cmd.arg("--bench-creds-dir").arg(creds);
+                }
+                let p = spawn("workers", &format!("{prefix}.log"), &mut cmd)?;
+                group.worker_pids.push(p.child.id());
+                c.workers.push(p);
+                c.worker_ids.extend(ids.iter().cloned());
+                group.worker_ids.extend(ids);
+            }
+            if let Some((search_url, token_file)) = &search {
+                let id = gpu_id(g);
+                let config = c.gpu_worker_config(
+                    &id,
+                    shape,
+                    search_url,
+                    token_file,
+                    shape.api_rate / groups as f64,
+                )?;
                 let p = spawn(
-                    "workers",
-                    &format!("{prefix}.log"),
+                    "worker",
+                    &format!("{id}.log"),
                     Command::new(crate::cluster::sibling("tangram-worker")?)
-                        .args(["--id", &prefix, "--nats-url", &url])
-                        .args(["--sandbox-runtime", "noop"])
-                        .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
-                        .args(["--mem-mb", &shape.mem_mb.to_string()])
-                        .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
-                        .args(["--bench-replicas", &n.to_string()])
-                        .envs(creds.iter().copied())
-                        .env("RUST_LOG", "warn")
-                        .env("TMPDIR", &d),
+                        .arg("--config")
+                        .arg(config)
+                        .envs(seed(&format!("worker-{id}")))
+                        .env("RUST_LOG", "warn"),
                 )?;
                 group.worker_pids.push(p.child.id());
                 c.workers.push(p);
-                let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
-                c.worker_ids.extend(ids.iter().cloned());
-                group.worker_ids.extend(ids);
-                mine -= n;
-                k += 1;
+                c.worker_ids.push(id.clone());
+                group.worker_ids.push(id.clone());
+                group.gpu_worker = Some(id);
             }
             c.groups.push(group);
         }
         Ok(c)
+    }
+
+    /// Starts the search stand-in (the api provider's far end), its own limit above the
+    /// quota the scheduler keeps to; its URL and the file holding its token.
+    fn start_search(&mut self, rate: f64) -> anyhow::Result<(String, std::path::PathBuf)> {
+        let d = self.dir.path();
+        let script = d.join("search.py");
+        std::fs::write(&script, crate::cluster::SEARCH_PY)?;
+        let token_file = d.join("search.key");
+        std::fs::write(&token_file, "fleet-bench-search\n")?;
+        let port = crate::cluster::free_port()?;
+        let child = crate::cluster::spawn_logged(
+            &d.join("search.log"),
+            "search",
+            Command::new("python3")
+                .arg(&script)
+                .args(["--port", &port.to_string()])
+                .args(["--rate", &(rate * 1.5 + 10.0).to_string()])
+                .args(["--burst", "20"])
+                .arg("--token-file")
+                .arg(&token_file),
+        )?;
+        self.services.push(Proc {
+            name: "search",
+            child,
+        });
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "the search stand-in did not start\n{}",
+                    self.log_tail("search.log")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((format!("http://127.0.0.1:{port}"), token_file))
+    }
+
+    /// Writes the config of GPU worker `id`: declared GPUs serving the reward service with
+    /// the reference replica, and the api provider at `rate` a second. Its path.
+    fn gpu_worker_config(
+        &self,
+        id: &str,
+        shape: &Shape,
+        search_url: &str,
+        token_file: &Path,
+        rate: f64,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        use crate::cluster::files::{GpuProvider, GpuSection, GpuService, GpuWorkerFile};
+        let d = self.dir.path();
+        let replica = d.join("replica.py");
+        std::fs::write(&replica, crate::cluster::REPLICA_PY)?;
+        let file = GpuWorkerFile {
+            id: id.into(),
+            nats_url: self.url.clone(),
+            sandboxes: false,
+            heartbeat_ms: shape.heartbeat_ms,
+            state_dir: d.join(id),
+            metrics_addr: None,
+            gpu: GpuSection {
+                nvml: "off".into(),
+                count: shape.gpus,
+            },
+            service: vec![GpuService {
+                name: REWARD_SERVICE.into(),
+                driver: "reference".into(),
+                command: vec![
+                    "python3".into(),
+                    replica.display().to_string(),
+                    "--service".into(),
+                    "{service}".into(),
+                    "--port".into(),
+                    "{port}".into(),
+                ],
+                gpus: 1,
+                restore_ms: 20,
+                slots: 8,
+            }],
+            provider: vec![GpuProvider {
+                name: API_PROVIDER.into(),
+                base_url: search_url.into(),
+                credential_file: token_file.to_path_buf(),
+                rate_per_s: rate,
+                burst: 20,
+                concurrency: 16,
+                timeout_ms: 10_000,
+                allow: vec!["GET /search".into()],
+            }],
+        };
+        let path = d.join(format!("{id}.toml"));
+        std::fs::write(&path, toml::to_string(&file)?)?;
+        Ok(path)
     }
 
     /// Starts one more worker process, `id`, on the cluster's server, with these arguments
@@ -269,6 +451,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.workers.clear();
         self.schedulers.clear();
+        self.services.clear();
         self.nats = None;
     }
 }

@@ -104,6 +104,10 @@ fn start(nats: &std::path::Path, a: &DensityArgs, pool: u32) -> anyhow::Result<C
             heartbeat_ms: 1_000,
             groups: 1,
             sync: "default".into(),
+            // One Docker host's own costs: no roles, reward replicas or api provider.
+            auth: false,
+            gpus: 0,
+            api_rate: 0.0,
         },
     )?;
     let online = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -218,7 +222,7 @@ async fn wait_for_worker(load: &Load, ready: u32) -> anyhow::Result<()> {
 
 async fn cold_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
     let n = a.sandboxes as usize;
-    let load = Load::start(url, None).await?;
+    let load = Load::start(url, None, None).await?;
     wait_for_worker(&load, 0).await?;
     let before = host::Snapshot::take(WORKER)?;
     let (mut opened, _) = each(&load, 0..FEW, a.in_flight, "open", open).await?;
@@ -250,7 +254,7 @@ async fn cold_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
 
 async fn warm_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
     let p = a.warm_pool as usize;
-    let load = Load::start(url, None).await?;
+    let load = Load::start(url, None, None).await?;
     wait_for_worker(&load, a.warm_pool).await?;
     let (claims, took) = each(&load, 0..p, a.in_flight, "open", open).await?;
     // The pool's counts arrive with the worker's next heartbeats.

@@ -4,6 +4,7 @@
 //! (close) and starts the next (open), as trajectories come and go. The dispatch subjects are
 //! watched too, so each action's time to its dispatch is known.
 
+use super::cluster::{API_PROVIDER, REWARD_SERVICE};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt as _;
@@ -12,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tangram_shared::codec::{self, Encoding};
 use tangram_shared::{
-    subject, Action, ActionId, ActionResult, ActionSpec, CpuRange, JobId, Outcome, SandboxClose,
-    SandboxExec, SandboxOpen, TrajectoryId,
+    subject, Action, ActionId, ActionResult, ActionSpec, Api, CpuRange, JobId, Outcome, Reward,
+    SandboxClose, SandboxExec, SandboxOpen, TrajectoryId,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -53,11 +54,12 @@ pub struct Sample {
 
 type Waiters = Mutex<HashMap<String, oneshot::Sender<(Instant, bool)>>>;
 
-/// The client side of the bench: publishes, and reads results and dispatches.
+/// The client side of the bench: publishes and reads results as the job's rollout would,
+/// and watches dispatches, asks status and counts results as the operator.
 #[derive(Debug)]
 pub struct Load {
     js: jetstream::Context,
-    client: async_nats::Client,
+    observer: async_nats::Client,
     waiters: Arc<Waiters>,
     dispatched: Arc<Mutex<HashMap<String, Instant>>>,
     /// Every action id submitted, in order.
@@ -70,17 +72,25 @@ pub struct Load {
 }
 
 impl Load {
-    /// Subscribes to the job's results and to every dispatch; as the user of `nkey_file`
-    /// when given (a scheduler group's account).
+    /// Subscribes to the job's results as `rollout` (the seed of the job's rollout role) and,
+    /// as `observer` (the operator's), to every dispatch; without seeds, unauthenticated.
     pub async fn start(
         url: &str,
-        nkey_file: Option<&std::path::Path>,
+        rollout: Option<&std::path::Path>,
+        observer: Option<&std::path::Path>,
     ) -> anyhow::Result<Arc<Self>> {
-        let mut options = async_nats::ConnectOptions::new();
-        if let Some(f) = nkey_file {
-            options = options.nkey(std::fs::read_to_string(f)?.trim().to_string());
-        }
-        let client = options.connect(url).await?;
+        let connect = |seed: Option<&std::path::Path>, name: &'static str| {
+            let url = url.to_string();
+            let creds = seed
+                .map(tangram_nats::auth::Credentials::from_seed_file)
+                .unwrap_or_default();
+            async move {
+                let options = creds.options(name)?;
+                anyhow::Ok(options.connect(url).await?)
+            }
+        };
+        let client = connect(rollout, "fleet-load").await?;
+        let observer = connect(observer, "fleet-observer").await?;
         let js = jetstream::new(client.clone());
         let waiters: Arc<Waiters> = Arc::default();
         let dispatched: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -109,7 +119,7 @@ impl Load {
                 }
             }
         });
-        let mut dispatches = client
+        let mut dispatches = observer
             .subscribe(format!("{}.dispatch.>", subject::PREFIX))
             .await?;
         let d = dispatched.clone();
@@ -127,9 +137,10 @@ impl Load {
             }
         });
         client.flush().await?;
+        observer.flush().await?;
         Ok(Arc::new(Self {
             js,
-            client,
+            observer,
             waiters,
             dispatched,
             submitted: Mutex::new(Vec::new()),
@@ -139,9 +150,9 @@ impl Load {
         }))
     }
 
-    /// The connection, for status requests.
+    /// The operator's connection: status requests, the scheduler's bucket.
     pub fn client(&self) -> &async_nats::Client {
-        &self.client
+        &self.observer
     }
 
     /// Publishes `a`, waits for it to be stored and for its result; `None` when it was
@@ -188,7 +199,8 @@ impl Load {
     /// none, more than one).
     pub async fn count_results(&self, within: Duration) -> anyhow::Result<(usize, usize, usize)> {
         use async_nats::jetstream::consumer;
-        let stream = self.js.get_stream(subject::RESULTS_STREAM).await?;
+        let js = jetstream::new(self.observer.clone());
+        let stream = js.get_stream(subject::RESULTS_STREAM).await?;
         let prefix = format!("{}.result.{JOB}.", subject::PREFIX);
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
@@ -238,6 +250,18 @@ pub struct Lanes {
     seq: std::sync::atomic::AtomicU64,
     /// Every this many actions a lane's trajectory ends and the next begins.
     churn: u32,
+    /// What the other turns are.
+    mix: Mix,
+    turns: std::sync::atomic::AtomicU64,
+}
+
+/// Of the turns that do not end a trajectory, the share of each kind; the rest are execs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mix {
+    /// `reward` actions on the GPU workers' reward service, percent.
+    pub reward_pct: u32,
+    /// `api` calls through the fleet's provider quota, percent.
+    pub api_pct: u32,
 }
 
 /// What a paced phase did.
@@ -247,6 +271,8 @@ pub struct Phase {
     pub samples: Vec<Sample>,
     /// By kind: actions answered.
     pub by_kind: BTreeMap<&'static str, usize>,
+    /// By kind: stored to result, ms.
+    pub by_kind_ms: BTreeMap<&'static str, Vec<f64>>,
     /// Ticks that found no idle lane (the fleet was behind the rate).
     pub behind: u64,
     /// Wall time, seconds.
@@ -255,13 +281,15 @@ pub struct Phase {
 
 impl Lanes {
     /// `n` lanes, none open yet.
-    pub fn new(n: usize, churn: u32) -> Arc<Self> {
+    pub fn new(n: usize, churn: u32, mix: Mix) -> Arc<Self> {
         Arc::new(Self {
             gens: Mutex::new(vec![0; n]),
             steps: Mutex::new(vec![0; n]),
             idle: Mutex::new((0..n).collect()),
             seq: Default::default(),
             churn: churn.max(2),
+            mix,
+            turns: Default::default(),
         })
     }
 
@@ -301,6 +329,40 @@ impl Lanes {
         self.action(lane, "exec", exec_true())
     }
 
+    /// A reward action scoring one text of the lane's trajectory.
+    fn reward(&self, lane: usize) -> Action {
+        let text = format!("the answer of trajectory {}", self.trajectory(lane).0);
+        self.action(
+            lane,
+            "reward",
+            ActionSpec::Reward(Reward {
+                service: REWARD_SERVICE.into(),
+                inputs: vec![text],
+                options: BTreeMap::new(),
+            }),
+        )
+    }
+
+    /// An api call: a search, as a research agent's tool would make.
+    fn api(&self, lane: usize) -> Action {
+        let query = [
+            ("q".to_string(), format!("sorting lists lane {lane}")),
+            ("k".to_string(), "3".to_string()),
+        ];
+        self.action(
+            lane,
+            "api",
+            ActionSpec::Api(Api {
+                provider: API_PROVIDER.into(),
+                method: "GET".into(),
+                path: "/search".into(),
+                query: query.into_iter().collect(),
+                body: None,
+                headers: BTreeMap::new(),
+            }),
+        )
+    }
+
     fn close(&self, lane: usize) -> Action {
         self.action(lane, "close", ActionSpec::SandboxClose(SandboxClose {}))
     }
@@ -332,8 +394,21 @@ impl Lanes {
             if let Some(s) = load.submit(self.open(lane)).await {
                 out.push(("sandbox_open", s));
             }
-        } else if let Some(s) = load.submit(self.exec(lane)).await {
-            out.push(("sandbox_exec", s));
+        } else {
+            let n = self
+                .turns
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                % 100;
+            let (kind, action) = if n < u64::from(self.mix.reward_pct) {
+                ("reward", self.reward(lane))
+            } else if n < u64::from(self.mix.reward_pct + self.mix.api_pct) {
+                ("api", self.api(lane))
+            } else {
+                ("sandbox_exec", self.exec(lane))
+            };
+            if let Some(s) = load.submit(action).await {
+                out.push((kind, s));
+            }
         }
         self.idle.lock().expect("lock").push_back(lane);
         out
@@ -353,6 +428,12 @@ impl Lanes {
         let take = |phase: &mut Phase, done: Vec<(&'static str, Sample)>| {
             for (kind, s) in done {
                 *phase.by_kind.entry(kind).or_insert(0) += 1;
+                let took = s.answered.saturating_duration_since(s.stored);
+                phase
+                    .by_kind_ms
+                    .entry(kind)
+                    .or_default()
+                    .push(took.as_secs_f64() * 1e3);
                 phase.samples.push(s);
             }
         };

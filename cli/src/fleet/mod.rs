@@ -64,6 +64,25 @@ pub struct FleetArgs {
     /// standby, its share of the workers, sandboxes and rate, and its own job.
     #[arg(long, default_value_t = 1)]
     pub groups: u32,
+    /// Of the turns that do not end a trajectory, the percentage that are `reward` actions
+    /// (served by each group's GPU worker with the reference replica).
+    #[arg(long, default_value_t = 5)]
+    pub reward_pct: u32,
+    /// Of those turns, the percentage that are `api` calls (a search through the fleet's
+    /// provider quota, to a rate-limited stand-in).
+    #[arg(long, default_value_t = 5)]
+    pub api_pct: u32,
+    /// Declared GPUs of each group's GPU worker, a reward replica on each at most.
+    #[arg(long, default_value_t = 4)]
+    pub gpus: u32,
+    /// The api provider's quota, requests a second across the fleet [default: twice the
+    /// api calls offered].
+    #[arg(long)]
+    pub api_rate: Option<f64>,
+    /// No authentication: by default every process connects with its own role's nkey (each
+    /// worker its own, the load as the job's rollout role), as a secured fleet does.
+    #[arg(long)]
+    pub no_auth: bool,
     /// Skip the leader failover.
     #[arg(long)]
     pub no_failover: bool,
@@ -90,6 +109,17 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
     if a.sandboxes == 0 || a.rate <= 0.0 || a.duration_s == 0 {
         bail!("--sandboxes, --rate and --duration-s must be positive");
     }
+    if a.reward_pct + a.api_pct > 100 {
+        bail!("--reward-pct and --api-pct add up to more than 100");
+    }
+    if a.reward_pct > 0 && a.gpus == 0 {
+        bail!("--reward-pct needs GPUs to serve the reward service: give --gpus");
+    }
+    let mixed = a.reward_pct + a.api_pct > 0;
+    // The api calls offered a second, roughly (closes and opens take some turns).
+    let api_rate = a
+        .api_rate
+        .unwrap_or((a.rate * f64::from(a.api_pct) / 100.0 * 2.0).max(10.0));
     let nats = crate::nats_server::find(a.nats_server.as_ref())?;
     let load_before = crate::pipeline::loadavg();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -108,6 +138,10 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
             heartbeat_ms: a.heartbeat_ms,
             sync: a.sync.clone(),
             groups: a.groups,
+            auth: !a.no_auth,
+            // The GPU worker serves both the reward service and the api provider.
+            gpus: if mixed { a.gpus.max(1) } else { 0 },
+            api_rate,
         };
         let cluster = Cluster::start(&nats, &shape)?;
         let measured = rt.block_on(async {
@@ -136,6 +170,8 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
         "sync": a.sync,
         "groups": a.groups,
         "heartbeat_ms": a.heartbeat_ms,
+        "auth": if a.no_auth { "none" } else { "per-role nkeys" },
+        "mix": {"reward_pct": a.reward_pct, "api_pct": a.api_pct, "gpus": a.gpus, "api_rate": api_rate},
         "load_avg_before": load_before,
         "load_avg_after": crate::pipeline::loadavg(),
         "rows": rows,
@@ -155,12 +191,13 @@ pub fn fleet(a: FleetArgs) -> anyhow::Result<()> {
             r["results"]["missing"].as_u64() != Some(0)
                 || r["results"]["duplicated"].as_u64() != Some(0)
                 || r["status"]["answered"].as_bool() != Some(true)
+                || r["anonymous_connection_refused"].as_bool() == Some(false)
         })
         .map(|r| r["workers"].to_string())
         .collect();
     if !broken.is_empty() {
         bail!(
-            "actions lost or doubled, or no status answer, at {} workers",
+            "actions lost or doubled, no status answer, or an anonymous connection let in, at {} workers",
             broken.join(", ")
         );
     }
@@ -227,11 +264,18 @@ fn pcts(mut v: Vec<f64>) -> Value {
 /// One scheduler group of the cluster under its share of the load: its row of the report.
 async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<Value> {
     let group = &cluster.groups[g];
-    let workers = group.worker_ids.len() as u32;
+    // The sweep's axis counts the noop workers; heartbeats come from the GPU worker too.
+    let all_workers = group.worker_ids.len() as u32;
+    let workers = all_workers - u32::from(group.gpu_worker.is_some());
     let share = cluster.groups.len();
     let sandboxes = a.sandboxes.div_ceil(share);
     let rate = a.rate / share as f64;
-    let load = Load::start(&cluster.url, group.nkey_file.as_deref()).await?;
+    let load = Load::start(
+        &cluster.url,
+        group.seed(&format!("rollout-{}", load::JOB)).as_deref(),
+        group.seed("operator").as_deref(),
+    )
+    .await?;
     let came_up = Instant::now();
     let st = wait_for_fleet(
         load.client(),
@@ -251,6 +295,14 @@ async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<V
         );
     }
     let up_s = came_up.elapsed().as_secs_f64();
+    // With roles on, a connection without credentials must be refused: what the run
+    // measured is the secured configuration.
+    let anonymous_refused = if group.creds.is_some() {
+        let tried = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(&cluster.url));
+        Some(!matches!(tried.await, Ok(Ok(_))))
+    } else {
+        None
+    };
     let leader = st
         .leader
         .as_ref()
@@ -263,7 +315,14 @@ async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<V
     let worker_pids = group.worker_pids.clone();
 
     // Every lane's sandbox.
-    let lanes = Lanes::new(sandboxes, a.churn);
+    let lanes = Lanes::new(
+        sandboxes,
+        a.churn,
+        load::Mix {
+            reward_pct: a.reward_pct,
+            api_pct: a.api_pct,
+        },
+    );
     let t = Instant::now();
     let opened = lanes.open_all(&load, a.open_in_flight).await;
     let open_s = t.elapsed().as_secs_f64();
@@ -277,7 +336,7 @@ async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<V
     let before = usage(leader_pid);
     tokio::time::sleep(Duration::from_secs_f64(idle_s)).await;
     let idle_cpu = usage(leader_pid).cpu_s - before.cpu_s;
-    let heartbeats = idle_s * workers as f64 * 1000.0 / a.heartbeat_ms as f64;
+    let heartbeats = idle_s * all_workers as f64 * 1000.0 / a.heartbeat_ms as f64;
 
     // The steady phase, with the status asked every few seconds meanwhile.
     let (sched0, nats0, workers0) = (usage(leader_pid), usage(nats_pid), usage_of(&worker_pids));
@@ -340,10 +399,12 @@ async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<V
     let phase_s = phase.seconds;
     Ok(json!({
         "workers": workers,
+        "gpu_workers": u32::from(group.gpu_worker.is_some()),
         "group": g,
         "worker_processes": worker_pids.len(),
         "sandboxes": sandboxes,
         "fleet_up_s": (up_s * 10.0).round() / 10.0,
+        "anonymous_connection_refused": anonymous_refused,
         "opens": {
             "seconds": (open_s * 100.0).round() / 100.0,
             "per_s": (opened.len() as f64 / open_s).round(),
@@ -359,6 +420,7 @@ async fn measure(cluster: &Cluster, g: usize, a: &FleetArgs) -> anyhow::Result<V
             "actions": actions,
             "completed": completed,
             "by_kind": phase.by_kind,
+            "by_kind_stored_to_result_ms": phase.by_kind_ms.iter().map(|(k, v)| (*k, pcts(v.clone()))).collect::<std::collections::BTreeMap<_, _>>(),
             "actions_per_s": (actions as f64 / phase_s).round(),
             "behind": phase.behind,
             "refused": load.refused.load(Relaxed),

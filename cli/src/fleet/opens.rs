@@ -127,6 +127,10 @@ fn start(nats: &std::path::Path, pool: u32, image: &str) -> anyhow::Result<Clust
             heartbeat_ms: 500,
             groups: 1,
             sync: "always".into(),
+            // One Docker host's own costs: no roles, reward replicas or api provider.
+            auth: false,
+            gpus: 0,
+            api_rate: 0.0,
         },
     )?;
     let online = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -175,7 +179,7 @@ async fn run(
     pool: u32,
     rounds: u32,
 ) -> anyhow::Result<Value> {
-    let load = Load::start(&cluster.url, None).await?;
+    let load = Load::start(&cluster.url, None, None).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = super::status(load.client()).await.ok();

@@ -9,9 +9,11 @@ fn f(v: &Value) -> f64 {
 
 pub(super) fn print_table(out: &Value) {
     println!(
-        "fleet bench: {} sandboxes, {} actions/s offered for {} s, {} scheduler group(s), {} cores a worker, heartbeats every {} ms, sync {}; load average {} -> {}",
-        out["sandboxes"], out["rate"], out["duration_s"], out["groups"], out["cores_per_worker"],
+        "fleet bench: {} sandboxes, {} actions/s offered for {} s ({}% reward, {}% api of the non-churn turns), {} scheduler group(s), {} cores a worker, heartbeats every {} ms, sync {}, auth: {}; load average {} -> {}",
+        out["sandboxes"], out["rate"], out["duration_s"], out["mix"]["reward_pct"],
+        out["mix"]["api_pct"], out["groups"], out["cores_per_worker"],
         out["heartbeat_ms"], out["sync"].as_str().unwrap_or(""),
+        out["auth"].as_str().unwrap_or(""),
         out["load_avg_before"], out["load_avg_after"]
     );
     let mut t = crate::table::new([
@@ -20,6 +22,7 @@ pub(super) fn print_table(out: &Value) {
         "actions/s",
         "dispatch p50/p99",
         "result p50/p99",
+        "reward, api p50",
         "sched CPU/action",
         "sched RSS",
         "µs/heartbeat",
@@ -51,6 +54,15 @@ pub(super) fn print_table(out: &Value) {
                 f(&s["stored_to_result_ms"]["p50"]),
                 f(&s["stored_to_result_ms"]["p99"])
             ),
+            {
+                let k = &s["by_kind_stored_to_result_ms"];
+                let p = |kind: &str| {
+                    k[kind]["p50"]
+                        .as_f64()
+                        .map_or("-".to_string(), |v| format!("{v:.1}"))
+                };
+                format!("{}, {} ms", p("reward"), p("api"))
+            },
             format!("{:.0} µs", f(&r["scheduler"]["cpu_us_per_action"])),
             format!("{:.0} MiB", f(&r["scheduler"]["rss_mib"])),
             format!("{:.0}", f(&r["heartbeats"]["scheduler_us_per_heartbeat"])),
