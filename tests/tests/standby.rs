@@ -222,7 +222,11 @@ async fn a_new_leader_takes_back_what_the_old_leader_held_without_waiting_its_ac
     .await?;
     c.wait_for_workers(&["held-a"], T).await?;
     let opened = c.run(&open("h-open", "job1", "t1"), T).await?;
-    assert_eq!(opened.outcome, Outcome::Completed { exit_code: 0 }, "{opened:?}");
+    assert_eq!(
+        opened.outcome,
+        Outcome::Completed { exit_code: 0 },
+        "{opened:?}"
+    );
 
     // Frozen, the leader still has its connection and its pull request: the server delivers
     // the next action to it, and nobody acknowledges it.
@@ -230,7 +234,8 @@ async fn a_new_leader_takes_back_what_the_old_leader_held_without_waiting_its_ac
     let frozen = Instant::now();
     let held = exec("h-exec", "job1", "t1", &["true"], 1, 1);
     c.submit(&held).await?;
-    c.wait_for_leader("held-s2", Duration::from_secs(10)).await?;
+    c.wait_for_leader("held-s2", Duration::from_secs(10))
+        .await?;
     let r = c.result(&held.id, T).await?;
     let took = frozen.elapsed();
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");

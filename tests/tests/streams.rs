@@ -57,7 +57,13 @@ async fn a_stream_created_meanwhile_with_other_settings_counts_as_there() -> any
     tangram_nats::ensure_streams(&js, &StreamSettings::default()).await?;
     // What a worker or rollout would create: the bundled definition, with other limits than
     // the stored one (the scheduler's replicas and byte limits differ in a real cluster).
-    let mut config = js.get_stream("TANGRAM_HISTORY").await?.info().await?.config.clone();
+    let mut config = js
+        .get_stream("TANGRAM_HISTORY")
+        .await?
+        .info()
+        .await?
+        .config
+        .clone();
     config.max_bytes /= 2;
     let err = js
         .create_stream(config)
