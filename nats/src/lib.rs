@@ -195,50 +195,6 @@ pub async fn scheduler_actions_consumer(
     ensure_consumer(js, subject::ACTIONS_STREAM, config).await
 }
 
-/// The scheduler's actions consumer for a new term: when actions are still delivered to an
-/// earlier leader and unacknowledged (it died holding them), the consumer is made again, so
-/// that they come to this leader now instead of after the ack wait (10 s from the dead
-/// leader's last progress report). The stream is a work queue: what is not acknowledged
-/// stays in it and is delivered again from the start, exactly as a redelivery would. Returns
-/// the consumer and how many deliveries were taken back.
-///
-/// Only a leader may call this, at the start of its term: the lease fences the old leader,
-/// whose later acknowledgements then fall on the deleted consumer, and its dispatches of
-/// those actions are deduplicated like those of any redelivery.
-pub async fn scheduler_actions_consumer_for_term(
-    js: &jetstream::Context,
-) -> Result<(consumer::PullConsumer, u64), SetupError> {
-    let name = subject::SCHEDULER_ACTIONS_CONSUMER;
-    let stream = js
-        .get_stream(subject::ACTIONS_STREAM)
-        .await
-        .map_err(|source| SetupError::Lookup {
-            name: subject::ACTIONS_STREAM.to_string(),
-            source,
-        })?;
-    let mut taken_back = 0;
-    if let Ok(mut existing) = stream.get_consumer::<consumer::pull::Config>(name).await {
-        let held = existing
-            .info()
-            .await
-            .map(|i| i.num_ack_pending as u64)
-            .unwrap_or(0);
-        if held > 0 {
-            stream
-                .delete_consumer(name)
-                .await
-                .map_err(|e| SetupError::Info {
-                    name: name.to_string(),
-                    why: format!("deleting it to take back {held} deliveries: {e}"),
-                })?;
-            tracing::info!(deliveries = held,
-                "the actions consumer held deliveries of an earlier leader; made it again to take them back now");
-            taken_back = held;
-        }
-    }
-    Ok((scheduler_actions_consumer(js).await?, taken_back))
-}
-
 /// The scheduler's durable consumer on the results stream.
 pub async fn scheduler_results_consumer(
     js: &jetstream::Context,

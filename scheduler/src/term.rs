@@ -94,13 +94,10 @@ pub(crate) async fn lead(
     let config = config.clone();
     let js = js.clone();
     let store = store.clone();
-    let (actions, taken_back) = patiently("creating the actions consumer", &shutdown, || {
-        tangram_nats::scheduler_actions_consumer_for_term(&js)
+    let actions = patiently("creating the actions consumer", &shutdown, || {
+        tangram_nats::scheduler_actions_consumer(&js)
     })
     .await?;
-    if taken_back > 0 {
-        metrics::counter!(crate::metrics::INTAKE_TAKEN_BACK).increment(taken_back);
-    }
     let results = patiently("creating the results consumer", &shutdown, || {
         tangram_nats::scheduler_results_consumer(&js)
     })
