@@ -14,6 +14,7 @@ pub mod config;
 mod cordons;
 mod dispatcher;
 mod gate;
+mod held;
 mod lease;
 pub mod metrics;
 mod service;

@@ -13,6 +13,7 @@ pub const ACTIONS_RECEIVED: &str = "tangram_scheduler_actions_received_total";
 pub const ACTIONS_REJECTED: &str = "tangram_scheduler_actions_rejected_total";
 pub const ACTIONS_DUPLICATE: &str = "tangram_scheduler_actions_duplicate_total";
 pub const ACTION_REDELIVERIES: &str = "tangram_scheduler_action_redeliveries_total";
+pub const INTAKE_TAKEN_BACK: &str = "tangram_scheduler_intake_taken_back_total";
 pub const RESULT_LOOKUPS: &str = "tangram_scheduler_result_lookups_total";
 pub const DISPATCHED: &str = "tangram_scheduler_dispatched_total";
 pub const RESULTS: &str = "tangram_scheduler_results_total";
@@ -80,6 +81,7 @@ pub const DEFS: &[MetricDef] = &[
     def(ACTIONS_REJECTED, C, &["code"], N, "Actions rejected at intake or placement, by reject code; each leaves a dead letter."),
     def(ACTIONS_DUPLICATE, C, &[], N, "Resubmissions of an action already known, dropped."),
     def(ACTION_REDELIVERIES, C, &[], N, "Action messages JetStream delivered more than once (an earlier leader or this one did not ack in time)."),
+    def(INTAKE_TAKEN_BACK, C, &[], N, "Actions a new leader read back at the start of its term that an earlier leader was delivered and never answered, rather than waiting out their ack wait."),
     def(RESULT_LOOKUPS, C, &["outcome"], N, "Checks for a stored result at intake: skipped (ruled out in memory), stored, absent or failed."),
     def(DISPATCHED, C, &["kind"], N, "Dispatches stored, by kind."),
     def(RESULTS, C, &["outcome", "code"], N, "Results seen, by outcome and failure code (none unless rejected or an infrastructure error)."),

@@ -4,6 +4,7 @@
 //! the acker. It holds each action message until the engine acks, naks or rejects it.
 
 use crate::dispatcher::{Outgoing, Publish};
+use crate::held::Incoming;
 use crate::lease::Fence;
 use crate::metrics as m;
 use async_nats::jetstream::{self, AckKind};
@@ -33,7 +34,7 @@ const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) enum Input {
     /// An action message and what the intake made of it.
-    Message(Box<jetstream::Message>, Event),
+    Message(Box<Incoming>, Event),
     /// Anything else for the engine.
     Engine(Event),
     /// Someone asked for the status report.
@@ -43,8 +44,8 @@ pub(crate) enum Input {
 /// Ack-type replies to action messages, sent in order by one task.
 #[derive(Debug)]
 enum Reply {
-    Ack(Box<jetstream::Message>),
-    Nak(Box<jetstream::Message>),
+    Ack(Box<Incoming>),
+    Nak(Box<Incoming>),
     Progress(Box<jetstream::Message>),
 }
 
@@ -76,7 +77,7 @@ pub(crate) struct Shell {
     clock: Clock,
     js: jetstream::Context,
     /// Action messages the engine has not finished with, by delivery (stream sequence).
-    messages: HashMap<Delivery, Box<jetstream::Message>>,
+    messages: HashMap<Delivery, Box<Incoming>>,
     dispatches: mpsc::UnboundedSender<Publish>,
     replies: mpsc::UnboundedSender<Reply>,
     replies_rx: Option<mpsc::UnboundedReceiver<Reply>>,
@@ -186,13 +187,18 @@ impl Shell {
                     Event::Arrived(a) => a.delivery,
                     Event::Bad(b) => b.delivery,
                     _ => {
-                        self.gate.release(msg.payload.len());
+                        self.gate.release(msg.payload().len());
                         return;
                     }
                 };
+                if msg.is_taken_back() && self.messages.contains_key(&delivery) {
+                    // Delivered to this term meanwhile: the delivery is the one to answer.
+                    self.gate.release(msg.payload().len());
+                    return;
+                }
                 // A redelivery replaces the message the ack is expected on.
                 if let Some(old) = self.messages.insert(delivery, msg) {
-                    self.gate.release(old.payload.len());
+                    self.gate.release(old.payload().len());
                 }
                 burst.push(event);
             }
@@ -216,8 +222,8 @@ impl Shell {
                 Effect::Ack(d) => self.reply(d, Reply::Ack),
                 Effect::Nak(d) => self.reply(d, Reply::Nak),
                 Effect::Progress(d) => {
-                    if let Some(msg) = self.messages.get(&d) {
-                        let _ = self.replies.send(Reply::Progress(msg.clone()));
+                    if let Some(msg) = self.messages.get(&d).and_then(|m| m.delivery()) {
+                        let _ = self.replies.send(Reply::Progress(Box::new(msg)));
                     }
                 }
                 Effect::Reject(r) => {
@@ -305,13 +311,13 @@ impl Shell {
     }
 
     /// The engine is done with an action message: it leaves memory (and the gate).
-    fn let_go(&mut self, d: Delivery) -> Option<Box<jetstream::Message>> {
+    fn let_go(&mut self, d: Delivery) -> Option<Box<Incoming>> {
         let msg = self.messages.remove(&d)?;
-        self.gate.release(msg.payload.len());
+        self.gate.release(msg.payload().len());
         Some(msg)
     }
 
-    fn reply(&mut self, d: Delivery, make: fn(Box<jetstream::Message>) -> Reply) {
+    fn reply(&mut self, d: Delivery, make: fn(Box<Incoming>) -> Reply) {
         if let Some(msg) = self.let_go(d) {
             let _ = self.replies.send(make(msg));
         }
@@ -381,11 +387,11 @@ async fn replier(mut rx: mpsc::UnboundedReceiver<Reply>) {
         let (msg, kind) = match reply {
             Reply::Ack(m) => (m, AckKind::Ack),
             Reply::Nak(m) => (m, AckKind::Nak(None)),
-            Reply::Progress(m) => (m, AckKind::Progress),
+            Reply::Progress(m) => (Box::new(Incoming::Delivered(*m)), AckKind::Progress),
         };
-        let sent = tokio::time::timeout(Duration::from_secs(1), msg.ack_with(kind)).await;
+        let sent = tokio::time::timeout(Duration::from_secs(1), msg.reply(kind)).await;
         if !matches!(sent, Ok(Ok(()))) {
-            warn!(subject = %msg.subject, "ack not sent; the action may be redelivered (and deduplicated)");
+            warn!(subject = %msg.subject(), "ack not sent; the action may be redelivered (and deduplicated)");
         }
     }
 }
@@ -443,8 +449,8 @@ fn observe(o: Observation) {
 
 /// Stores the dead-letter record, then tells the submitter (when it can be addressed), then
 /// acks the message: whoever sees a rejection can find it in the dead-letter stream.
-async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Reject>) {
-    info!(subject = %msg.subject, code = r.message.rejection.code.as_str(), reason = %r.message.rejection.reason, "action rejected");
+async fn reject(js: jetstream::Context, msg: Box<Incoming>, r: Box<Reject>) {
+    info!(subject = %msg.subject(), code = r.message.rejection.code.as_str(), reason = %r.message.rejection.reason, "action rejected");
     let mut headers = HeaderMap::new();
     headers.insert(subject::HEADER_DLQ_CODE, r.message.rejection.code.as_str());
     // Header values cannot hold line breaks.
@@ -456,7 +462,7 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
-    headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject.as_str());
+    headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject());
     if let Some(id) = &r.message.id {
         let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
         headers.insert(subject::HEADER_DLQ_ACTION, id.as_str());
@@ -466,8 +472,8 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
         r.message.encoding.content_type(),
     );
     let payload = msg
-        .payload
-        .slice(..msg.payload.len().min(DEADLETTER_PAYLOAD_CAP));
+        .payload()
+        .slice(..msg.payload().len().min(DEADLETTER_PAYLOAD_CAP));
     match js
         .publish_with_headers(
             subject::deadletter(r.message.rejection.code),
@@ -486,12 +492,12 @@ async fn reject(js: jetstream::Context, msg: Box<jetstream::Message>, r: Box<Rej
     if let Some(result) = &r.result {
         if !publish_result(&js, result, r.message.encoding).await {
             // The submitter would never hear: hand the message back to be rejected again.
-            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            let _ = msg.reply(AckKind::Nak(None)).await;
             return;
         }
     }
-    if let Err(e) = msg.ack().await {
-        warn!(subject = %msg.subject, error = %e, "ack failed; the action may be redelivered (and deduplicated)");
+    if let Err(e) = msg.reply(AckKind::Ack).await {
+        warn!(subject = %msg.subject(), error = %e, "ack failed; the action may be redelivered (and deduplicated)");
     }
 }
 

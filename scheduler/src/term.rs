@@ -10,6 +10,7 @@
 use crate::config::Config;
 use crate::dispatcher;
 use crate::gate::Gate;
+use crate::held::Incoming;
 use crate::lease::{self, Fence};
 use crate::shell::{Input, Shell, ShellIo};
 use crate::stored::StoredResults;
@@ -94,7 +95,7 @@ pub(crate) async fn lead(
     let config = config.clone();
     let js = js.clone();
     let store = store.clone();
-    let actions = patiently("creating the actions consumer", &shutdown, || {
+    let mut actions = patiently("creating the actions consumer", &shutdown, || {
         tangram_nats::scheduler_actions_consumer(&js)
     })
     .await?;
@@ -112,6 +113,13 @@ pub(crate) async fn lead(
         js.get_stream(subject::DISPATCH_STREAM)
     })
     .await?;
+    let actions_stream = patiently("looking up the actions stream", &shutdown, || {
+        js.get_stream(subject::ACTIONS_STREAM)
+    })
+    .await?;
+    // What an earlier leader was delivered and never answered, read before this term pulls
+    // anything (see `crate::held`).
+    let taken_back = crate::held::take_back(&mut actions, &actions_stream).await;
 
     let (tx, rx) = mpsc::channel(EVENT_CHANNEL);
     let tasks = TaskTracker::new();
@@ -146,11 +154,14 @@ pub(crate) async fn lead(
         let stream = results_stream.clone();
         let dispatch_stream = dispatch_stream.clone();
         let stored = stored.clone();
-        messages
-            .filter_map(|m| async move {
-                m.map_err(|e| warn!(error = %e, "action consumer error"))
-                    .ok()
-            })
+        let delivered = messages.filter_map(|m| async move {
+            m.map_err(|e| warn!(error = %e, "action consumer error"))
+                .ok()
+                .map(Incoming::Delivered)
+        });
+        taken_back
+            .map(Incoming::TakenBack)
+            .chain(delivered)
             .map(move |msg| {
                 let stream = stream.clone();
                 let dispatches = dispatch_stream.clone();
@@ -170,21 +181,28 @@ pub(crate) async fn lead(
             let tx = to_state.clone();
             let gate = intake_gate.clone();
             async move {
-                let Some(event) = event else {
-                    // Whether it ran already could not be told: it comes back later rather
-                    // than being guessed new and run twice.
-                    crate::metrics::result_lookup("failed");
-                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(LOOKUP_RETRY_AFTER))).await {
-                        warn!(error = %e, "handing back an action whose lookups failed");
+                let event = match event {
+                    // A taken-back message the engine would reject, or could not be looked
+                    // up: left where it is, for its delivery at its ack wait to settle.
+                    Some(Event::Bad(_)) | None if msg.is_taken_back() => return true,
+                    Some(event) => event,
+                    None => {
+                        // Whether it ran already could not be told: it comes back later
+                        // rather than being guessed new and run twice.
+                        crate::metrics::result_lookup("failed");
+                        let nak = msg.reply(AckKind::Nak(Some(LOOKUP_RETRY_AFTER))).await;
+                        if let Err(e) = nak {
+                            warn!(error = %e, "handing back an action whose lookups failed");
+                        }
+                        return true;
                     }
-                    return true;
                 };
                 // Memory is bounded: past the gate's limits the intake waits, and what it
                 // has not pulled stays in the stream.
                 if gate.wait_for_room().await {
                     crate::metrics::intake_paused();
                 }
-                let bytes = msg.payload.len();
+                let bytes = msg.payload().len();
                 gate.hold(bytes);
                 let sent = tx.send(Input::Message(Box::new(msg), event)).await.is_ok();
                 if !sent {
@@ -481,36 +499,31 @@ async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> Re
 /// race the results feed, so it is always asked). `None` when a lookup kept failing: the
 /// message is handed back to come again, since guessing could run it twice.
 async fn admit(
-    msg: jetstream::Message,
+    msg: Incoming,
     limits: &Limits,
     max_bytes: usize,
     results: &jetstream::stream::Stream,
     dispatches: &jetstream::stream::Stream,
     stored: &StoredResults,
-) -> (jetstream::Message, Option<Event>) {
-    let info = msg.info().ok();
-    let delivery = info.as_ref().map_or(0, |i| i.stream_sequence);
-    let first_delivery = info.as_ref().is_some_and(|i| i.delivered == 1);
-    if info.as_ref().is_some_and(|i| i.delivered > 1) {
+) -> (Incoming, Option<Event>) {
+    let delivery = msg.sequence().unwrap_or(0);
+    let first_delivery = msg.first_delivery();
+    if !first_delivery && !msg.is_taken_back() {
         crate::metrics::action_redelivered();
     }
-    let submitted_at_us = info
-        .as_ref()
-        .map(|i| (i.published.unix_timestamp_nanos() / 1000) as u64)
-        .unwrap_or(0);
+    let submitted_at_us = msg.stored_at_us();
     let header = |name: &str| {
-        msg.headers
-            .as_ref()
+        msg.headers()
             .and_then(|h| h.get(name))
             .map(|v| v.as_str().to_string())
     };
     let msg_id = header(subject::HEADER_MSG_ID);
     let content_type = header(subject::HEADER_CONTENT_TYPE);
     let raw = RawMessage {
-        subject: msg.subject.as_str(),
+        subject: msg.subject(),
         msg_id: msg_id.as_deref(),
         content_type: content_type.as_deref(),
-        payload: &msg.payload,
+        payload: msg.payload(),
     };
     let event = match engine::check(&raw, limits, max_bytes, delivery) {
         Ok((action, encoding)) => {

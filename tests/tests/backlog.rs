@@ -55,8 +55,13 @@ async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> 
     // A 2 KiB source file per exec, as a coding rollout sends.
     let source = "x".repeat(2048);
     let mut ids = Vec::new();
-    for batch in 0..12 {
-        let trajs: Vec<String> = (0..8).map(|t| format!("t{batch}-{t}")).collect();
+    // Four trajectories at a time: a dispatch leaves its stream only when the worker acks it
+    // after storing the result, so on a loaded machine the previous steps' dispatches may
+    // still be there when the next step starts. Eight 2 KiB execs a step left too little
+    // room under 64 KiB for that (CI once saw the dispatch stream full, then the actions
+    // stream, and the next submission refused); four leave room for three steps' worth.
+    for batch in 0..24 {
+        let trajs: Vec<String> = (0..4).map(|t| format!("t{batch}-{t}")).collect();
         let opens: Vec<_> = trajs
             .iter()
             .map(|t| open(&format!("o-{t}"), "wrap", t))
@@ -87,7 +92,7 @@ async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> 
             }
         }
     }
-    assert_eq!(ids.len(), 12 * 8 * 3);
+    assert_eq!(ids.len(), 24 * 4 * 3);
     // Exactly one result each (the results stream is not shrunk: all are there).
     let mut results = c.js.get_stream(subject::RESULTS_STREAM).await?;
     let held = results.info().await?.state.messages;

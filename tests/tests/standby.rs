@@ -200,3 +200,58 @@ async fn a_dispatch_whose_worker_and_leader_died_together_is_settled_by_the_next
     back.wait()?;
     Ok(())
 }
+
+/// Regression: an action delivered to a leader that stopped answering (frozen, its lease
+/// then taken) reached the next leader only when its ack wait ran out, 10 s after the
+/// delivery, though the new leader led within 3 s (the fleet bench's failover probe: an exec
+/// submitted at the leader's SIGKILL was answered after 10.0 s; here 20 s, as the frozen
+/// leader's open pull request took the redelivery too). The new leader reads such
+/// deliveries back from the stream when its term starts, leaving the stream as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_takes_back_what_the_old_leader_held_without_waiting_its_ack_wait(
+) -> anyhow::Result<()> {
+    let mut spec = WorkerSpec::new("held-a");
+    spec.sandbox_runtime = tangram_worker::sandbox::RuntimeKind::Noop;
+    let cluster = Cluster::start_without_scheduler(&[spec]).await?;
+    let mut leader = cluster.spawn_scheduler_process("held-s1")?;
+    let c = cluster.client("job1").await?;
+    c.wait_for_leader("held-s1", T).await?;
+    let _standby = cluster.spawn_scheduler_process("held-s2")?;
+    c.wait_for_status(T, "the standby announced", |s| {
+        s.standbys.iter().any(|b| b.id == "held-s2")
+    })
+    .await?;
+    c.wait_for_workers(&["held-a"], T).await?;
+    let opened = c.run(&open("h-open", "job1", "t1"), T).await?;
+    assert_eq!(
+        opened.outcome,
+        Outcome::Completed { exit_code: 0 },
+        "{opened:?}"
+    );
+
+    // Frozen, the leader still has its connection and its pull request: the server delivers
+    // the next action to it, and nobody acknowledges it.
+    tangram_tests::signal(leader.id(), tangram_tests::Signal::STOP)?;
+    let frozen = Instant::now();
+    let held = exec("h-exec", "job1", "t1", &["true"], 1, 1);
+    c.submit(&held).await?;
+    c.wait_for_leader("held-s2", Duration::from_secs(10))
+        .await?;
+    let r = c.result(&held.id, T).await?;
+    let took = frozen.elapsed();
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    assert!(
+        took < Duration::from_secs(7),
+        "the held exec was answered {took:?} after the leader froze"
+    );
+    sigkill(leader.id());
+    leader.wait()?;
+    for id in ["h-open", "h-exec"] {
+        let n = c
+            .results(&ActionId::new(id)?, 2, Duration::from_millis(500))
+            .await?
+            .len();
+        assert_eq!(n, 1, "{id} has {n} results");
+    }
+    cluster.shutdown().await
+}

@@ -37,6 +37,28 @@ pub(crate) struct GpuService {
     pub(crate) slots: u32,
 }
 
+impl GpuService {
+    /// A service run by the reference replica (`services/reference-replica/replica.py`,
+    /// written to `replica`): one GPU a replica, 20 ms to restore, 8 requests at once.
+    pub(crate) fn reference(name: &str, replica: &Path) -> Self {
+        Self {
+            name: name.to_string(),
+            driver: "reference".into(),
+            command: vec![
+                "python3".into(),
+                replica.display().to_string(),
+                "--service".into(),
+                "{service}".into(),
+                "--port".into(),
+                "{port}".into(),
+            ],
+            gpus: 1,
+            restore_ms: 20,
+            slots: 8,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub(crate) struct GpuProvider {
     pub(crate) name: String,

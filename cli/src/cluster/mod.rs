@@ -404,21 +404,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
                 .split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
-                .map(|s| GpuService {
-                    name: s.to_string(),
-                    driver: "reference".into(),
-                    command: vec![
-                        "python3".into(),
-                        state_abs.join("bin/replica.py").display().to_string(),
-                        "--service".into(),
-                        "{service}".into(),
-                        "--port".into(),
-                        "{port}".into(),
-                    ],
-                    gpus: 1,
-                    restore_ms: 20,
-                    slots: 8,
-                })
+                .map(|s| GpuService::reference(s, &state_abs.join("bin/replica.py")))
                 .collect();
             let file = GpuWorkerFile {
                 id: "gpu-0".into(),

@@ -342,21 +342,7 @@ impl Cluster {
                 nvml: "off".into(),
                 count: shape.gpus,
             },
-            service: vec![GpuService {
-                name: REWARD_SERVICE.into(),
-                driver: "reference".into(),
-                command: vec![
-                    "python3".into(),
-                    replica.display().to_string(),
-                    "--service".into(),
-                    "{service}".into(),
-                    "--port".into(),
-                    "{port}".into(),
-                ],
-                gpus: 1,
-                restore_ms: 20,
-                slots: 8,
-            }],
+            service: vec![GpuService::reference(REWARD_SERVICE, &replica)],
             provider: vec![GpuProvider {
                 name: API_PROVIDER.into(),
                 base_url: search_url.into(),

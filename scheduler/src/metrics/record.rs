@@ -23,6 +23,9 @@ pub(crate) fn duplicate() {
 pub(crate) fn action_redelivered() {
     counter!(ACTION_REDELIVERIES).increment(1);
 }
+pub(crate) fn intake_taken_back() {
+    counter!(INTAKE_TAKEN_BACK).increment(1);
+}
 pub(crate) fn dispatched(kind: &'static str, queued_s: f64) {
     counter!(DISPATCHED, "kind" => kind).increment(1);
     histogram!(QUEUE_SECONDS, "kind" => kind).record(queued_s);

@@ -1,0 +1,182 @@
+//! Action messages as a term holds them, and taking back what an earlier leader held.
+//!
+//! An action reaches the intake in one of two ways. Most come through the intake consumer
+//! (`Delivered`): JetStream expects an ack, nak or in-progress report on that delivery.
+//! At the start of a term, the new leader also reads the actions an earlier leader had been
+//! delivered and never answered (`TakenBack`): a leader that died or froze holds them until
+//! the consumer's `ack_wait` runs out, 10 s after the last delivery or progress report, and
+//! the new leader would otherwise sit idle on them that long.
+//!
+//! A taken-back action is read from the stream, not delivered: there is nothing to ack on,
+//! and the message stays in the stream, still counted as the earlier leader's. When its ack
+//! wait runs out it is delivered to this leader with the same stream sequence, and the
+//! engine treats that as a redelivery of what it holds (acked if it is running, counted as a
+//! duplicate if it is settled). Nothing is deleted or changed on the server, so if this
+//! leader ends too, the next one finds the message where it was.
+
+use async_nats::jetstream::{self, message::StreamMessage, AckKind};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::Stream;
+use std::time::Duration;
+use tangram_shared::subject;
+use tracing::{info, warn};
+
+/// At most this many messages are taken back at a term's start; the rest come when their
+/// ack wait runs out, as before.
+pub(crate) const TAKE_BACK_MAX: usize = 10_000;
+/// One read of the stream, at most.
+const READ_WITHIN: Duration = Duration::from_secs(2);
+
+/// An action message in the intake.
+#[derive(Debug)]
+pub(crate) enum Incoming {
+    /// Delivered by the intake consumer: acks go to the server.
+    Delivered(jetstream::Message),
+    /// Read from the stream at a term's start: an earlier leader's delivery, unanswered.
+    TakenBack(StreamMessage),
+}
+
+impl Incoming {
+    pub(crate) fn subject(&self) -> &str {
+        match self {
+            Self::Delivered(m) => m.subject.as_str(),
+            Self::TakenBack(m) => m.subject.as_str(),
+        }
+    }
+
+    pub(crate) fn headers(&self) -> Option<&HeaderMap> {
+        match self {
+            Self::Delivered(m) => m.headers.as_ref(),
+            Self::TakenBack(m) => Some(&m.headers),
+        }
+    }
+
+    pub(crate) fn payload(&self) -> &Bytes {
+        match self {
+            Self::Delivered(m) => &m.payload,
+            Self::TakenBack(m) => &m.payload,
+        }
+    }
+
+    /// The stream sequence (the engine's delivery handle), where known.
+    pub(crate) fn sequence(&self) -> Option<u64> {
+        match self {
+            Self::Delivered(m) => m.info().ok().map(|i| i.stream_sequence),
+            Self::TakenBack(m) => Some(m.sequence),
+        }
+    }
+
+    /// Whether the server delivers it for the first time. A taken-back message was
+    /// delivered before, to the leader that held it.
+    pub(crate) fn first_delivery(&self) -> bool {
+        match self {
+            Self::Delivered(m) => m.info().is_ok_and(|i| i.delivered == 1),
+            Self::TakenBack(_) => false,
+        }
+    }
+
+    /// When it was stored, in microseconds since the epoch (0 where unknown).
+    pub(crate) fn stored_at_us(&self) -> u64 {
+        let at = match self {
+            Self::Delivered(m) => match m.info() {
+                Ok(i) => i.published,
+                Err(_) => return 0,
+            },
+            Self::TakenBack(m) => m.time,
+        };
+        (at.unix_timestamp_nanos() / 1000) as u64
+    }
+
+    pub(crate) fn is_taken_back(&self) -> bool {
+        matches!(self, Self::TakenBack(_))
+    }
+
+    /// Acks, naks or reports progress on a delivery; nothing for a taken-back message,
+    /// which is answered when it is delivered.
+    pub(crate) async fn reply(&self, kind: AckKind) -> Result<(), async_nats::Error> {
+        match self {
+            Self::Delivered(m) => m.ack_with(kind).await,
+            Self::TakenBack(_) => Ok(()),
+        }
+    }
+
+    /// A copy for an in-progress report (only a delivery has one to send).
+    pub(crate) fn delivery(&self) -> Option<jetstream::Message> {
+        match self {
+            Self::Delivered(m) => Some(m.clone()),
+            Self::TakenBack(_) => None,
+        }
+    }
+}
+
+/// The unanswered deliveries of the intake consumer, read from the stream in order: every
+/// message past the consumer's ack floor and up to the last sequence it delivered is one a
+/// leader was given and has not acked (on a work-queue stream an ack removes the message).
+/// Read once, before this term pulls anything, so none of them is this term's own.
+pub(crate) async fn take_back(
+    consumer: &mut jetstream::consumer::PullConsumer,
+    stream: &jetstream::stream::Stream,
+) -> impl Stream<Item = StreamMessage> + Send + 'static {
+    let range = match tokio::time::timeout(READ_WITHIN, consumer.info()).await {
+        Ok(Ok(info)) if info.num_ack_pending > 0 => Some((
+            info.ack_floor.stream_sequence + 1,
+            info.delivered.stream_sequence,
+            info.num_ack_pending,
+        )),
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => {
+            warn!(error = %e, "reading the intake consumer; nothing taken back (held actions come at their ack wait)");
+            None
+        }
+        Err(_) => {
+            warn!("reading the intake consumer timed out; nothing taken back");
+            None
+        }
+    };
+    if let Some((from, to, pending)) = range {
+        info!(
+            pending,
+            from, to, "an earlier leader left actions unanswered; taking them back"
+        );
+    }
+    let stream = stream.clone();
+    let state = range.map(|(from, to, _)| (from, to, 0usize));
+    futures::stream::unfold((stream, state), |(stream, state)| async move {
+        let (next, to, count) = state?;
+        if next > to || count >= TAKE_BACK_MAX {
+            if count >= TAKE_BACK_MAX {
+                warn!(
+                    count,
+                    "taking back stopped at its bound; the rest come at their ack wait"
+                );
+            }
+            return None;
+        }
+        let read = stream
+            .raw_message_builder()
+            .sequence(next)
+            .next_by_subject(subject::ACTION_ALL)
+            .send();
+        let msg = match tokio::time::timeout(READ_WITHIN, read).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                use async_nats::jetstream::stream::RawMessageErrorKind;
+                if e.kind() != RawMessageErrorKind::NoMessageFound {
+                    warn!(error = %e, "taking back held actions stopped; the rest come at their ack wait");
+                }
+                return None;
+            }
+            Err(_) => {
+                warn!("taking back held actions timed out; the rest come at their ack wait");
+                return None;
+            }
+        };
+        if msg.sequence > to {
+            return None;
+        }
+        crate::metrics::intake_taken_back();
+        let state = Some((msg.sequence + 1, to, count + 1));
+        Some((msg, (stream, state)))
+    })
+}
