@@ -23,8 +23,9 @@ use tangram_shared::subject;
 use tracing::{info, warn};
 
 /// At most this many messages are taken back at a term's start; the rest come when their
-/// ack wait runs out, as before.
-pub(crate) const TAKE_BACK_MAX: usize = 10_000;
+/// ack wait runs out, as before. Each costs a read and the intake's lookups, and they are
+/// read one after another (about a millisecond each on a quiet server).
+pub(crate) const TAKE_BACK_MAX: usize = 4_096;
 /// One read of the stream, at most.
 const READ_WITHIN: Duration = Duration::from_secs(2);
 
@@ -122,7 +123,7 @@ pub(crate) async fn take_back(
         Ok(Ok(info)) if info.num_ack_pending > 0 => Some((
             info.ack_floor.stream_sequence + 1,
             info.delivered.stream_sequence,
-            info.num_ack_pending,
+            info.num_ack_pending.min(TAKE_BACK_MAX),
         )),
         Ok(Ok(_)) => None,
         Ok(Err(e)) => {
@@ -141,10 +142,12 @@ pub(crate) async fn take_back(
         );
     }
     let stream = stream.clone();
-    let state = range.map(|(from, to, _)| (from, to, 0usize));
+    // Up to as many as are unacknowledged: the range also holds messages an earlier leader
+    // handed back (nak) as it stepped down, which the server delivers again at once anyway.
+    let state = range.map(|(from, to, most)| (from, to, 0usize, most));
     futures::stream::unfold((stream, state), |(stream, state)| async move {
-        let (next, to, count) = state?;
-        if next > to || count >= TAKE_BACK_MAX {
+        let (next, to, count, most) = state?;
+        if next > to || count >= most {
             if count >= TAKE_BACK_MAX {
                 warn!(
                     count,
@@ -176,7 +179,7 @@ pub(crate) async fn take_back(
             return None;
         }
         crate::metrics::intake_taken_back();
-        let state = Some((msg.sequence + 1, to, count + 1));
+        let state = Some((msg.sequence + 1, to, count + 1, most));
         Some((msg, (stream, state)))
     })
 }

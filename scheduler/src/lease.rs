@@ -85,14 +85,20 @@ pub struct Fence {
 
 impl Fence {
     /// A fence valid for `margin` from now.
+    #[cfg(test)]
     pub fn new(margin: Duration) -> Arc<Self> {
+        Self::since(margin, Instant::now())
+    }
+
+    /// A fence valid for `margin` from `at` (when the lease was won).
+    pub fn since(margin: Duration, at: Instant) -> Arc<Self> {
         let f = Arc::new(Self {
-            base: Instant::now(),
+            base: at,
             valid_until_ms: AtomicU64::new(0),
             margin,
             renewals: AtomicU64::new(0),
         });
-        f.renewed();
+        f.renewed_at(0);
         f
     }
 
@@ -101,10 +107,29 @@ impl Fence {
     }
 
     /// A renewal just succeeded.
+    #[cfg(test)]
     pub fn renewed(&self) {
-        let until = self.now_ms() + self.margin.as_millis() as u64;
-        self.valid_until_ms.store(until, Ordering::Release);
+        self.renewed_at(self.now_ms());
+    }
+
+    /// A renewal sent at `sent_ms` (from [`Fence::mark`]) succeeded. The margin counts from
+    /// the sending: the server stored the renewal after that, so a standby cannot have seen
+    /// the lease unrenewed for its whole TTL before `sent_ms + TTL`, however late the answer
+    /// came back. The margin being under the TTL keeps this leader fenced before then.
+    pub fn renewed_at(&self, sent_ms: u64) {
+        let until = sent_ms + self.margin.as_millis() as u64;
+        self.valid_until_ms.fetch_max(until, Ordering::AcqRel);
         self.renewals.fetch_add(1, Ordering::Release);
+    }
+
+    /// Now, on the fence's clock, for [`Fence::renewed_at`].
+    pub fn mark(&self) -> u64 {
+        self.now_ms()
+    }
+
+    /// How long it holds after a renewal is sent.
+    pub fn margin(&self) -> Duration {
+        self.margin
     }
 
     /// How many renewals have succeeded: each is a round trip to NATS that worked.
@@ -146,6 +171,8 @@ pub struct Held {
     pub store: kv::Store,
     pub record: LeaderRecord,
     pub revision: u64,
+    /// When the write that won it was sent: the term's fence counts from here.
+    pub taken_at: Instant,
 }
 
 /// Wall-clock Unix milliseconds, for records people read.
@@ -219,6 +246,7 @@ pub async fn campaign(
             let me = holder(&record);
             let mv = watcher.observe(&seen, &me, now_ms, config.ttl.as_millis() as u64);
             if mv != Move::Wait {
+                let sent = Instant::now();
                 record.since_unix_ms = unix_ms();
                 record.renewed_unix_ms = record.since_unix_ms;
                 let body = serde_json::to_vec(&record).expect("a record serialises");
@@ -243,6 +271,7 @@ pub async fn campaign(
                         store: store.clone(),
                         record,
                         revision,
+                        taken_at: sent,
                     });
                 }
             } else if !waiting_logged {
@@ -316,8 +345,12 @@ pub async fn hold(
         }
         held.record.renewed_unix_ms = unix_ms();
         let body = serde_json::to_vec(&held.record).expect("a record serialises");
+        // A slow answer still counts while the fence holds: on a loaded server a renewal
+        // that took longer than the renewal period was abandoned, and two in a row ended
+        // the term (regression: at 500 workers the leadership changed every few seconds).
+        let sent = fence.mark();
         let renewal = tokio::time::timeout(
-            config.renew_every(),
+            fence.margin(),
             held.store
                 .update(subject::LEADER_KEY, body.into(), held.revision),
         )
@@ -325,9 +358,18 @@ pub async fn hold(
         match renewal {
             Ok(Ok(revision)) => {
                 held.revision = revision;
-                fence.renewed();
+                fence.renewed_at(sent);
             }
             Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                // A renewal that timed out here may have gone through on the server after
+                // all, moving the revision on: the record then is still ours, and the term
+                // goes on (regression: on a loaded server every such renewal ended the
+                // term, and the leadership passed back and forth every few seconds).
+                if let Some(revision) = still_ours(&held, config.renew_every()).await {
+                    warn!("a renewal that timed out went through; the lease is still ours");
+                    held.revision = revision;
+                    continue;
+                }
                 warn!("another scheduler took the leader lease; stepping down");
                 fence.revoke();
                 lost.cancel();
@@ -346,6 +388,21 @@ pub async fn hold(
     {
         warn!(error = %e, "releasing the leader lease");
     }
+}
+
+/// The lease's revision when the stored record is this very term's (same holder, same
+/// epoch); `None` when it is another's, gone, or could not be read in time.
+async fn still_ours(held: &Held, within: Duration) -> Option<u64> {
+    let entry = tokio::time::timeout(within, held.store.entry(subject::LEADER_KEY))
+        .await
+        .ok()?
+        .ok()??;
+    if entry.operation != Operation::Put {
+        return None;
+    }
+    let record: LeaderRecord = serde_json::from_slice(&entry.value).ok()?;
+    let ours = holder(&record) == holder(&held.record) && record.epoch == held.record.epoch;
+    ours.then_some(entry.revision)
 }
 
 #[cfg(test)]
@@ -394,5 +451,20 @@ mod tests {
         assert!(f.holds());
         f.revoke();
         assert!(!f.holds());
+    }
+
+    #[test]
+    fn a_late_answer_counts_from_when_the_renewal_was_sent() {
+        let f = Fence::new(Duration::from_millis(30));
+        let sent = f.mark();
+        std::thread::sleep(Duration::from_millis(40));
+        f.renewed_at(sent);
+        assert!(
+            !f.holds(),
+            "the answer came after the margin: the lease may be another's already"
+        );
+        let sent = f.mark();
+        f.renewed_at(sent);
+        assert!(f.holds());
     }
 }

@@ -55,6 +55,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     crate::metrics::stream_drift(drifts.len());
     let store = scheduler_store(&js, config.streams.replicas.unwrap_or(1)).await?;
+    // The lease on a connection of its own: on a busy server, a renewal queued behind the
+    // term's own traffic on one connection (intake, acks, dispatches, heartbeats) came back
+    // too late and the term ended.
+    let lease_client = tangram_nats::auth::connect(
+        &config.nats_url,
+        "tangram-scheduler-lease",
+        &config.credentials,
+    )
+    .await?;
+    let lease_store = jetstream::new(lease_client)
+        .get_key_value(subject::SCHEDULER_BUCKET)
+        .await
+        .context("opening the scheduler KV bucket for the lease")?;
     let lease_config = LeaseConfig {
         id: config.id.clone(),
         ttl: config.lease_ttl,
@@ -85,7 +98,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // after MAX_FAILED_TERMS the process exits with the error (a permanent fault, such as a
     // permission, must surface; a supervisor restarts it).
     let mut failed_terms = 0u32;
-    while let Some(mut held) = lease::campaign(&store, &lease_config, &shutdown).await {
+    while let Some(mut held) = lease::campaign(&lease_store, &lease_config, &shutdown).await {
         let epoch = match next_epoch(&store).await {
             Ok(e) => e,
             Err(e) => {
@@ -103,7 +116,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // The term ends on shutdown or when the lease is lost; the fence stops dispatches
         // the moment renewals stop succeeding, before a standby can take over.
         let term = shutdown.child_token();
-        let fence = Fence::new(config.lease_ttl / 2);
+        // Three quarters of the TTL, counted from each renewal's sending (see `Fence`).
+        let fence = Fence::since(config.lease_ttl * 3 / 4, held.taken_at);
         let holder = tokio::spawn(lease::hold(
             held,
             lease_config.clone(),

@@ -159,9 +159,9 @@ pub(crate) async fn lead(
                 .ok()
                 .map(Incoming::Delivered)
         });
-        taken_back
-            .map(Incoming::TakenBack)
-            .chain(delivered)
+        // Side by side, not one before the other: taking back thousands, read one by one,
+        // must not hold up what arrives meanwhile.
+        futures::stream::select(taken_back.map(Incoming::TakenBack), delivered)
             .map(move |msg| {
                 let stream = stream.clone();
                 let dispatches = dispatch_stream.clone();
