@@ -2,30 +2,30 @@
 //!
 //! Intake decodes and validates action messages and checks for stored results (the duplicate
 //! check beyond the stream's window: an in-memory filter, a lookup only when it cannot rule a
-//! result out; see [`crate::stored`]) on its own task, pipelined, in stream order; the state
+//! result out; see [`crate::stored`] and [`crate::intake`]) on its own task, pipelined, in
+//! stream order, beside what an earlier leader left unanswered ([`crate::held`]); the state
 //! task ([`crate::shell`]) runs the engine; the dispatcher ([`crate::dispatcher`]) stores
 //! dispatches and awaits their PubAcks concurrently; results, heartbeats, status requests
-//! and ticks are fed in by their own tasks.
+//! ([`crate::report`]) and ticks are fed in by their own tasks.
 
 use crate::config::Config;
 use crate::dispatcher;
 use crate::gate::Gate;
 use crate::held::Incoming;
-use crate::lease::{self, Fence};
+use crate::intake::{admit, scan_stored, LOOKUP_RETRY_AFTER};
+use crate::lease::Fence;
 use crate::shell::{Input, Shell, ShellIo};
 use crate::stored::StoredResults;
 use async_nats::jetstream::{self, kv, AckKind};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tangram_core::engine::{self, Arrival, RawMessage};
 use tangram_core::{Engine, EngineConfig, Event};
-use tangram_shared::codec::{decode, Encoding};
-use tangram_shared::{subject, ActionResult, Heartbeat, Limits};
+use tangram_shared::{subject, Limits};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn, Instrument};
+use tracing::{warn, Instrument};
 
 /// Inputs waiting for the state task; intake pauses when it is full.
 const EVENT_CHANNEL: usize = 4096;
@@ -33,10 +33,6 @@ const EVENT_CHANNEL: usize = 4096;
 const LOOKUPS: usize = 64;
 /// How often the engine is ticked (liveness, deadlines, in-progress acks).
 const TICK: Duration = Duration::from_millis(250);
-/// Tries of a stored-result or stored-dispatch lookup before the message is handed back.
-const LOOKUP_TRIES: u32 = 3;
-/// When a message whose lookups failed comes back.
-const LOOKUP_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// One try of a term's setup call, at most.
 const SETUP_TRY: Duration = Duration::from_secs(2);
@@ -221,32 +217,7 @@ pub(crate) async fn lead(
         pump(messages, shutdown.clone(), move |m| {
             let tx = to_state.clone();
             let stored = feed_stored.clone();
-            async move {
-                let msg = match m {
-                    Ok(m) => m,
-                    Err(e) => {
-                        warn!(error = %e, "result consumer error");
-                        return true;
-                    }
-                };
-                stored.insert(msg.subject.as_str());
-                let enc = content_type(&msg.headers).unwrap_or_default();
-                match decode::<ActionResult>(&msg.payload, enc) {
-                    Ok(r) => {
-                        let event = Input::Engine(Event::Result(Box::new(r)));
-                        if tx.send(event).await.is_err() {
-                            return false;
-                        }
-                    }
-                    Err(e) => {
-                        warn!(subject = %msg.subject, error = %e, "undecodable result ignored")
-                    }
-                }
-                if let Err(e) = msg.ack().await {
-                    warn!(error = %e, "acking a result");
-                }
-                true
-            }
+            async move { crate::intake::take_result(m, &tx, &stored).await }
         })
         .instrument(tracing::info_span!("results")),
     );
@@ -255,18 +226,7 @@ pub(crate) async fn lead(
     tasks.spawn(
         pump(heartbeats, shutdown.clone(), move |msg| {
             let tx = to_state.clone();
-            async move {
-                match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
-                    Ok(hb) => {
-                        let event = Input::Engine(Event::Heartbeat(Box::new(hb)));
-                        tx.send(event).await.is_ok()
-                    }
-                    Err(e) => {
-                        warn!(subject = %msg.subject, error = %e, "undecodable heartbeat");
-                        true
-                    }
-                }
-            }
+            async move { crate::intake::take_heartbeat(msg, &tx).await }
         })
         .instrument(tracing::info_span!("heartbeats")),
     );
@@ -288,62 +248,18 @@ pub(crate) async fn lead(
             let consumer = consumer.clone();
             let gate = status_gate.clone();
             async move {
-                let Some(reply) = msg.reply else { return true };
-                if !subject::is_reply_inbox(&reply) {
-                    tracing::warn!(%reply, "a status request asked for its answer outside an inbox; not answered");
-                    return true;
-                }
-                let req = match tangram_shared::status::StatusRequest::parse(&msg.payload) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        // Answered, never dropped: the asker learns what was wrong.
-                        let body = serde_json::json!({"error": format!(
-                            "a status request's body is empty or JSON like {{\"workers_after\": \"<id>\", \"workers_limit\": 100}}: {e}"
-                        )});
-                        let _ = client.publish(reply, body.to_string().into()).await;
-                        return true;
-                    }
-                };
-                let (otx, orx) = tokio::sync::oneshot::channel();
-                if tx.send(Input::Status(otx)).await.is_err() {
-                    return false;
-                }
-                if let Ok(mut status) = orx.await {
-                    tangram_shared::status::page(
-                        &mut status,
-                        &req,
-                        tangram_shared::status::STATUS_PAGE_BYTES,
-                    );
-                    fill_lease(&mut status, &store).await;
-                    status.backlog = backlog(&consumer, &gate).await;
-                    if let Ok(body) = serde_json::to_vec(&status) {
-                        let _ = client.publish(reply, body.into()).await;
-                    }
-                }
-                true
+                crate::report::answer_status(msg, &tx, &client, &store, &consumer, &gate).await
             }
         })
         .instrument(tracing::info_span!("status")),
     );
     // The stream's backlog, for the metrics (status answers read it afresh).
-    {
-        let consumer = actions.clone();
-        let stop = shutdown.clone();
-        let gate = gate.clone();
-        let js = js.clone();
-        tasks.spawn(async move {
-            let mut every = tokio::time::interval(BACKLOG_EVERY);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = every.tick() => {
-                        backlog(&consumer, &gate).await;
-                        deadletters(&js).await;
-                    }
-                }
-            }
-        });
-    }
+    tasks.spawn(crate::report::watch(
+        actions.clone(),
+        gate.clone(),
+        js.clone(),
+        shutdown.clone(),
+    ));
     // Ticks: liveness checks, deadlines and keeping queued actions' acks alive; and after
     // each lease renewal, word that NATS answered (worker liveness is judged on that).
     {
@@ -403,7 +319,7 @@ pub(crate) async fn lead(
         pull_mb_per_s: config.pull_mb_per_s,
         image_load_ms: config.image_load_ms,
         ..EngineConfig::default()
-    });
+    })?;
     let mut shell = Shell::new(
         engine,
         ShellIo {
@@ -436,136 +352,6 @@ pub(crate) async fn lead(
     Ok(())
 }
 
-/// Fills `stored` with the subject of every result in the stream, then marks it ready. Until
-/// then (and for good, if the scan fails) intake looks every action up.
-async fn scan_stored(
-    results: jetstream::stream::Stream,
-    stored: Arc<StoredResults>,
-    stop: CancellationToken,
-) {
-    let scan = async {
-        let mut subjects = results.info_with_subjects(subject::RESULT_ALL).await?;
-        let mut count = 0u64;
-        while let Some(entry) = subjects.next().await {
-            let (subject, _) = entry?;
-            stored.insert(&subject);
-            count += 1;
-        }
-        Ok::<u64, anyhow::Error>(count)
-    };
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        scanned = scan => match scanned {
-            Ok(count) => {
-                stored.mark_ready();
-                info!(results = count, "stored results indexed; lookups only where the index cannot rule one out");
-            }
-            Err(e) => warn!(error = %e, "indexing stored results failed; every action is looked up"),
-        },
-    }
-}
-
-/// Whether a result is stored on `subject`, by a direct get from the stream (no JetStream API
-/// round trip); an error when the server could not say, after a few tries (never guessed: a
-/// guess of "none" would run a finished action again).
-async fn result_stored(results: &jetstream::stream::Stream, subject: &str) -> Result<bool, String> {
-    use async_nats::jetstream::stream::DirectGetErrorKind;
-    let mut last = String::new();
-    for attempt in 0..LOOKUP_TRIES {
-        if attempt > 0 {
-            // 200 ms, then 400 ms, spread.
-            let wait = tangram_nats::backoff::backoff(
-                attempt,
-                Duration::from_millis(200),
-                Duration::from_millis(400),
-            );
-            tokio::time::sleep(wait).await;
-        }
-        match results.direct_get_last_for_subject(subject).await {
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(false),
-            Err(e) => {
-                warn!(%subject, attempt, error = %e, "looking up a stored result");
-                last = e.to_string();
-            }
-        }
-    }
-    Err(last)
-}
-
-/// Turns one action message into the engine's event: validated (or bad), with its stream
-/// position, publish time and whether a result is stored for its id already. The server is
-/// asked unless the filter rules a stored result out for a first delivery (a redelivery may
-/// race the results feed, so it is always asked). `None` when a lookup kept failing: the
-/// message is handed back to come again, since guessing could run it twice.
-async fn admit(
-    msg: Incoming,
-    limits: &Limits,
-    max_bytes: usize,
-    results: &jetstream::stream::Stream,
-    dispatches: &jetstream::stream::Stream,
-    stored: &StoredResults,
-) -> (Incoming, Option<Event>) {
-    let delivery = msg.sequence().unwrap_or(0);
-    let first_delivery = msg.first_delivery();
-    if !first_delivery && !msg.is_taken_back() {
-        crate::metrics::action_redelivered();
-    }
-    let submitted_at_us = msg.stored_at_us();
-    let header = |name: &str| {
-        msg.headers()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_string())
-    };
-    let msg_id = header(subject::HEADER_MSG_ID);
-    let content_type = header(subject::HEADER_CONTENT_TYPE);
-    let raw = RawMessage {
-        subject: msg.subject(),
-        msg_id: msg_id.as_deref(),
-        content_type: content_type.as_deref(),
-        payload: msg.payload(),
-    };
-    let event = match engine::check(&raw, limits, max_bytes, delivery) {
-        Ok((action, encoding)) => {
-            // A message coming back may have been dispatched by a leader that ended before
-            // acking it: the stored dispatch says so, and the action is taken over. Asked
-            // before the result: a dispatch leaves the backlog only after its result is
-            // stored, so one gone between the two lookups leaves its result to be found.
-            let dispatched = if !first_delivery {
-                match crate::adopt::dispatch_of(dispatches, &action.id).await {
-                    Ok(d) => d.map(Box::new),
-                    Err(()) => return (msg, None),
-                }
-            } else {
-                None
-            };
-            let subject = subject::result(&action.job, &action.id);
-            let seen = if first_delivery && stored.surely_absent(&subject) {
-                crate::metrics::result_lookup("skipped");
-                false
-            } else {
-                let Ok(seen) = result_stored(results, &subject).await else {
-                    return (msg, None);
-                };
-                crate::metrics::result_lookup(if seen { "stored" } else { "absent" });
-                seen
-            };
-            let dispatched = if seen { None } else { dispatched };
-            Some(Event::Arrived(Box::new(Arrival {
-                action,
-                encoding,
-                submitted_at_us,
-                delivery,
-                seen,
-                model: None,
-                dispatched,
-            })))
-        }
-        Err(bad) => Some(Event::Bad(bad)),
-    };
-    (msg, event)
-}
-
 /// Hands each item of `stream` to `handle` until `stop` is cancelled, the stream ends, or
 /// `handle` returns false (the state task is gone).
 async fn pump<S, F, Fut>(stream: S, stop: CancellationToken, mut handle: F)
@@ -584,89 +370,5 @@ where
         if !handle(item).await {
             break;
         }
-    }
-}
-
-pub(crate) fn content_type(
-    headers: &Option<async_nats::HeaderMap>,
-) -> Result<Encoding, tangram_shared::codec::CodecError> {
-    Encoding::from_content_type(
-        headers
-            .as_ref()
-            .and_then(|h| h.get(subject::HEADER_CONTENT_TYPE))
-            .map(|v| v.as_str()),
-    )
-}
-
-/// How often the actions stream's backlog is read for the metrics.
-const BACKLOG_EVERY: Duration = Duration::from_secs(2);
-
-/// Actions stored and not yet delivered to this scheduler (beyond its in-memory queue).
-/// That is the messages not yet delivered, plus those delivered into the client's buffer
-/// and not yet let through the intake gate (JetStream counts them as awaiting an ack).
-async fn backlog(consumer: &jetstream::consumer::PullConsumer, gate: &Gate) -> Option<u64> {
-    match consumer.get_info().await {
-        Ok(info) => {
-            let buffered = (info.num_ack_pending as u64).saturating_sub(gate.count() as u64);
-            let n = info.num_pending + buffered;
-            crate::metrics::backlog(n);
-            Some(n)
-        }
-        Err(e) => {
-            warn!(error = %e, "reading the actions consumer for a status answer");
-            None
-        }
-    }
-}
-
-/// Records stored in the dead-letter stream, for the metrics (left as last read when the
-/// stream cannot be asked).
-async fn deadletters(js: &jetstream::Context) {
-    let read = async {
-        let mut stream = js.get_stream(subject::DEADLETTER_STREAM).await.ok()?;
-        Some(stream.info().await.ok()?.state.messages)
-    };
-    match tokio::time::timeout(Duration::from_secs(1), read).await {
-        Ok(Some(n)) => crate::metrics::deadletters(n),
-        _ => tracing::debug!("the dead-letter stream could not be read for the metrics"),
-    }
-}
-
-/// Standbys that have not announced themselves for this long are left out of the status.
-const STANDBY_STALE_MS: u64 = 5_000;
-
-/// Adds the leader lease and the live standbys, read from KV, to a status answer.
-async fn fill_lease(status: &mut tangram_shared::status::Status, store: &kv::Store) {
-    let read = async {
-        if let Some(e) = store.entry(subject::LEADER_KEY).await? {
-            status.leader = serde_json::from_slice(&e.value).ok();
-        }
-        let mut keys = store.keys().await?;
-        let now = lease::unix_ms();
-        let mut standbys = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key?;
-            if !key.starts_with(subject::STANDBY_PREFIX) {
-                continue;
-            }
-            if let Some(e) = store.entry(key).await? {
-                if let Ok(r) =
-                    serde_json::from_slice::<tangram_shared::status::StandbyRecord>(&e.value)
-                {
-                    if now.saturating_sub(r.seen_unix_ms) <= STANDBY_STALE_MS {
-                        standbys.push(r);
-                    }
-                }
-            }
-        }
-        standbys.sort_by(|a, b| a.id.cmp(&b.id));
-        status.standbys = standbys;
-        Ok::<(), anyhow::Error>(())
-    };
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(1), read)
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")))
-    {
-        warn!(error = %e, "reading the leader lease for a status answer");
     }
 }

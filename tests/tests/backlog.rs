@@ -27,6 +27,28 @@ fn limit(bytes: i64) -> StreamLimits {
     }
 }
 
+/// Submits `a`, again after a pause while the actions stream is full (until [`T`]), and
+/// waits for its result.
+async fn run_through_backpressure(
+    c: &tangram_tests::Client,
+    a: &tangram_shared::Action,
+) -> anyhow::Result<ActionResult> {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        match c.submit(a).await {
+            Ok(()) => break,
+            Err(e)
+                if e.to_string().contains("maximum bytes exceeded")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    c.result(&a.id, T).await
+}
+
 /// Regression: the action and dispatch streams kept every processed message until it aged
 /// out (7 days, 1 day), so their byte limits counted history: at 100 actions/s they were full
 /// within hours and the whole fleet was refused until an operator purged. Here every stream
@@ -55,11 +77,12 @@ async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> 
     // A 2 KiB source file per exec, as a coding rollout sends.
     let source = "x".repeat(2048);
     let mut ids = Vec::new();
-    // Four trajectories at a time: a dispatch leaves its stream only when the worker acks it
-    // after storing the result, so on a loaded machine the previous steps' dispatches may
-    // still be there when the next step starts. Eight 2 KiB execs a step left too little
-    // room under 64 KiB for that (CI once saw the dispatch stream full, then the actions
-    // stream, and the next submission refused); four leave room for three steps' worth.
+    // A dispatch leaves its stream only when the worker acks it after storing the result,
+    // and an action only once its dispatch is stored: on a loaded machine the earlier steps'
+    // messages can still be there when the next step starts, and a submission finds the
+    // 64 KiB stream full (CI saw it, twice). The full stream is the backpressure a submitter
+    // meets; it waits and submits again, as a client should. Were processed messages kept,
+    // the stream would stay full and the submission fail at the deadline.
     for batch in 0..24 {
         let trajs: Vec<String> = (0..4).map(|t| format!("t{batch}-{t}")).collect();
         let opens: Vec<_> = trajs
@@ -80,7 +103,7 @@ async fn history_wraps_many_times_while_every_action_is_taken_and_answered() -> 
             .map(|t| close(&format!("c-{t}"), "wrap", t))
             .collect();
         for step in [opens, execs, closes] {
-            let runs = step.iter().map(|a| c.run(a, T));
+            let runs = step.iter().map(|a| run_through_backpressure(&c, a));
             for (a, r) in step.iter().zip(futures::future::join_all(runs).await) {
                 let r = r?;
                 assert!(

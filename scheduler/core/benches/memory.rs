@@ -37,7 +37,8 @@ impl Bench {
             engine: Engine::new(EngineConfig {
                 settle_ms,
                 ..EngineConfig::default()
-            }),
+            })
+            .expect("the default policy"),
             now: 1_000,
             delivery: 1,
         };

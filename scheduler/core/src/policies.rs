@@ -27,6 +27,34 @@ pub const NAMES: [&str; 11] = [
 /// Policies only the simulator runs: their difference from a live policy is a modelled delay.
 pub const SIM_ONLY: [&str; 1] = ["k8s"];
 
+/// A policy name that names none of [`NAMES`] or [`SIM_ONLY`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownPolicy(pub String);
+
+impl std::fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown policy {:?}; choose one of {}",
+            self.0,
+            NAMES.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownPolicy {}
+
+/// The policy an engine runs for `name`: `static` with `static_cores` a trajectory, the
+/// others as [`by_name`] makes them. An unknown name is an error, never another policy.
+pub fn configured(name: &str, static_cores: u32) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    if name == "static" {
+        return Ok(Box::new(Static {
+            cores: static_cores,
+        }));
+    }
+    by_name(name).ok_or_else(|| UnknownPolicy(name.to_string()))
+}
+
 /// The policy called `name` (the simulator-only ones included; the scheduler refuses those).
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     Some(match name {

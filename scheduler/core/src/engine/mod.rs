@@ -207,17 +207,11 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine with no workers and an empty queue. An unknown policy name falls back to
-    /// `tangram`: callers validate names first (the service's config does).
-    pub fn new(config: EngineConfig) -> Self {
-        let policy: Box<dyn Policy> = if config.policy == "static" {
-            Box::new(crate::policies::Static {
-                cores: config.static_cores,
-            })
-        } else {
-            crate::by_name(&config.policy).unwrap_or_else(|| Box::new(crate::Tangram::default()))
-        };
-        Self::with_policy(config, policy)
+    /// An engine with no workers and an empty queue, running the policy `config` names.
+    /// An unknown name is an error (it used to fall back to `tangram` without a word).
+    pub fn new(config: EngineConfig) -> Result<Self, crate::policies::UnknownPolicy> {
+        let policy = crate::policies::configured(&config.policy, config.static_cores)?;
+        Ok(Self::with_policy(config, policy))
     }
 
     /// An engine running `policy` (its name in `config` is then only informative).

@@ -40,7 +40,7 @@ impl Harness {
 
     pub fn with(config: EngineConfig, workers: &[(&str, u32, u64)]) -> Self {
         let mut h = Self {
-            engine: Engine::new(config),
+            engine: Engine::new(config).expect("a known policy"),
             now: 1_000,
             next_delivery: 1,
             instance: BTreeMap::new(),

@@ -1013,3 +1013,27 @@ fn under_gpu_rebalancing_a_freed_gpu_goes_to_the_longest_queue_unless_a_call_has
     // ...unless the lone call has waited past the aging bound.
     assert_eq!(freed_gpu_goes_to("tangram-v2", 1_500), "b1");
 }
+
+/// Regression: an unknown policy name made an engine running `tangram` without a word (the
+/// service's config check was the only guard).
+#[test]
+fn an_unknown_policy_name_is_an_error_not_another_policy() {
+    let config = EngineConfig {
+        policy: "tangram-v3".into(),
+        ..cfg()
+    };
+    let err = tangram_core::Engine::new(config)
+        .err()
+        .expect("an unknown policy is refused");
+    assert_eq!(
+        err,
+        tangram_core::policies::UnknownPolicy("tangram-v3".into())
+    );
+    assert!(err.to_string().contains("tangram-v2"), "{err}");
+    let config = EngineConfig {
+        policy: "static".into(),
+        static_cores: 3,
+        ..cfg()
+    };
+    assert!(tangram_core::Engine::new(config).is_ok());
+}
