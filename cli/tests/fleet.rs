@@ -79,6 +79,12 @@ fn fifty_workers_and_five_hundred_sandboxes_lose_nothing_and_fail_over() {
             .is_some_and(|s| s > 0.0 && s < 30.0),
         "{fo}"
     );
+    // The exec submitted at the kill is not left with the dead leader for its ack wait:
+    // the new leader reads it back when its term starts.
+    assert!(
+        fo["exec_answered_s"].as_f64().is_some_and(|s| s < 9.0),
+        "{fo}"
+    );
 }
 
 /// Two scheduler groups on one server, each a NATS account with its own leader, standby,

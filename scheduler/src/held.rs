@@ -60,33 +60,25 @@ impl Incoming {
         }
     }
 
-    /// The stream sequence (the engine's delivery handle), where known.
-    pub(crate) fn sequence(&self) -> Option<u64> {
+    /// Where it stands in the stream, read once from its delivery's metadata (all zero
+    /// and not a first delivery where that cannot be read).
+    pub(crate) fn position(&self) -> Position {
         match self {
-            Self::Delivered(m) => m.info().ok().map(|i| i.stream_sequence),
-            Self::TakenBack(m) => Some(m.sequence),
-        }
-    }
-
-    /// Whether the server delivers it for the first time. A taken-back message was
-    /// delivered before, to the leader that held it.
-    pub(crate) fn first_delivery(&self) -> bool {
-        match self {
-            Self::Delivered(m) => m.info().is_ok_and(|i| i.delivered == 1),
-            Self::TakenBack(_) => false,
-        }
-    }
-
-    /// When it was stored, in microseconds since the epoch (0 where unknown).
-    pub(crate) fn stored_at_us(&self) -> u64 {
-        let at = match self {
             Self::Delivered(m) => match m.info() {
-                Ok(i) => i.published,
-                Err(_) => return 0,
+                Ok(i) => Position {
+                    sequence: i.stream_sequence,
+                    first_delivery: i.delivered == 1,
+                    stored_at_us: (i.published.unix_timestamp_nanos() / 1000) as u64,
+                },
+                Err(_) => Position::default(),
             },
-            Self::TakenBack(m) => m.time,
-        };
-        (at.unix_timestamp_nanos() / 1000) as u64
+            // Delivered before, to the leader that held it.
+            Self::TakenBack(m) => Position {
+                sequence: m.sequence,
+                first_delivery: false,
+                stored_at_us: (m.time.unix_timestamp_nanos() / 1000) as u64,
+            },
+        }
     }
 
     pub(crate) fn is_taken_back(&self) -> bool {
@@ -109,6 +101,17 @@ impl Incoming {
             Self::TakenBack(_) => None,
         }
     }
+}
+
+/// Where an action message stands in the stream.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Position {
+    /// The stream sequence: the engine's delivery handle.
+    pub(crate) sequence: u64,
+    /// Whether the server delivers it for the first time.
+    pub(crate) first_delivery: bool,
+    /// When it was stored, microseconds since the epoch.
+    pub(crate) stored_at_us: u64,
 }
 
 /// The unanswered deliveries of the intake consumer, read from the stream in order: every

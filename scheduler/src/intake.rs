@@ -92,12 +92,12 @@ pub(crate) async fn admit(
     dispatches: &jetstream::stream::Stream,
     stored: &StoredResults,
 ) -> (Incoming, Option<Event>) {
-    let delivery = msg.sequence().unwrap_or(0);
-    let first_delivery = msg.first_delivery();
+    let position = msg.position();
+    let (delivery, first_delivery) = (position.sequence, position.first_delivery);
     if !first_delivery && !msg.is_taken_back() {
         crate::metrics::action_redelivered();
     }
-    let submitted_at_us = msg.stored_at_us();
+    let submitted_at_us = position.stored_at_us;
     let header = |name: &str| {
         msg.headers()
             .and_then(|h| h.get(name))

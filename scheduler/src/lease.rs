@@ -84,12 +84,6 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// A fence valid for `margin` from now.
-    #[cfg(test)]
-    pub fn new(margin: Duration) -> Arc<Self> {
-        Self::since(margin, Instant::now())
-    }
-
     /// A fence valid for `margin` from `at` (when the lease was won).
     pub fn since(margin: Duration, at: Instant) -> Arc<Self> {
         let f = Arc::new(Self {
@@ -102,16 +96,6 @@ impl Fence {
         f
     }
 
-    fn now_ms(&self) -> u64 {
-        self.base.elapsed().as_millis() as u64
-    }
-
-    /// A renewal just succeeded.
-    #[cfg(test)]
-    pub fn renewed(&self) {
-        self.renewed_at(self.now_ms());
-    }
-
     /// A renewal sent at `sent_ms` (from [`Fence::mark`]) succeeded. The margin counts from
     /// the sending: the server stored the renewal after that, so a standby cannot have seen
     /// the lease unrenewed for its whole TTL before `sent_ms + TTL`, however late the answer
@@ -122,9 +106,10 @@ impl Fence {
         self.renewals.fetch_add(1, Ordering::Release);
     }
 
-    /// Now, on the fence's clock, for [`Fence::renewed_at`].
+    /// Now, on the fence's clock (milliseconds since the lease was won), for
+    /// [`Fence::renewed_at`].
     pub fn mark(&self) -> u64 {
-        self.now_ms()
+        self.base.elapsed().as_millis() as u64
     }
 
     /// How long it holds after a renewal is sent.
@@ -139,7 +124,7 @@ impl Fence {
 
     /// Whether the lease is surely still ours.
     pub fn holds(&self) -> bool {
-        self.now_ms() < self.valid_until_ms.load(Ordering::Acquire)
+        self.mark() < self.valid_until_ms.load(Ordering::Acquire)
     }
 
     /// Ends it now (stepping down).
@@ -443,11 +428,11 @@ mod tests {
 
     #[test]
     fn the_fence_falls_when_renewals_stop() {
-        let f = Fence::new(Duration::from_millis(30));
+        let f = Fence::since(Duration::from_millis(30), Instant::now());
         assert!(f.holds());
         std::thread::sleep(Duration::from_millis(40));
         assert!(!f.holds(), "no renewal for longer than the margin");
-        f.renewed();
+        f.renewed_at(f.mark());
         assert!(f.holds());
         f.revoke();
         assert!(!f.holds());
@@ -455,7 +440,7 @@ mod tests {
 
     #[test]
     fn a_late_answer_counts_from_when_the_renewal_was_sent() {
-        let f = Fence::new(Duration::from_millis(30));
+        let f = Fence::since(Duration::from_millis(30), Instant::now());
         let sent = f.mark();
         std::thread::sleep(Duration::from_millis(40));
         f.renewed_at(sent);
