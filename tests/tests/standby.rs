@@ -150,13 +150,15 @@ async fn a_restarted_scheduler_adopts_what_is_running() -> anyhow::Result<()> {
 async fn a_dispatch_whose_worker_and_leader_died_together_is_settled_by_the_next_leader(
 ) -> anyhow::Result<()> {
     let cluster = Cluster::start_without_scheduler(&[]).await?;
-    let spec = WorkerSpec::new("orphan-a");
+    // A worker id no other test uses: containers are counted by their worker label, and
+    // e2e's `orphan-a` counted this test's sandbox when the two ran at once (CI, once).
+    let spec = WorkerSpec::new("settled-a");
     let mut worker = cluster.spawn_worker_process(&spec)?;
     let mut leader = cluster.spawn_scheduler_process("orphan-s1")?;
     let c = cluster.client("job1").await?;
     c.wait_for_leader("orphan-s1", T).await?;
-    c.wait_for_workers(&["orphan-a"], T).await?;
-    c.wait_for_scheduler_to_know(&["orphan-a"], T).await?;
+    c.wait_for_workers(&["settled-a"], T).await?;
+    c.wait_for_scheduler_to_know(&["settled-a"], T).await?;
     c.run(&open("oo1", "job1", "t1"), T).await?;
     let mut long = exec("olong", "job1", "t1", &["sleep", "30"], 1, 1);
     long.timeout_ms = 3_000;
@@ -205,7 +207,7 @@ async fn a_dispatch_whose_worker_and_leader_died_together_is_settled_by_the_next
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut back = cluster.spawn_worker_process(&spec)?;
-    c.wait_for_workers(&["orphan-a"], T).await?;
+    c.wait_for_workers(&["settled-a"], T).await?;
     let n = c.results(&long.id, 2, Duration::from_secs(3)).await?.len();
     assert_eq!(n, 1, "one result");
     // Stopped gracefully, the worker removes its sandboxes (the leftover check counts them).
