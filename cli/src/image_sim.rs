@@ -47,7 +47,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
                 tangram_core::policies::NAMES.join(", ")
             );
         };
-        if policy.per_trajectory_cores().is_some() {
+        if policy.provisioning().trajectory_cores().is_some() {
             crate::usage!("{n}: swe-images compares action-level placement; static has none");
         }
         for aware in [true, false] {

@@ -30,7 +30,6 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
-use tangram_core::policies::NAMES;
 use tangram_core::sim::{self, AiCoding, Workload};
 
 /// Tangram: action-level resource orchestration for agentic RL.
@@ -185,7 +184,7 @@ pub(crate) struct SimulateArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) static_cores: u32,
     /// Median pod start of the `k8s` baseline, seconds (default: 1.6, docs/CALIBRATION.md).
-    #[arg(long, default_value_t = tangram_core::policies::K8s::START_MS / 1e3)]
+    #[arg(long, default_value_t = tangram_core::sim::K8s::START_MS / 1e3)]
     pub(crate) pod_start_s: f64,
     /// GPU workloads: also run the first of `tangram` and `tangram-v2` listed at every pool
     /// size from 1 GPU up to the static baseline's, and report the fewest GPUs whose mean ACT is within 10% of static's.
@@ -456,30 +455,29 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         }
     }
     let names: Vec<&str> = args.policy_names().collect();
-    let mut policies: Vec<Box<dyn tangram_core::Policy>> = Vec::new();
+    let mut policies: Vec<Box<dyn sim::Simulated>> = Vec::new();
     for n in &names {
-        if *n == "static" {
+        if *n == tangram_core::policies::Static::NAME {
             policies.push(Box::new(tangram_core::policies::Static {
                 cores: args.static_cores,
             }));
             continue;
         }
-        if *n == "k8s" {
+        if *n == sim::K8s::NAME {
             if !(args.pod_start_s.is_finite() && args.pod_start_s >= 0.0) {
                 crate::usage!("--pod-start-s must be a number of seconds, 0 or more");
             }
-            policies.push(Box::new(tangram_core::policies::K8s {
+            policies.push(Box::new(sim::K8s {
                 cores: args.static_cores,
                 start_ms: args.pod_start_s * 1e3,
             }));
             continue;
         }
-        match tangram_core::by_name(n) {
+        match sim::by_name(n) {
             Some(p) => policies.push(p),
             None => crate::usage!(
-                "unknown policy {n:?}; available: {}, {}",
-                NAMES.join(", "),
-                tangram_core::policies::SIM_ONLY.join(", ")
+                "unknown policy {n:?}; available: {}",
+                sim::names().collect::<Vec<_>>().join(", ")
             ),
         }
     }
@@ -489,7 +487,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     let spinner = progress::Spinner::start("simulating");
     for (i, p) in policies.iter().enumerate() {
-        spinner.set_message(format!("simulating {}", p.name()));
+        spinner.set_message(format!("simulating {}", p.label()));
         spinner.set_count(i as u64, policies.len() as u64);
         if args.elasticity != "learned" {
             reports.push(sim::simulate_with(
@@ -498,9 +496,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 sim::Elasticity::Oracle,
             ));
         }
-        if args.elasticity != "oracle" && matches!(p.name(), "tangram" | "tangram-v2") {
+        if args.elasticity != "oracle" && matches!(p.label(), "tangram" | "tangram-v2") {
             let mut r = sim::simulate_with(&workload, p.as_ref(), sim::Elasticity::Learned);
-            r.policy = format!("{}-learned", p.name());
+            r.policy = format!("{}-learned", p.label());
             reports.push(r);
         } else if args.elasticity == "learned" {
             reports.push(sim::simulate_with(

@@ -310,7 +310,7 @@ impl RawConfig {
             return Err(invalid("worker_missed_heartbeats", "must be at least 1"));
         }
         let policy = self.policy.unwrap_or_else(|| DEFAULT_POLICY.into());
-        if tangram_core::policies::SIM_ONLY.contains(&policy.as_str()) {
+        if tangram_core::sim::SIM_ONLY.contains(&policy.as_str()) {
             return Err(invalid(
                 "policy",
                 format!("{policy:?} is a simulator baseline (it models a pod's start); the live per-trajectory baseline is \"static\""),

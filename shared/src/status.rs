@@ -34,6 +34,10 @@ pub struct Status {
     /// its in-memory queue); `None` when the stream could not be asked.
     #[serde(default)]
     pub backlog: Option<u64>,
+    /// Why queued actions wait, as of the scheduler's last planning cycle: a reason
+    /// ("no worker with 4096 MiB free", "quota of search") and how many wait for it.
+    #[serde(default)]
+    pub waiting: BTreeMap<String, usize>,
     /// Actions running, by kind.
     pub running: BTreeMap<String, usize>,
     /// Sandboxes open.

@@ -169,6 +169,13 @@ async fn status_reports_queue_depth_and_an_estimated_wait_per_kind() -> anyhow::
     // Nothing completed yet: the wait cannot be estimated, and says so.
     assert_eq!(q.est_wait_s, None);
     assert_eq!(st.backlog, Some(0));
+    // And why they wait.
+    assert_eq!(
+        st.waiting.get("no worker has registered"),
+        Some(&4),
+        "{:?}",
+        st.waiting
+    );
     cluster.shutdown().await?;
     Ok(())
 }

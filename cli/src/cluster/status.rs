@@ -30,6 +30,23 @@ pub fn fetch_status(
 const TABLE_WORKERS: usize = 50;
 
 /// The one line that sums a fleet up when its workers are more than the tables list.
+/// Why queued actions wait, the most common reason first; `None` when nothing waits.
+fn waiting_table(
+    waiting: &std::collections::BTreeMap<String, usize>,
+) -> Option<comfy_table::Table> {
+    if waiting.is_empty() {
+        return None;
+    }
+    let mut rows: Vec<(&String, &usize)> = waiting.iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let mut t = crate::table::new(["waiting for", "actions"]);
+    crate::table::left(&mut t, &[0]);
+    for (why, n) in rows {
+        t.add_row([why.to_string(), n.to_string()]);
+    }
+    Some(t)
+}
+
 fn fleet_summary(workers: &[tangram_shared::status::WorkerStatus]) -> Option<String> {
     if workers.len() <= TABLE_WORKERS {
         return None;
@@ -221,6 +238,9 @@ pub fn status(
         }
         print!("\n{}", crate::table::render(&t, ""));
     }
+    if let Some(t) = waiting_table(&st.waiting) {
+        print!("\n{}", crate::table::render(&t, ""));
+    }
     if !st.services.is_empty() {
         let mut t = crate::table::new(["service", "GPUs", "restore", "busy", "resident on"]);
         crate::table::left(&mut t, &[4]);
@@ -295,5 +315,19 @@ mod tests {
             line,
             "fleet: 60 workers, cores 30 / 240 used, memory 600 / 60000 MiB used, 60 running, 180 sandboxes"
         );
+    }
+
+    #[test]
+    fn wait_reasons_are_listed_most_common_first() {
+        assert!(waiting_table(&Default::default()).is_none());
+        let waiting = [("quota of search", 3), ("no worker with 4 GiB free", 12)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let text = crate::table::render(&waiting_table(&waiting).unwrap(), "");
+        let memory = text.find("no worker with 4 GiB free").expect("listed");
+        let quota = text.find("quota of search").expect("listed");
+        assert!(memory < quota, "{text}");
+        assert!(text.contains("12"), "{text}");
     }
 }

@@ -124,9 +124,11 @@ impl Cluster {
         }
         let plans = plan_processes(shape, groups);
         let gpu_id = |g: usize| {
-            (groups > 1)
-                .then(|| format!("gpu-g{g}"))
-                .unwrap_or("gpu-0".into())
+            if groups > 1 {
+                format!("gpu-g{g}")
+            } else {
+                "gpu-0".into()
+            }
         };
         let mut conf = server_conf(&shape.sync)?;
         let mut group_list = vec![Group::default(); groups as usize];

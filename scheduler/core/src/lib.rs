@@ -9,7 +9,6 @@
 
 pub mod elastic;
 pub mod engine;
-mod fcfs;
 pub mod gpu;
 pub mod learn;
 mod model;
@@ -18,17 +17,16 @@ pub mod quota;
 pub mod sim;
 pub mod sim_api;
 pub mod sim_gpu;
-pub mod v2;
 
 pub use elastic::{ElasticModel, Speedup};
 pub use engine::{Effect, Engine, EngineConfig, Event, Now};
-pub use fcfs::FcfsFirstFit;
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
-    Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Snapshot, Unplaced,
-    WaitReason, WorkerView,
+    Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Provisioning, Snapshot,
+    Unplaced, WaitReason, WorkerView,
 };
 pub use policies::{by_name, Tangram};
+pub use policies::{v2, FcfsFirstFit};
 pub use v2::TangramV2;
 
 /// Runs the default policy (`tangram`).

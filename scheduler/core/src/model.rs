@@ -241,37 +241,52 @@ pub struct Plan {
     pub unplaced: Vec<(ActionId, Unplaced)>,
 }
 
+/// How a policy provisions cores, the one thing besides its plan that the engine asks of it.
+/// The action-level modes share one pool; the baselines reserve or partition it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provisioning {
+    /// Each action holds cores only while it runs, sized once at launch (`tangram` and the
+    /// action-level baselines).
+    PerAction,
+    /// As [`Provisioning::PerAction`], and running elastic execs are re-sized after every
+    /// cycle (`engine/resize.rs`) while GPU replicas follow demand between services
+    /// (`Eoe::rebalance`): `tangram-v2`.
+    Malleable,
+    /// Each trajectory's sandbox holds `cores` cores for its whole life and its execs run on
+    /// them; GPU services are pinned to an even split and API rates are sliced per
+    /// trajectory (`static`, the paper's Kubernetes baseline).
+    PerTrajectory {
+        /// Cores per trajectory sandbox.
+        cores: u32,
+    },
+    /// Each job's sandboxes are confined to the job's own share of the workers (`per-task`).
+    PerTask,
+}
+
+impl Provisioning {
+    /// The cores a trajectory's sandbox holds for its life, under per-trajectory provisioning.
+    pub fn trajectory_cores(self) -> Option<u32> {
+        match self {
+            Provisioning::PerTrajectory { cores } => Some(cores),
+            _ => None,
+        }
+    }
+
+    /// Whether running elastic execs are re-sized and GPU replicas follow demand.
+    pub fn malleable(self) -> bool {
+        self == Provisioning::Malleable
+    }
+}
+
 /// A scheduling policy. Pure: the same arguments always give the same plan.
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The policy's name, as selected in config and the simulator.
     fn name(&self) -> &'static str;
     /// Plans one cycle.
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan;
-    /// Cores each trajectory holds for its whole life, for per-trajectory provisioning
-    /// baselines (`static`); `None` for action-level policies.
-    fn per_trajectory_cores(&self) -> Option<u32> {
-        None
-    }
-    /// Per-trajectory baselines that model a pod's start (`k8s`): the median time from a
-    /// sandbox's placement until it can run commands, ms. Only the simulator uses it (a live
-    /// sandbox takes what its container takes to start).
-    fn pod_start_ms(&self) -> Option<f64> {
-        None
-    }
-    /// True for per-task provisioning: each job's trajectories are confined to the job's own
-    /// share of the nodes.
-    fn per_task_pools(&self) -> bool {
-        false
-    }
-    /// True when running elastic actions may be re-sized (widened when cores free up,
-    /// narrowed for arrivals): the engine then re-sizes after each cycle.
-    fn malleable(&self) -> bool {
-        false
-    }
-    /// True when GPU replicas should follow demand between services (`Eoe::rebalance`): calls
-    /// packed onto the fullest replica, lightly used replicas drained for backlogged services.
-    fn rebalances_gpus(&self) -> bool {
-        false
+    /// How this policy provisions cores: what the engine does around its launch plan.
+    fn provisioning(&self) -> Provisioning {
+        Provisioning::PerAction
     }
     /// A boxed copy (the engine owns its policy; callers may hold theirs by reference).
     fn boxed(&self) -> Box<dyn Policy>;

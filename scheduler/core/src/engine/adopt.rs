@@ -56,11 +56,12 @@ impl Engine {
         let kind = dispatch.action.kind();
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
-        let counted_cores = if kind == ActionKind::SandboxExec && self.static_cores.is_none() {
-            dispatch.grant.cores
-        } else {
-            0
-        };
+        let counted_cores =
+            if kind == ActionKind::SandboxExec && self.provisioning.trajectory_cores().is_none() {
+                dispatch.grant.cores
+            } else {
+                0
+            };
         let deadline_ms = now.ms + dispatch.action.timeout_ms + self.config.result_grace_ms;
         self.actions.insert(
             id,

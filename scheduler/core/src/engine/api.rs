@@ -90,7 +90,7 @@ impl Engine {
             if accepting.is_empty() {
                 continue;
             }
-            if self.static_cores.is_some() {
+            if self.provisioning.trajectory_cores().is_some() {
                 // Per-trajectory provisioning: each trajectory has its own even slice of the
                 // rate (rate / open sandboxes, burst 2); the provider's connection cap holds.
                 let mut inflight = inflight_of.get(&name).copied().unwrap_or(0);

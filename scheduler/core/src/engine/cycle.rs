@@ -96,18 +96,29 @@ impl Engine {
         for (id, rejection) in rejections {
             self.reject_queued(&id, rejection, now);
         }
-        for (id, why) in plan.unplaced {
+        for (id, why) in &plan.unplaced {
             // Just started: a worker large enough may not have reported yet.
             if matches!(why, Unplaced::NeverFits(_)) && self.judges_capacity() {
                 self.reject_queued(
-                    &id,
+                    id,
                     Rejection::new(RejectCode::Unsatisfiable, why.to_string()),
                     now,
                 );
             }
         }
+        self.unplaced = plan.unplaced;
+        // Workers this cycle booked cores or memory on: none may end it over capacity.
+        let mut booked_on: HashSet<WorkerId> = HashSet::new();
         for launch in plan.launches {
-            let counted = launch.grant.cores;
+            booked_on.insert(launch.worker.clone());
+            // An open's cores (under `static`) are held by its sandbox from the launch on,
+            // as an adopted open's are: counting them on the open too booked them twice
+            // until its result.
+            let open = self
+                .actions
+                .get(&launch.id)
+                .is_some_and(|e| e.action.kind() == ActionKind::SandboxOpen);
+            let counted = if open { 0 } else { launch.grant.cores };
             self.launch(launch, counted, None, None, now);
         }
         for (id, worker, cores) in direct {
@@ -122,8 +133,9 @@ impl Engine {
             let grant = Grant::default();
             self.launch(Launch { id, worker, grant }, 0, None, Some(provider), now);
         }
-        if self.policy.malleable() {
+        if self.provisioning.malleable() {
             for (id, worker, grant) in self.resize(now) {
+                booked_on.insert(worker.clone());
                 let counted = grant.cores;
                 self.launch(Launch { id, worker, grant }, counted, None, None, now);
             }
@@ -135,6 +147,9 @@ impl Engine {
                 .get(id)
                 .is_some_and(|e| matches!(e.state, ActionState::Queued { .. }))
         });
+        if cfg!(debug_assertions) {
+            self.check_postconditions(&booked_on);
+        }
         let running = self.actions.len() - self.queue.len();
         self.out.push(Effect::Observe(Observation::Cycle {
             queued: self.queue.len(),
@@ -143,9 +158,56 @@ impl Engine {
         }));
     }
 
+    /// What every cycle leaves true, checked in debug builds (tests, the simulator's debug
+    /// runs, the integration suite's scheduler): the queue holds exactly the queued actions,
+    /// once each, in arrival order; an action backing off is out of it; and no worker this
+    /// cycle booked on is booked past its cores or memory. (A worker may be over capacity
+    /// for reasons outside the plan, such as a restart with fewer cores while adopted work
+    /// runs; the plan must then not add to it.)
+    fn check_postconditions(&self, booked_on: &HashSet<WorkerId>) {
+        let mut seen: HashSet<&ActionId> = HashSet::new();
+        let mut last_arrival = 0;
+        for id in &self.queue {
+            assert!(seen.insert(id), "{id} is in the queue twice");
+            let e = self
+                .actions
+                .get(id)
+                .unwrap_or_else(|| panic!("{id} queued, not in the table"));
+            assert!(
+                matches!(e.state, ActionState::Queued { .. }),
+                "{id} in the queue as {:?}",
+                e.state
+            );
+            assert!(e.arrived_ms >= last_arrival, "{id} out of arrival order");
+            last_arrival = e.arrived_ms;
+        }
+        let queued = self
+            .actions
+            .values()
+            .filter(|e| matches!(e.state, ActionState::Queued { .. }))
+            .count();
+        assert_eq!(
+            queued,
+            self.queue.len(),
+            "a queued action is missing from the queue"
+        );
+        let used = self.used();
+        for w in booked_on {
+            let (Some(state), Some((cores, mem))) = (self.workers.get(w), used.get(w)) else {
+                continue;
+            };
+            assert!(
+                *cores <= state.hb.cores && *mem <= state.hb.mem_mb,
+                "{w}: {cores} cores and {mem} MiB booked of {} and {}",
+                state.hb.cores,
+                state.hb.mem_mb
+            );
+        }
+    }
+
     /// `static`: once settled, split the GPUs evenly between the services, resident for good.
     fn pin_static_gpus(&mut self) {
-        if self.static_cores.is_none() || self.pinned || !self.settled_in {
+        if self.provisioning.trajectory_cores().is_none() || self.pinned || !self.settled_in {
             return;
         }
         let (total, _) = self.eoe.gpus();
@@ -325,7 +387,7 @@ impl Engine {
                 },
             };
             let mut demand = a.demand();
-            if let Some(c) = self.static_cores {
+            if let Some(c) = self.provisioning.trajectory_cores() {
                 match a.kind() {
                     // The trajectory's sandbox takes its fixed cores for its whole life.
                     ActionKind::SandboxOpen => demand.cores = Some(CpuRange { min: c, max: c }),
@@ -342,7 +404,10 @@ impl Engine {
             }
             let model = self.model_of(e);
             let image = match super::lifecycle::open_image(a) {
-                Some(key) if self.config.image_locality && self.static_cores.is_none() => {
+                Some(key)
+                    if self.config.image_locality
+                        && self.provisioning.trajectory_cores().is_none() =>
+                {
                     let index = images.get_or_insert_with(|| self.image_index());
                     Some(index.need(key, &self.config))
                 }
@@ -393,7 +458,7 @@ impl Engine {
             gpu: gpu.clone(),
             instance,
         };
-        if kind == ActionKind::SandboxExec && self.policy.malleable() {
+        if kind == ActionKind::SandboxExec && self.provisioning.malleable() {
             self.touched.insert(launch.worker.clone());
         }
         e.state = ActionState::Dispatching {
@@ -416,7 +481,7 @@ impl Engine {
                     super::lifecycle::Sandbox {
                         worker: launch.worker.clone(),
                         mem_mb: launch.grant.mem_mb,
-                        cores: if self.static_cores.is_some() {
+                        cores: if self.provisioning.trajectory_cores().is_some() {
                             launch.grant.cores
                         } else {
                             0

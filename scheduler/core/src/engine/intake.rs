@@ -124,7 +124,10 @@ impl Engine {
                 // delivery, which has the same handle. Queued or dispatching, the ack is still
                 // to come; running, it was sent and lost, so it is sent again.
                 match &mut e.state {
-                    ActionState::Queued { last_progress_ms } => *last_progress_ms = now.ms,
+                    ActionState::Queued { last_progress_ms }
+                    | ActionState::Backoff {
+                        last_progress_ms, ..
+                    } => *last_progress_ms = now.ms,
                     ActionState::Dispatching { .. } => {}
                     ActionState::Running { .. } => self.out.push(Effect::Ack(a.delivery)),
                 }
@@ -181,7 +184,8 @@ impl Engine {
     /// `per-task`: the worker a job's sandbox goes to, round robin over the job's share of
     /// the workers.
     fn task_pool_home(&mut self, action: &Action) -> Option<tangram_shared::WorkerId> {
-        if !self.policy.per_task_pools() || action.kind() != tangram_shared::ActionKind::SandboxOpen
+        if self.provisioning != crate::model::Provisioning::PerTask
+            || action.kind() != tangram_shared::ActionKind::SandboxOpen
         {
             return None;
         }
@@ -276,9 +280,16 @@ impl Engine {
         // Hand queued actions back at once (instead of after the ack wait) so that the next
         // scheduler picks them up without delay. Dispatching and running ones stay with
         // their workers.
-        let waiting = std::mem::take(&mut self.retrying)
-            .into_iter()
-            .map(|(_, id)| id);
+        let mut backing_off: Vec<(u64, ActionId)> = self
+            .actions
+            .iter()
+            .filter_map(|(id, e)| match e.state {
+                ActionState::Backoff { until_ms, .. } => Some((until_ms, id.clone())),
+                _ => None,
+            })
+            .collect();
+        backing_off.sort();
+        let waiting = backing_off.into_iter().map(|(_, id)| id);
         for id in std::mem::take(&mut self.queue).into_iter().chain(waiting) {
             if let Some(e) = self.actions.remove(&id) {
                 self.out.push(Effect::Nak(e.delivery));

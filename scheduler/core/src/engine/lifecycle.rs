@@ -1,16 +1,6 @@
-//! The lifecycles the engine tracks, as enums: one per action, one per sandbox.
-//!
-//! ```text
-//!  action:   Queued ──launch──► Dispatching ──stored──► Running{deadline} ──result──► settled
-//!              ▲  │                │   │                   │  └─ deadline passed / worker lost /
-//!              │  │                │   └─result (fast)─────┼──► settled   not reported twice
-//!              │  └─reject─► settled                       │
-//!              └────────── dispatch failed ◄───────────────┘ (only from Dispatching)
-//!
-//!  sandbox:  Opening ──open ok──► Open ──close dispatched──► Closing ──close result──► (gone)
-//!              │  └─open failed─► (gone)  │                                              
-//!              └──── worker lost / restarted without it ──► Lost ──new open or close──► (gone)
-//! ```
+//! The lifecycles the engine tracks, as enums: one per action, one per sandbox. Their
+//! diagrams, with every transition and what causes it, are in `scheduler/core/README.md`
+//! ("Lifecycles"), the one place for them.
 
 use crate::elastic::ElasticModel;
 use tangram_shared::codec::Encoding;
@@ -22,6 +12,15 @@ use tangram_shared::{Action, Grant, JobId, TrajectoryId, WorkerId};
 pub enum ActionState {
     /// Waiting for capacity, in arrival order.
     Queued {
+        /// When the last in-progress ack was asked for.
+        last_progress_ms: u64,
+    },
+    /// Out of the queue after its dispatch failed to be stored twice or more in a row, until
+    /// `until_ms`, so that a NATS that refuses stores is not hammered; then queued again in
+    /// its arrival place.
+    Backoff {
+        /// Back into the queue at this time.
+        until_ms: u64,
         /// When the last in-progress ack was asked for.
         last_progress_ms: u64,
     },
@@ -60,6 +59,16 @@ pub enum ActionState {
         /// did not list it.
         unreported: u8,
     },
+}
+
+impl ActionState {
+    /// Queued or backing off: holding nothing, waiting to be launched.
+    pub fn is_waiting(&self) -> bool {
+        matches!(
+            self,
+            ActionState::Queued { .. } | ActionState::Backoff { .. }
+        )
+    }
 }
 
 /// What a launched action holds until it settles.
@@ -111,6 +120,10 @@ impl Entry {
     pub(crate) fn due_ms(&self, progress_every_ms: u64) -> Option<u64> {
         match &self.state {
             ActionState::Queued { last_progress_ms } => Some(last_progress_ms + progress_every_ms),
+            ActionState::Backoff {
+                until_ms,
+                last_progress_ms,
+            } => Some((*until_ms).min(last_progress_ms + progress_every_ms)),
             ActionState::Dispatching { .. } => None,
             ActionState::Running { deadline_ms, .. } => Some(*deadline_ms),
         }
@@ -119,7 +132,7 @@ impl Entry {
     /// Its worker and booking, once launched.
     pub fn placed(&self) -> Option<(&WorkerId, &Booking)> {
         match &self.state {
-            ActionState::Queued { .. } => None,
+            ActionState::Queued { .. } | ActionState::Backoff { .. } => None,
             ActionState::Dispatching {
                 worker, booking, ..
             }

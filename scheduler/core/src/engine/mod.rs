@@ -40,7 +40,7 @@ pub use intake::{check, BadMessage, RawMessage};
 pub struct EngineConfig {
     /// The scheduler's epoch, carried by every dispatch.
     pub epoch: u64,
-    /// Policy name (see [`crate::policies::NAMES`]).
+    /// Policy name (see [`crate::policies::REGISTRY`]).
     pub policy: String,
     /// Cores per sandbox under `static`.
     pub static_cores: u32,
@@ -93,7 +93,7 @@ impl Default for EngineConfig {
         Self {
             epoch: 1,
             policy: "tangram".into(),
-            static_cores: crate::sim::STATIC_CORES,
+            static_cores: crate::policies::STATIC_CORES,
             missed_heartbeats: 3,
             settle_ms: 2_000,
             rejoin_ms: 30_000,
@@ -145,8 +145,8 @@ const RECENT: usize = 2_000;
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) policy: Box<dyn Policy>,
-    /// `static` (per-trajectory provisioning): each sandbox's fixed cores.
-    pub(crate) static_cores: Option<u32>,
+    /// How the policy provisions cores.
+    pub(crate) provisioning: crate::model::Provisioning,
     pub(crate) learner: crate::learn::Learner,
     pub(crate) started_ms: Option<u64>,
     /// When NATS was last confirmed reachable ([`Event::Reachable`]); `None` until then.
@@ -168,6 +168,9 @@ pub struct Engine {
     /// `static`: per-trajectory slices of each provider's rate.
     pub(crate) slices:
         HashMap<(tangram_shared::JobId, tangram_shared::TrajectoryId, String), crate::quota::Quota>,
+    /// What the CPU policy's last plan said of the actions it did not launch, for the status
+    /// report's wait reasons (kept as the plan gave it: no work per cycle beyond a move).
+    pub(crate) unplaced: Vec<(ActionId, crate::model::Unplaced)>,
     /// Recent completed results, by kind, for the status report.
     pub(crate) recent: VecDeque<(ActionKind, Timing, u64)>,
     /// Something changed since the last plan.
@@ -192,9 +195,6 @@ pub struct Engine {
     /// worker reports as a new instance (it fences itself on reading the fence record);
     /// with when the fence was last asked for.
     pub(crate) fenced: BTreeMap<WorkerId, (String, u64)>,
-    /// Actions whose dispatch failed more than once in a row, back in the queue at this
-    /// time (ms), so that a NATS that refuses stores is not hammered.
-    pub(crate) retrying: Vec<(u64, ActionId)>,
     /// Workers an operator cordoned or is draining.
     pub(crate) cordons: BTreeMap<WorkerId, cordon::Cordon>,
     /// Malleable policies: how far each elastic exec has got (see [`resize`]).
@@ -216,13 +216,13 @@ impl Engine {
 
     /// An engine running `policy` (its name in `config` is then only informative).
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
-        let static_cores = policy.per_trajectory_cores();
+        let provisioning = policy.provisioning();
         let mut eoe = crate::gpu::Eoe::new(Vec::new());
-        eoe.rebalance = policy.rebalances_gpus();
+        eoe.rebalance = provisioning.malleable();
         Self {
             config,
             policy,
-            static_cores,
+            provisioning,
             learner: crate::learn::Learner::new(),
             started_ms: None,
             reachable_ms: None,
@@ -236,6 +236,7 @@ impl Engine {
             pinned: false,
             providers: BTreeMap::new(),
             slices: HashMap::new(),
+            unplaced: Vec::new(),
             recent: VecDeque::new(),
             dirty: false,
             queues_observed_ms: None,
@@ -243,7 +244,6 @@ impl Engine {
             departed: BTreeMap::new(),
             fenced: BTreeMap::new(),
             cordons: BTreeMap::new(),
-            retrying: Vec::new(),
             stopping: false,
             wake_at: None,
             out: Vec::new(),
@@ -346,9 +346,6 @@ impl Engine {
             earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);
         }
         if let Some(t) = self.next_drain_ms() {
-            earliest(t);
-        }
-        if let Some(t) = self.retrying.iter().map(|(t, _)| *t).min() {
             earliest(t);
         }
         for e in self.actions.values() {

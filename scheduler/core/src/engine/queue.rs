@@ -2,7 +2,6 @@
 //! of the wait a new action would see now (Little's law on the last minute's completions).
 //! A read of the engine's state, no decisions.
 
-use super::lifecycle::ActionState;
 use super::{Engine, Now};
 use std::collections::BTreeMap;
 use tangram_shared::status::QueueStatus;
@@ -19,7 +18,7 @@ impl Engine {
     pub fn queues(&self, now: Now) -> BTreeMap<String, QueueStatus> {
         let mut out: BTreeMap<String, QueueStatus> = BTreeMap::new();
         for e in self.actions.values() {
-            if let ActionState::Queued { .. } = e.state {
+            if e.state.is_waiting() {
                 let q = out.entry(e.action.kind().as_str().to_string()).or_default();
                 q.depth += 1;
                 let waited = now.ms.saturating_sub(e.arrived_ms) as f64 / 1e3;

@@ -138,7 +138,7 @@ impl Engine {
                 }
                 ActionState::Dispatching { .. } => continue,
                 ActionState::Running { stored_ms, .. } => *stored_ms,
-                ActionState::Queued { .. } => continue,
+                ActionState::Queued { .. } | ActionState::Backoff { .. } => continue,
             };
             let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
             let p = *self.progress.entry(id.clone()).or_insert(Progress {
@@ -319,7 +319,7 @@ impl Engine {
             | ActionState::Running {
                 booking, attempt, ..
             } => (booking, *attempt),
-            ActionState::Queued { .. } => return,
+            ActionState::Queued { .. } | ActionState::Backoff { .. } => return,
         };
         booking.grant.cores = cores;
         booking.counted_cores = cores;

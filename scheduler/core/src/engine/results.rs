@@ -59,7 +59,7 @@ impl Engine {
         // re-size must follow it on the worker's subject): plan again now.
         // Only now, with the dispatch durable, is the action acknowledged.
         let delivery = e.delivery;
-        if kind == ActionKind::SandboxExec && self.policy.malleable() {
+        if kind == ActionKind::SandboxExec && self.provisioning.malleable() {
             self.dirty = true;
             self.touched.insert(stored_on);
         }
@@ -129,7 +129,12 @@ impl Engine {
         // the action waits, twice as long each time from 50 ms up to 2 s.
         if failures >= 2 {
             let wait = (RETRY_FIRST_MS << (failures - 2).min(6)).min(RETRY_MAX_MS);
-            self.retrying.push((now.ms + wait, id.clone()));
+            if let Some(e) = self.actions.get_mut(id) {
+                e.state = ActionState::Backoff {
+                    until_ms: now.ms + wait,
+                    last_progress_ms,
+                };
+            }
             return;
         }
         self.requeue(id);
@@ -152,18 +157,19 @@ impl Engine {
         self.dirty = true;
     }
 
-    /// Failed dispatches whose wait is over go back into the queue.
-    pub(crate) fn on_retries_due(&mut self, now: Now) {
-        if self.retrying.is_empty() {
+    /// A failed dispatch whose wait is over goes back into the queue.
+    pub(crate) fn end_backoff(&mut self, id: &ActionId) {
+        let Some(e) = self.actions.get_mut(id) else {
             return;
-        }
-        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retrying)
-            .into_iter()
-            .partition(|(t, _)| *t <= now.ms);
-        self.retrying = wait;
-        for (_, id) in due {
-            self.requeue(&id);
-        }
+        };
+        let ActionState::Backoff {
+            last_progress_ms, ..
+        } = e.state
+        else {
+            return;
+        };
+        e.state = ActionState::Queued { last_progress_ms };
+        self.requeue(id);
     }
 
     /// A first result: its ACT goes to the metrics, and a completion's to the status report.
@@ -183,11 +189,7 @@ impl Engine {
             outcome: r.outcome.label(),
             code: r.outcome.code_label(),
         }));
-        let Some(queued) = self
-            .actions
-            .get(&r.id)
-            .map(|e| matches!(e.state, ActionState::Queued { .. }))
-        else {
+        let Some(queued) = self.actions.get(&r.id).map(|e| e.state.is_waiting()) else {
             // A late or repeated result of a settled action (or of one this engine never
             // saw): nothing is booked for it.
             if !self.settled_set.contains(&r.id) {
@@ -213,7 +215,7 @@ impl Engine {
                         .or_insert(super::lifecycle::Sandbox {
                             worker: p.worker.clone(),
                             mem_mb: e.action.demand().mem_mb,
-                            cores: self.static_cores.unwrap_or(0),
+                            cores: self.provisioning.trajectory_cores().unwrap_or(0),
                             state: SandboxState::Open,
                             image: super::lifecycle::open_image(&e.action),
                         });
@@ -231,7 +233,7 @@ impl Engine {
         let Some((worker, booking)) = e.placed() else {
             return;
         };
-        if self.policy.malleable() {
+        if self.provisioning.malleable() {
             self.touched.insert(worker.clone());
         }
         // A re-sized exec is learned at the cores it held on average.
@@ -303,7 +305,7 @@ impl Engine {
                         super::lifecycle::Sandbox {
                             worker: worker.clone(),
                             mem_mb: booking.grant.mem_mb.max(e.action.demand().mem_mb),
-                            cores: self.static_cores.unwrap_or(0),
+                            cores: self.provisioning.trajectory_cores().unwrap_or(0),
                             state: SandboxState::Open,
                             image: super::lifecycle::open_image(&e.action),
                         },
@@ -379,7 +381,7 @@ impl Engine {
             ActionState::Dispatching { attempt, .. } | ActionState::Running { attempt, .. } => {
                 *attempt
             }
-            ActionState::Queued { .. } => e.attempts,
+            ActionState::Queued { .. } | ActionState::Backoff { .. } => e.attempts,
         };
         if matches!(e.state, ActionState::Dispatching { .. }) {
             self.out.push(Effect::Ack(e.delivery));

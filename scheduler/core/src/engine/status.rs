@@ -1,10 +1,13 @@
 //! The status report (`tangram status`): a read of the engine's state, no decisions.
 
+use super::lifecycle::{ActionState, SandboxState};
 use super::{Engine, Now};
-use std::collections::BTreeMap;
+use crate::model::{Unplaced, WaitReason};
+use std::collections::{BTreeMap, HashMap};
 use tangram_shared::stats::quantile;
 use tangram_shared::status::*;
 use tangram_shared::Timing;
+use tangram_shared::{ActionId, ActionSpec};
 
 impl Engine {
     /// The live workers' liveness and bookings, for the metrics.
@@ -77,6 +80,7 @@ impl Engine {
                 Some(_) => *st.running.entry(kind).or_default() += 1,
             }
         }
+        st.waiting = self.waiting();
         for s in self.eoe.services() {
             let mut svc = ServiceStatus {
                 name: s.name.clone(),
@@ -136,5 +140,83 @@ impl Engine {
             );
         }
         st
+    }
+}
+
+impl Engine {
+    /// Why the actions not running wait, counted by reason: what the last plan said of each
+    /// one the CPU policy saw, and for the others what they wait on (a GPU, a quota, their
+    /// sandbox, a retry).
+    fn waiting(&self) -> BTreeMap<String, usize> {
+        let cpu: HashMap<&ActionId, &Unplaced> =
+            self.unplaced.iter().map(|(i, u)| (i, u)).collect();
+        let mut out: BTreeMap<String, usize> = BTreeMap::new();
+        for (id, e) in &self.actions {
+            let why = match &e.state {
+                ActionState::Backoff { .. } => {
+                    "a retry: its dispatch failed to be stored twice or more".to_string()
+                }
+                ActionState::Queued { .. } => match cpu.get(id) {
+                    Some(u) => unplaced_reason(u),
+                    None => self.wait_of(e),
+                },
+                _ => continue,
+            };
+            *out.entry(why).or_default() += 1;
+        }
+        out
+    }
+
+    /// What a queued action that the CPU policy did not judge waits on.
+    fn wait_of(&self, e: &super::lifecycle::Entry) -> String {
+        if self.stopping {
+            return "this scheduler is stopping: handed back to the next".into();
+        }
+        let a = &e.action;
+        match &a.spec {
+            ActionSpec::Reward(r) => format!("a GPU replica of service {}", r.service),
+            ActionSpec::Api(c) => format!("quota of {}", c.provider),
+            ActionSpec::SandboxExec(_) | ActionSpec::SandboxClose(_) => {
+                match self.sandbox(&a.job, &a.trajectory).map(|s| s.state) {
+                    Some(SandboxState::Opening) => "its sandbox to open".into(),
+                    Some(SandboxState::Closing) => "its sandbox's close to finish".into(),
+                    None if !self.settled_in => {
+                        "the workers' first heartbeats (the scheduler just started)".into()
+                    }
+                    _ => "its sandbox's open, queued ahead of it".into(),
+                }
+            }
+            ActionSpec::SandboxOpen(_) => "the next planning cycle".into(),
+        }
+    }
+}
+
+/// A CPU policy's reason for not launching, in words that group actions alike (the need,
+/// not the best worker's free figure).
+fn unplaced_reason(u: &Unplaced) -> String {
+    match u {
+        Unplaced::MayFitLater(WaitReason::NoWorkers) => "no worker has registered".into(),
+        Unplaced::MayFitLater(WaitReason::Cores { need, .. }) => {
+            format!("no worker with {need} free cores")
+        }
+        Unplaced::MayFitLater(WaitReason::Memory { need_mb, .. }) => {
+            format!("no worker with {} free", mebibytes(*need_mb))
+        }
+        Unplaced::MayFitLater(WaitReason::NotAccepting(w)) => {
+            format!("worker {w}, which takes no new work now")
+        }
+        Unplaced::NeverFits(_) => {
+            "a worker large enough (none has registered yet; rejected once the fleet is known)"
+                .into()
+        }
+    }
+}
+
+/// MiB as an operator reads them: whole GiB as GiB.
+fn mebibytes(mb: u64) -> String {
+    if mb >= 1024 && mb.is_multiple_of(1024) {
+        format!("{} GiB", mb / 1024)
+    } else {
+        format!("{mb} MiB")
     }
 }

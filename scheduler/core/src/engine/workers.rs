@@ -77,7 +77,7 @@ impl Engine {
                         Sandbox {
                             worker: hb.worker.clone(),
                             mem_mb: s.mem_mb,
-                            cores: self.static_cores.unwrap_or(0),
+                            cores: self.provisioning.trajectory_cores().unwrap_or(0),
                             state: SandboxState::Open,
                             image: None,
                         },
@@ -113,7 +113,7 @@ impl Engine {
                 .pinned_since_ms
                 .is_some_and(|since| now.ms >= since + window);
             if due
-                && matches!(e.state, ActionState::Queued { .. })
+                && e.state.is_waiting()
                 && e.pin.as_ref() == Some(&hb.worker)
                 && !listed.contains(id)
             {
@@ -305,7 +305,6 @@ impl Engine {
 
     pub(crate) fn on_tick(&mut self, now: Now) {
         self.on_drain_deadlines(now);
-        self.on_retries_due(now);
         // Judged at the last confirmation that NATS answered, when there is one: a worker is
         // lost only if it had been silent past its grace while NATS was known to work.
         let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);
@@ -320,6 +319,8 @@ impl Engine {
         }
         // Deadlines: a running action with no result long past its timeout.
         let mut overdue: Vec<(ActionId, WorkerId)> = Vec::new();
+        // Failed dispatches whose wait is over go back into the queue.
+        let mut backed_off: Vec<(u64, ActionId)> = Vec::new();
         for (id, e) in self.actions.iter_mut() {
             match &mut e.state {
                 ActionState::Queued { last_progress_ms }
@@ -328,6 +329,18 @@ impl Engine {
                     *last_progress_ms = now.ms;
                     self.out.push(Effect::Progress(e.delivery));
                 }
+                ActionState::Backoff {
+                    until_ms,
+                    last_progress_ms,
+                } => {
+                    if now.ms >= *until_ms {
+                        backed_off.push((*until_ms, id.clone()));
+                    }
+                    if now.ms >= *last_progress_ms + self.config.progress_every_ms {
+                        *last_progress_ms = now.ms;
+                        self.out.push(Effect::Progress(e.delivery));
+                    }
+                }
                 ActionState::Running {
                     worker,
                     deadline_ms,
@@ -335,6 +348,10 @@ impl Engine {
                 } if judged_at >= *deadline_ms => overdue.push((id.clone(), worker.clone())),
                 _ => {}
             }
+        }
+        backed_off.sort();
+        for (_, id) in backed_off {
+            self.end_backoff(&id);
         }
         overdue.sort();
         for (id, worker) in overdue {

@@ -13,16 +13,17 @@
 mod bursty;
 pub mod calibrate;
 mod images;
+mod k8s;
 mod run;
 mod timeline;
 
 pub use bursty::Bursty;
 pub use images::{SimImages, SweImages};
+pub use k8s::{by_name, names, K8s, Simulated, SIM_ONLY};
 pub use run::SimStats;
 pub use timeline::{Timeline, Track, MAX_BINS};
 
 use crate::elastic::Speedup;
-use crate::model::Policy;
 use tangram_shared::CpuRange;
 
 /// What an action uses beyond (or instead of) a trajectory's cores.
@@ -191,15 +192,15 @@ pub enum Elasticity {
 }
 
 /// Runs `workload` under `policy`, with each action's true elasticity model.
-pub fn simulate(workload: &Workload, policy: &dyn Policy) -> SimReport {
+pub fn simulate<S: Simulated + ?Sized>(workload: &Workload, policy: &S) -> SimReport {
     simulate_with(workload, policy, Elasticity::Oracle)
 }
 
 /// Runs `workload` under `policy`, with models from `elasticity`: the scheduler's decision
 /// engine itself on a virtual clock ([`run`]).
-pub fn simulate_with(
+pub fn simulate_with<S: Simulated + ?Sized>(
     workload: &Workload,
-    policy: &dyn Policy,
+    policy: &S,
     elasticity: Elasticity,
 ) -> SimReport {
     run::run(
@@ -213,9 +214,9 @@ pub fn simulate_with(
 
 /// [`simulate_with`], with the run's counters (GPU restores and evictions, rejections, GPU
 /// time).
-pub fn run_stats(
+pub fn run_stats<S: Simulated + ?Sized>(
     workload: &Workload,
-    policy: &dyn Policy,
+    policy: &S,
     elasticity: Elasticity,
 ) -> (SimReport, SimStats) {
     run::run(
@@ -229,9 +230,9 @@ pub fn run_stats(
 /// [`run_stats`] with image-aware placement weighing `Some(load_ms)` per sandbox per core
 /// against a pull (the engine's `image_load_ms`), or ignoring images (`None`), for the
 /// side-by-side of a workload with [`SimImages`].
-pub fn run_images(
+pub fn run_images<S: Simulated + ?Sized>(
     workload: &Workload,
-    policy: &dyn Policy,
+    policy: &S,
     elasticity: Elasticity,
     image_load_ms: Option<u64>,
 ) -> (SimReport, SimStats) {
@@ -282,9 +283,9 @@ pub struct AiCoding {
     pub jobs: usize,
 }
 
-/// Cores each `static` sandbox gets in the baseline: a common per-pod request; also the DoP
+/// Cores each `static` sandbox gets in the baseline (a common per-pod request) is also the DoP
 /// at which the generator's ~1 s action durations are defined.
-pub const STATIC_CORES: u32 = 4;
+pub use crate::policies::STATIC_CORES;
 
 impl AiCoding {
     /// The paper's cluster for AI coding: 15 nodes of 256 cores.

@@ -22,7 +22,6 @@ use super::timeline::Track;
 use super::{ActionRecord, Elasticity, SimCall, SimReport, Workload};
 use crate::elastic::ElasticModel;
 use crate::engine::{Arrival, Now};
-use crate::model::Policy;
 use crate::{Effect, Engine, EngineConfig, Event};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -166,13 +165,14 @@ struct Driver<'w> {
 }
 
 /// Runs `w` under `policy` through the decision engine.
-pub(crate) fn run(
+pub(crate) fn run<S: super::Simulated + ?Sized>(
     w: &Workload,
-    policy: &dyn Policy,
+    sim: &S,
     elasticity: Elasticity,
     image_load_ms: Option<u64>,
 ) -> (SimReport, SimStats) {
-    let static_cores = policy.per_trajectory_cores();
+    let policy = sim.policy();
+    let static_cores = policy.provisioning().trajectory_cores();
     let mut jobs_in_order: Vec<String> = Vec::new();
     for t in &w.trajectories {
         if !jobs_in_order.contains(&t.job) {
@@ -201,7 +201,7 @@ pub(crate) fn run(
     let pool: u32 = w.nodes.iter().sum();
     let mut d = Driver {
         w,
-        engine: Engine::with_policy(config, policy.boxed()),
+        engine: Engine::with_policy(config, policy),
         elasticity,
         heap: BinaryHeap::new(),
         seq: 0,
@@ -233,7 +233,7 @@ pub(crate) fn run(
             .collect(),
         tick_at: None,
         report: SimReport {
-            policy: policy.name().to_string(),
+            policy: sim.label().to_string(),
             actions: Vec::new(),
             step_time_ms: 0.0,
             reserved_core_ms: 0.0,
@@ -250,7 +250,7 @@ pub(crate) fn run(
         },
         stats: SimStats::default(),
         static_cores,
-        pod_start_ms: policy.pod_start_ms(),
+        pod_start_ms: sim.pod_start_ms(),
         last_end: 0.0,
         next_delivery: 1,
         node_images: vec![Default::default(); w.nodes.len()],
@@ -634,7 +634,7 @@ impl Driver<'_> {
                 // sample, so that maps over other settings compare like with like).
                 let start = self.pod_start_ms.map_or(0.0, |median| {
                     super::Rng::new(0x706f_6400 ^ t as u64)
-                        .lognormal(median, crate::policies::K8s::START_SIGMA)
+                        .lognormal(median, super::K8s::START_SIGMA)
                 });
                 (0.0, start + self.pull(worker, t, now), 0)
             }

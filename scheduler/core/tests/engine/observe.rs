@@ -88,3 +88,37 @@ fn live_workers_are_reported_with_their_heartbeat_age_and_bookings() {
     // Not again within the second.
     assert!(workers(&h.advance(10)).is_none());
 }
+
+/// The status report says why queued actions wait, grouped by reason: the CPU policy's
+/// reason for each action it saw (its need, whatever the best worker has free), and what
+/// the others wait on. It used to drop the policy's reasons, so `tangram status` could only
+/// count what waited.
+#[test]
+fn status_says_why_queued_actions_wait() {
+    let mut h = crate::Harness::new(&[("w1", 2, 1024)]);
+    h.open_sandbox("j", "t1");
+    // Both cores taken by one exec; two more wait for cores.
+    let (_, fx) = h.arrive(crate::exec("x1", "j", "t1", 2, 2));
+    assert_eq!(crate::dispatched(&fx).len(), 1);
+    h.arrive(crate::exec("x2", "j", "t1", 2, 2));
+    h.arrive(crate::exec("x3", "j", "t1", 2, 2));
+    // An open asking for all the worker's memory waits for the first sandbox to close.
+    let mut big = crate::open("o2", "j", "t2");
+    if let tangram_shared::ActionSpec::SandboxOpen(o) = &mut big.spec {
+        o.memory_mb = 1024;
+    }
+    h.arrive(big);
+    // An exec whose trajectory's open is queued ahead of it.
+    h.arrive(crate::exec("x4", "j", "t2", 1, 1));
+    let st = h.engine.status(h.at());
+    let expected: std::collections::BTreeMap<String, usize> = [
+        ("no worker with 2 free cores", 2),
+        ("no worker with 1 GiB free", 1),
+        ("its sandbox's open, queued ahead of it", 1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(st.waiting, expected);
+    assert_eq!(st.queued.values().sum::<usize>(), 4);
+}

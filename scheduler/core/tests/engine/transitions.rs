@@ -738,6 +738,17 @@ fn repeated_dispatch_failures_back_off_instead_of_retrying_at_once() {
     // Second: nothing until 50 ms have passed, then attempt 3.
     let fx = fail(&mut h, d.attempt);
     assert!(dispatched(&fx).is_empty(), "{fx:?}");
+    // It shows as backing off, not as queued nor as running.
+    let until = h.now + 50;
+    assert!(
+        matches!(
+            h.engine.state_of(&id("x1")),
+            Some(ActionState::Backoff { until_ms, .. }) if *until_ms == until
+        ),
+        "{:?}",
+        h.engine.state_of(&id("x1"))
+    );
+    assert!(!h.engine.queued().contains(&id("x1")));
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::WakeAt(t) if *t <= h.now + 50)));
@@ -1022,9 +1033,7 @@ fn an_unknown_policy_name_is_an_error_not_another_policy() {
         policy: "tangram-v3".into(),
         ..cfg()
     };
-    let err = tangram_core::Engine::new(config)
-        .err()
-        .expect("an unknown policy is refused");
+    let err = tangram_core::Engine::new(config).expect_err("an unknown policy is refused");
     assert_eq!(
         err,
         tangram_core::policies::UnknownPolicy("tangram-v3".into())
@@ -1036,4 +1045,24 @@ fn an_unknown_policy_name_is_an_error_not_another_policy() {
         ..cfg()
     };
     assert!(tangram_core::Engine::new(config).is_ok());
+}
+
+/// Regression: under `static` an open's cores were counted twice from its launch to its
+/// result, once on the open and once on the sandbox it creates: a 4-core worker looked full
+/// after one 2-core open, so a second trajectory's open waited for the first one's result.
+/// (Found by the cycle's debug post-condition: 8 cores booked of 4.)
+#[test]
+fn a_static_open_books_its_cores_once() {
+    let config = EngineConfig {
+        policy: "static".into(),
+        static_cores: 2,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[("w1", 4, 4096)]);
+    let (_, fx) = h.arrive(open("o1", "j", "t1"));
+    assert_eq!(dispatched(&fx).len(), 1);
+    assert_eq!(booked_cores(&h.engine, "w1"), 2);
+    let (_, fx) = h.arrive(open("o2", "j", "t2"));
+    assert_eq!(dispatched(&fx).len(), 1, "the second open waited: {fx:?}");
+    assert_eq!(booked_cores(&h.engine, "w1"), 4);
 }

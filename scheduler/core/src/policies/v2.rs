@@ -4,8 +4,8 @@
 //! by what happened to arrive together. On GPUs it lets replicas follow demand between
 //! services (`Eoe::rebalance`).
 
-use crate::model::{Pending, Plan, Policy, Snapshot};
-use crate::policies::Tangram;
+use super::tangram::Tangram;
+use crate::model::{Pending, Plan, Policy, Provisioning, Snapshot};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -14,18 +14,20 @@ pub struct TangramV2 {
     pub base: Tangram,
 }
 
+impl TangramV2 {
+    /// Its name in the scheduler's config and the simulator.
+    pub const NAME: &'static str = "tangram-v2";
+}
+
 impl Policy for TangramV2 {
     fn name(&self) -> &'static str {
-        "tangram-v2"
+        Self::NAME
     }
     fn schedule(&self, snapshot: &Snapshot, pending: &[Pending], now_ms: u64) -> Plan {
         self.base.schedule(snapshot, pending, now_ms)
     }
-    fn malleable(&self) -> bool {
-        true
-    }
-    fn rebalances_gpus(&self) -> bool {
-        true
+    fn provisioning(&self) -> Provisioning {
+        Provisioning::Malleable
     }
     fn boxed(&self) -> Box<dyn Policy> {
         Box::new(*self)

@@ -4,19 +4,24 @@
 //! that has its minimum cores and its memory free, and gets as many cores as it can use up to
 //! its maximum. Actions that do not fit are skipped, not blocking the ones behind them.
 
+use super::select::{fixed_fifo, Cores, Pick};
 use crate::model::{Pending, Plan, Policy, Snapshot};
-use crate::policies::{fixed_fifo, Cores, Pick};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FcfsFirstFit;
+
+impl FcfsFirstFit {
+    /// Its name in the scheduler's config and the simulator.
+    pub const NAME: &'static str = "fcfs-first-fit";
+}
 
 impl Policy for FcfsFirstFit {
     fn boxed(&self) -> Box<dyn Policy> {
         Box::new(*self)
     }
     fn name(&self) -> &'static str {
-        "fcfs-first-fit"
+        Self::NAME
     }
 
     /// The shared FCFS selection with first-fit placement: feasibility and every reason for
