@@ -45,7 +45,8 @@ pub(crate) async fn dispatch_to(
         .flatten()
 }
 
-/// A dispatch of `id` to any worker, as stored (the latest, if several workers were tried);
+/// A dispatch of `id` to any worker, as stored (the one that counts by the engine's
+/// `latest_dispatch`, if several workers were tried);
 /// `Err` when the stream could not be asked (the caller must not take that as none).
 pub(crate) async fn dispatch_of(
     stream: &jetstream::stream::Stream,
@@ -59,7 +60,7 @@ pub(crate) async fn dispatch_of(
             return Err(());
         }
     };
-    let mut best: Option<(WorkerId, Dispatch)> = None;
+    let mut found: Vec<(WorkerId, Dispatch)> = Vec::new();
     while let Some(entry) = subjects.next().await {
         let (subj, _) = match entry {
             Ok(x) => x,
@@ -76,15 +77,11 @@ pub(crate) async fn dispatch_of(
             continue;
         };
         if let Some(d) = last_on(stream, &subj).await? {
-            let newer = best.as_ref().is_none_or(|(_, b)| {
-                (d.epoch, d.attempt, d.submitted_at_us) > (b.epoch, b.attempt, b.submitted_at_us)
-            });
-            if newer {
-                best = Some((worker, d));
-            }
+            found.push((worker, d));
         }
     }
-    Ok(best)
+    // Which one counts is the engine's rule.
+    Ok(tangram_core::engine::latest_dispatch(found))
 }
 
 /// Dispatches read from the backlog at once, at most.

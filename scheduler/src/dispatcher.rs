@@ -158,7 +158,10 @@ async fn publish(
 ) -> Result<jetstream::context::PublishAckFuture, String> {
     let payload = codec::encode(&*out.dispatch, Encoding::Msgpack)
         .map_err(|e| format!("encoding the dispatch: {e}"))?;
-    let headers = msgpack_headers(&msg_id(out));
+    let headers = msgpack_headers(&tangram_core::engine::dispatch_msg_id(
+        &out.worker,
+        &out.dispatch,
+    ));
     js.publish_with_headers(
         subject::dispatch(&out.worker, &out.dispatch.action.id),
         headers,
@@ -177,66 +180,4 @@ fn msgpack_headers(msg_id: &str) -> HeaderMap {
         Encoding::Msgpack.content_type(),
     );
     headers
-}
-
-/// A dispatch's `Nats-Msg-Id`: the same for every attempt of one scheduler epoch to one
-/// worker, so when a store went through but its acknowledgement was lost, the retry to that
-/// worker is dropped by JetStream's duplicate window instead of running the action twice.
-/// A dispatch to another worker is a different message and gets its own id: were it to share
-/// one, JetStream would drop it as a duplicate of the first and the action would never run.
-fn msg_id(out: &Outgoing) -> String {
-    format!(
-        "{}:{}:{}",
-        out.dispatch.action.id, out.dispatch.epoch, out.worker
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tangram_shared::{
-        Action, ActionId, ActionSpec, CpuRange, Encoding, Grant, JobId, SandboxExec, TrajectoryId,
-    };
-
-    fn outgoing(worker: &str, epoch: u64, attempt: u32) -> Outgoing {
-        Outgoing {
-            worker: WorkerId(worker.into()),
-            dispatch: Box::new(Dispatch {
-                epoch,
-                attempt,
-                action: Action {
-                    id: ActionId("a1".into()),
-                    job: JobId("j".into()),
-                    trajectory: TrajectoryId("t".into()),
-                    timeout_ms: 1000,
-                    spec: ActionSpec::SandboxExec(SandboxExec {
-                        argv: vec!["true".into()],
-                        cpus: CpuRange { min: 1, max: 1 },
-                        files: Default::default(),
-                        env: Default::default(),
-                        stdin: None,
-                    }),
-                },
-                grant: Grant {
-                    cores: 1,
-                    mem_mb: 0,
-                },
-                submitted_at_us: 0,
-                result_encoding: Encoding::Msgpack,
-                instance: None,
-                gpu: None,
-            }),
-        }
-    }
-
-    #[test]
-    fn a_retried_dispatch_to_another_worker_gets_its_own_msg_id() {
-        assert_ne!(msg_id(&outgoing("w1", 3, 1)), msg_id(&outgoing("w2", 3, 2)));
-    }
-
-    #[test]
-    fn a_retry_to_the_same_worker_keeps_its_msg_id_within_an_epoch() {
-        assert_eq!(msg_id(&outgoing("w1", 3, 1)), msg_id(&outgoing("w1", 3, 2)));
-        assert_ne!(msg_id(&outgoing("w1", 3, 1)), msg_id(&outgoing("w1", 4, 1)));
-    }
 }

@@ -44,6 +44,7 @@ pub const LEADER: &str = "tangram_scheduler_leader";
 pub const EPOCH: &str = "tangram_scheduler_epoch";
 pub const TERMS: &str = "tangram_scheduler_leader_terms_total";
 pub const TERMS_FAILED: &str = "tangram_scheduler_leader_terms_failed_total";
+pub const PLANNING_PAUSED: &str = "tangram_scheduler_planning_paused_total";
 pub const QUEUE_DEPTH_BY_KIND: &str = "tangram_scheduler_queue_depth_by_kind";
 pub const QUEUE_OLDEST: &str = "tangram_scheduler_queue_oldest_wait_seconds";
 pub const QUEUE_ESTIMATE: &str = "tangram_scheduler_queue_estimated_wait_seconds";
@@ -112,6 +113,7 @@ pub const DEFS: &[MetricDef] = &[
     def(EPOCH, G, &[], N, "The epoch of this scheduler's current or last term as leader (0 before its first)."),
     def(TERMS, C, &[], N, "Terms this scheduler has begun as leader."),
     def(TERMS_FAILED, C, &[], N, "Terms that ended on a NATS error rather than a lost lease."),
+    def(PLANNING_PAUSED, C, &[], N, "Times the leader's fence fell (lease renewals unanswered) and planning paused until a renewal went through."),
     def(QUEUE_DEPTH_BY_KIND, G, &["kind"], N, "Actions queued now, by kind."),
     def(QUEUE_OLDEST, G, &["kind"], S, "How long the oldest queued action of a kind has waited."),
     def(QUEUE_ESTIMATE, G, &["kind"], S, "The wait a new action of a kind would see now (depth over recent throughput)."),

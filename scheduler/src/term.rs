@@ -271,6 +271,7 @@ pub(crate) async fn lead(
                 let mut tick = tokio::time::interval(TICK);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut renewals = fence.renewals();
+                let mut held = true;
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => break,
@@ -279,6 +280,18 @@ pub(crate) async fn lead(
                             if now != renewals {
                                 renewals = now;
                                 if tx.send(Input::Engine(Event::Reachable)).await.is_err() { break; }
+                            }
+                            // The engine plans only while the fence holds (the dispatcher
+                            // checks it again before each publish).
+                            if fence.holds() != held {
+                                held = !held;
+                                if held {
+                                    tracing::info!("the fence holds again: planning resumes");
+                                } else {
+                                    metrics::counter!(crate::metrics::PLANNING_PAUSED).increment(1);
+                                    tracing::warn!("the fence fell (lease renewals unanswered): planning paused");
+                                }
+                                if tx.send(Input::Engine(Event::Leadership { held })).await.is_err() { break; }
                             }
                             if tx.send(Input::Engine(Event::Tick)).await.is_err() { break; }
                         }

@@ -75,7 +75,7 @@ impl Engine {
     }
 
     pub(crate) fn cycle(&mut self, now: Now) {
-        if self.stopping {
+        if self.stopping || !self.leading {
             return;
         }
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();

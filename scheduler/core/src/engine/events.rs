@@ -89,6 +89,16 @@ pub enum Event {
     /// [`crate::EngineConfig::reachable_every_ms`]; an engine never sent one judges worker
     /// liveness by the clock alone.
     Reachable,
+    /// Whether this scheduler holds the leader lease as far as it can tell: `false` when its
+    /// fence fell (renewals unanswered for three quarters of the lease: another scheduler
+    /// may lead now), `true` when a renewal went through again. While not leading the
+    /// engine plans nothing (no launch, re-size or rejection goes out; what waits stays
+    /// queued in its place) but keeps its table, acks in progress and takes results, so a
+    /// leader whose fence comes back goes on where it was. Engines start leading.
+    Leadership {
+        /// The lease is held.
+        held: bool,
+    },
     /// The scheduler is stopping: hand queued actions back.
     Shutdown,
     /// The stored dispatch of an action a worker reports running, fetched because this

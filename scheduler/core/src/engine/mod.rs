@@ -18,6 +18,7 @@ mod api;
 mod cordon;
 mod cycle;
 mod events;
+mod identity;
 mod images;
 pub mod intake;
 pub mod lifecycle;
@@ -33,6 +34,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Limits, Timing, WorkerId};
 
 pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject, WorkerGauge};
+pub use identity::{dispatch_msg_id, latest_dispatch};
 pub use intake::{check, BadMessage, RawMessage};
 
 /// How the engine is set up.
@@ -184,6 +186,9 @@ pub struct Engine {
     pub(crate) departed: BTreeMap<WorkerId, u64>,
     /// Shutting down: nothing more is launched, and what cannot go ahead is handed back.
     pub(crate) stopping: bool,
+    /// Holds the leader lease as far as the shell can tell ([`Event::Leadership`]): when
+    /// not, nothing is planned.
+    pub(crate) leading: bool,
     /// When a rate-limited action can go next.
     pub(crate) wake_at: Option<u64>,
     pub(crate) out: Vec<Effect>,
@@ -245,6 +250,7 @@ impl Engine {
             fenced: BTreeMap::new(),
             cordons: BTreeMap::new(),
             stopping: false,
+            leading: true,
             wake_at: None,
             out: Vec::new(),
             adopting: Default::default(),
@@ -315,6 +321,12 @@ impl Engine {
             Event::DispatchFailed { id, attempt, .. } => self.on_dispatch_failed(&id, attempt, now),
             Event::Tick => self.on_tick(now),
             Event::Reachable => self.on_reachable(now),
+            Event::Leadership { held } => {
+                if held && !self.leading {
+                    self.dirty = true; // plan what waited while the lease was in doubt
+                }
+                self.leading = held;
+            }
             Event::Shutdown => self.on_shutdown(),
             Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, None, now),
             Event::AdoptStored {
@@ -392,6 +404,11 @@ impl Engine {
     /// True when this id was settled (and is still remembered).
     pub fn is_settled(&self, id: &ActionId) -> bool {
         self.settled_set.contains(id)
+    }
+
+    /// Whether this engine plans: it holds the leader lease as far as it knows.
+    pub fn is_leading(&self) -> bool {
+        self.leading
     }
 
     /// Actions whose dispatch is handed out and not yet known to be stored or not: a

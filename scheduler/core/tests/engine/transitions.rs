@@ -1066,3 +1066,35 @@ fn a_static_open_books_its_cores_once() {
     assert_eq!(dispatched(&fx).len(), 1, "the second open waited: {fx:?}");
     assert_eq!(booked_cores(&h.engine, "w1"), 4);
 }
+
+/// Leadership is an engine event: a leader whose fence fell plans nothing (it used to keep
+/// launching, each dispatch refused by the fenced dispatcher and backed off, thousands of
+/// times at 500 workers), keeps what waits in its place, and plans it once the lease is
+/// confirmed again.
+#[test]
+fn a_leader_whose_fence_fell_plans_nothing_until_it_holds_the_lease_again() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    h.open_sandbox("j", "t1");
+    let fx = h.step(Event::Leadership { held: false });
+    assert!(dispatched(&fx).is_empty());
+    assert!(!h.engine.is_leading());
+    let (_, fx) = h.arrive(exec("x1", "j", "t1", 1, 1));
+    assert!(dispatched(&fx).is_empty(), "{fx:?}");
+    // Time passes with the worker reporting; still acked in progress while it waits.
+    let mut progress = 0;
+    for _ in 0..4 {
+        let mut fx = h.advance(1_000);
+        fx.extend(h.heartbeat("w1", 4, 4096, &[], &[("j", "t1")]));
+        assert!(dispatched(&fx).is_empty(), "{fx:?}");
+        progress += fx
+            .iter()
+            .filter(|e| matches!(e, Effect::Progress(_)))
+            .count();
+    }
+    assert_eq!(h.engine.queued(), &[id("x1")]);
+    assert_eq!(progress, 1);
+    let fx = h.step(Event::Leadership { held: true });
+    let d = dispatched(&fx);
+    assert_eq!(d.len(), 1, "{fx:?}");
+    assert_eq!(d[0].1.action.id, id("x1"));
+}
