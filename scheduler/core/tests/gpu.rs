@@ -8,7 +8,7 @@ use tangram_core::gpu::{Eoe, ServiceSpec, Unrouted};
 use tangram_shared::WorkerId;
 
 fn check(e: &Eoe) {
-    let res: Vec<_> = e.replicas().iter().filter(|r| r.resident).collect();
+    let res: Vec<_> = e.replicas().iter().filter(|r| r.is_resident()).collect();
     for (i, a) in res.iter().enumerate() {
         assert_eq!(a.chunk.start % a.chunk.len, 0, "unaligned chunk {a:?}");
         assert!(
@@ -53,7 +53,7 @@ proptest! {
                 e.finish(i, now);
             } else {
                 let name = &specs[s % specs.len()].name;
-                let busy_before: Vec<_> = e.replicas().iter().map(|r| (r.busy, r.resident)).collect();
+                let busy_before: Vec<_> = e.replicas().iter().map(|r| (r.busy, r.is_resident())).collect();
                 let waiting = |svc: &str| {
                     let last = svc.bytes().last().unwrap_or(0) as u32;
                     if last % 3 == backlog % 3 { backlog } else { 0 }

@@ -90,7 +90,7 @@ impl Engine {
             };
             for r in self.eoe.replicas().iter().filter(|r| r.service == s.name) {
                 svc.busy += r.busy;
-                if r.resident {
+                if r.is_resident() {
                     svc.resident.push(format!(
                         "{}:{}/{}+{}",
                         r.node, r.chunk.group, r.chunk.start, r.chunk.len

@@ -133,23 +133,55 @@ pub struct Replica {
     pub node: WorkerId,
     /// Its GPUs.
     pub chunk: Chunk,
-    /// On the GPUs (or being restored onto them).
-    pub resident: bool,
-    /// When a restore in progress completes, ms (at or before now once done).
+    /// Where it is in its life (diagram: `scheduler/core/README.md`, "GPU replica").
+    pub state: ReplicaState,
+    /// When its last restore completes, ms (at or before now once done): a resident replica
+    /// with this in the future is still restoring.
     pub ready_at_ms: u64,
     /// Actions routed to it that have not finished.
     pub busy: u32,
-    /// Draining for another service that has no resident replica: takes no new actions, and
-    /// is evicted once idle (so a popular service cannot starve the others).
-    pub draining: bool,
-    /// A re-balancing drain ([`Eoe::rebalance`]): the backlogged service it drains for, which
-    /// alone may evict it as soon as it is idle. `None` for a drain for a starving service.
-    pub drained_for: Option<String>,
     /// Last time an action was routed to it or finished on it, ms.
     pub last_used_ms: u64,
     /// The order of that last use among all replicas' uses: least recently used is decided
     /// by `(last_used_ms, last_use)`, so uses within one millisecond keep their order.
     pub last_use: u64,
+}
+
+/// Where a GPU replica is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaState {
+    /// Its state in host memory; its chunk is free for others.
+    Evicted,
+    /// On its GPUs (restoring until [`Replica::ready_at_ms`]), taking calls up to its slots.
+    Resident,
+    /// On its GPUs, taking no new calls, and evicted once idle: for a service with nothing
+    /// resident (`for_service: None`; any such service may take the chunk), so a popular
+    /// service cannot starve the others; or, under re-balancing ([`Eoe::rebalance`]), for
+    /// the backlogged service named, which alone may evict it.
+    Draining {
+        /// The backlogged service it drains for, under re-balancing.
+        for_service: Option<String>,
+    },
+}
+
+impl Replica {
+    /// On its GPUs: resident or draining.
+    pub fn is_resident(&self) -> bool {
+        self.state != ReplicaState::Evicted
+    }
+
+    /// Draining, for whichever service.
+    pub fn is_draining(&self) -> bool {
+        matches!(self.state, ReplicaState::Draining { .. })
+    }
+
+    /// The service a re-balancing drain is for.
+    pub fn drained_for(&self) -> Option<&str> {
+        match &self.state {
+            ReplicaState::Draining { for_service } => for_service.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// A replica taken off its GPUs to make room.
@@ -370,12 +402,12 @@ impl Eoe {
             .iter()
             .position(|r| r.service == service && &r.node == node && r.chunk == chunk)
         {
-            if resident && !self.replicas[i].resident {
+            if resident && !self.replicas[i].is_resident() {
                 if !g.is_free(chunk.start, chunk.len) {
                     return false;
                 }
                 g.take(chunk.start, chunk.len);
-                self.replicas[i].resident = true;
+                self.replicas[i].state = ReplicaState::Resident;
             }
             return true;
         }
@@ -394,11 +426,13 @@ impl Eoe {
             service: service.to_string(),
             node: node.clone(),
             chunk,
-            resident,
+            state: if resident {
+                ReplicaState::Resident
+            } else {
+                ReplicaState::Evicted
+            },
             ready_at_ms: now_ms,
             busy: 0,
-            draining: false,
-            drained_for: None,
             last_used_ms: now_ms,
             last_use: 0,
         });
@@ -424,16 +458,14 @@ impl Eoe {
                             .take(chunk.start, chunk.len);
                         match reuse {
                             // A replica deployed there already (evicted): make it resident.
-                            Some(i) => self.replicas[i].resident = true,
+                            Some(i) => self.replicas[i].state = ReplicaState::Resident,
                             None => self.replicas.push(Replica {
                                 service: name.clone(),
                                 node,
                                 chunk,
-                                resident: true,
+                                state: ReplicaState::Resident,
                                 ready_at_ms: 0,
                                 busy: 0,
-                                draining: false,
-                                drained_for: None,
                                 last_used_ms: 0,
                                 last_use: 0,
                             }),
@@ -454,7 +486,7 @@ impl Eoe {
     /// `service` already has an evicted replica (the index is then returned).
     fn free_chunk(&self, len: u8, service: &str) -> Option<(WorkerId, Chunk, Option<usize>)> {
         for (i, r) in self.replicas.iter().enumerate() {
-            if !r.resident && r.service == service && r.chunk.len == len {
+            if !r.is_resident() && r.service == service && r.chunk.len == len {
                 if let Some(n) = self.nodes.get(&r.node) {
                     if n.accepting && n.groups[r.chunk.group as usize].is_free(r.chunk.start, len) {
                         return Some((r.node.clone(), r.chunk, Some(i)));
@@ -493,7 +525,7 @@ impl Eoe {
         service: &str,
     ) -> Option<(WorkerId, Chunk, Vec<usize>)> {
         self.lru_chunk(len, |r| {
-            let drained_for_it = r.draining && r.drained_for.as_deref() == Some(service);
+            let drained_for_it = r.is_draining() && r.drained_for() == Some(service);
             r.busy == 0
                 && r.ready_at_ms <= now_ms
                 && (drained_for_it || now_ms.saturating_sub(r.last_used_ms) >= min_idle_ms)
@@ -518,10 +550,9 @@ impl Eoe {
                         start,
                         len,
                     };
-                    let occupants =
-                        self.replicas.iter().enumerate().filter(|(_, r)| {
-                            r.resident && &r.node == id && r.chunk.overlaps(&chunk)
-                        });
+                    let occupants = self.replicas.iter().enumerate().filter(|(_, r)| {
+                        r.is_resident() && &r.node == id && r.chunk.overlaps(&chunk)
+                    });
                     let mut victims = Vec::new();
                     let mut newest = (0u64, 0u64);
                     let mut ok = true;
@@ -605,9 +636,13 @@ impl Eoe {
                 // Under re-balancing a service takes back its own replica drained for a
                 // service that no longer has calls waiting, rather than wait while its
                 // replica sits idle.
-                let stale = r.drained_for.as_deref().is_some_and(|f| waiting(f) == 0);
-                let usable = !r.draining || (self.rebalance && stale);
-                r.resident && usable && r.service == service && r.busy < spec.slots && accepting(r)
+                let stale = r.drained_for().is_some_and(|f| waiting(f) == 0);
+                let usable = !r.is_draining() || (self.rebalance && stale);
+                r.is_resident()
+                    && usable
+                    && r.service == service
+                    && r.busy < spec.slots
+                    && accepting(r)
             })
             .min_by_key(|(i, r)| {
                 if self.rebalance {
@@ -615,7 +650,7 @@ impl Eoe {
                     // replicas go idle and can be given up when its demand falls; one being
                     // drained only when no other has a slot.
                     (
-                        r.draining,
+                        r.is_draining(),
                         r.ready_at_ms > now_ms,
                         u32::MAX - r.busy,
                         r.ready_at_ms,
@@ -627,8 +662,7 @@ impl Eoe {
             })
             .map(|(i, _)| i);
         if let Some(i) = resident {
-            self.replicas[i].draining = false;
-            self.replicas[i].drained_for = None;
+            self.replicas[i].state = ReplicaState::Resident;
             self.touch(i, now_ms);
             let r = &mut self.replicas[i];
             r.busy += 1;
@@ -646,7 +680,7 @@ impl Eoe {
             if !self
                 .replicas
                 .iter()
-                .any(|r| r.resident && r.service == service)
+                .any(|r| r.is_resident() && r.service == service)
             {
                 return Err(Unrouted::NotDeployed {
                     service: service.to_string(),
@@ -659,7 +693,7 @@ impl Eoe {
         let has_resident = self
             .replicas
             .iter()
-            .any(|r| r.resident && r.service == service);
+            .any(|r| r.is_resident() && r.service == service);
         // 2. A free chunk. 3. Evict idle replicas, least recently used first; a service that
         // already has a resident replica only takes chunks idle for a while (no thrash).
         let (node, chunk, reuse, victims) = if let Some((n, c, reuse)) =
@@ -693,9 +727,7 @@ impl Eoe {
         let mut evict = Vec::with_capacity(victims.len());
         for &v in &victims {
             let r = &mut self.replicas[v];
-            r.resident = false;
-            r.draining = false;
-            r.drained_for = None;
+            r.state = ReplicaState::Evicted;
             self.nodes.get_mut(&r.node).expect("node").groups[r.chunk.group as usize]
                 .release(r.chunk.start, r.chunk.len);
             evict.push(Eviction {
@@ -709,7 +741,7 @@ impl Eoe {
         let ready_at_ms = now_ms + spec.restore_ms;
         let existing = reuse.or_else(|| {
             self.replicas.iter().position(|r| {
-                !r.resident && r.service == service && r.node == node && r.chunk == chunk
+                !r.is_resident() && r.service == service && r.node == node && r.chunk == chunk
             })
         });
         let i = match existing {
@@ -719,11 +751,9 @@ impl Eoe {
                     service: service.to_string(),
                     node: node.clone(),
                     chunk,
-                    resident: false,
+                    state: ReplicaState::Evicted,
                     ready_at_ms,
                     busy: 0,
-                    draining: false,
-                    drained_for: None,
                     last_used_ms: now_ms,
                     last_use: 0,
                 });
@@ -732,7 +762,7 @@ impl Eoe {
         };
         self.touch(i, now_ms);
         let r = &mut self.replicas[i];
-        r.resident = true;
+        r.state = ReplicaState::Resident;
         r.ready_at_ms = ready_at_ms;
         r.busy = 1;
         Ok(Route {
@@ -750,15 +780,14 @@ impl Eoe {
     fn drain_light(&mut self, spec: &ServiceSpec, now_ms: u64, waiting: &dyn Fn(&str) -> u32) {
         // A drain for a service that no longer has calls waiting is called off.
         for r in &mut self.replicas {
-            if r.drained_for.as_deref().is_some_and(|s| waiting(s) == 0) {
-                r.draining = false;
-                r.drained_for = None;
+            if r.drained_for().is_some_and(|s| waiting(s) == 0) {
+                r.state = ReplicaState::Resident;
             }
         }
         if self
             .replicas
             .iter()
-            .any(|r| r.resident && r.drained_for.is_some())
+            .any(|r| r.is_resident() && r.drained_for().is_some())
         {
             return;
         }
@@ -768,8 +797,8 @@ impl Eoe {
             .enumerate()
             .filter(|(_, r)| {
                 let slots = self.services.get(&r.service).map_or(1, |s| s.slots);
-                r.resident
-                    && !r.draining
+                r.is_resident()
+                    && !r.is_draining()
                     && r.service != spec.name
                     && r.chunk.len == spec.gpus
                     && r.ready_at_ms <= now_ms
@@ -780,8 +809,9 @@ impl Eoe {
             .min_by_key(|(i, r)| (r.busy, r.last_used_ms, r.last_use, *i))
             .map(|(i, _)| i);
         if let Some(v) = victim {
-            self.replicas[v].draining = true;
-            self.replicas[v].drained_for = Some(spec.name.clone());
+            self.replicas[v].state = ReplicaState::Draining {
+                for_service: Some(spec.name.clone()),
+            };
         }
     }
 
@@ -795,7 +825,7 @@ impl Eoe {
             .replicas
             .iter()
             .filter(|r| {
-                r.resident && r.draining && r.drained_for.as_deref().is_none_or(|f| waiting(f) > 0)
+                r.is_resident() && r.is_draining() && r.drained_for().is_none_or(|f| waiting(f) > 0)
             })
             .count();
         let starving = self
@@ -805,16 +835,16 @@ impl Eoe {
                 !self
                     .replicas
                     .iter()
-                    .any(|r| r.resident && r.service == s.name)
+                    .any(|r| r.is_resident() && r.service == s.name)
             })
             .count();
         if draining >= starving {
             return;
         }
-        let best = self.lru_chunk(len, |r| !r.draining && r.ready_at_ms <= now_ms);
+        let best = self.lru_chunk(len, |r| !r.is_draining() && r.ready_at_ms <= now_ms);
         if let Some((_, _, victims)) = best {
             for v in victims {
-                self.replicas[v].draining = true;
+                self.replicas[v].state = ReplicaState::Draining { for_service: None };
             }
         }
     }
@@ -855,10 +885,8 @@ impl Eoe {
     /// in-flight count is kept so that their results still settle it.
     pub fn mark_evicted(&mut self, i: usize) {
         if let Some(r) = self.replicas.get_mut(i) {
-            if r.resident {
-                r.resident = false;
-                r.draining = false;
-                r.drained_for = None;
+            if r.is_resident() {
+                r.state = ReplicaState::Evicted;
                 if let Some(n) = self.nodes.get_mut(&r.node) {
                     if let Some(g) = n.groups.get_mut(r.chunk.group as usize) {
                         g.release(r.chunk.start, r.chunk.len);

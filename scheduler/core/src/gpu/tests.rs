@@ -38,7 +38,7 @@ fn a_full_and_b_light(rebalance: bool) -> (Eoe, Route, Route) {
     }
     let waiting = |s: &str| if s == "a" { 8 } else { 0 };
     assert!(e.route_planned("a", 400, 8, &waiting).is_err());
-    assert_eq!(e.replicas()[b.replica].draining, rebalance);
+    assert_eq!(e.replicas()[b.replica].is_draining(), rebalance);
     (e, a, b)
 }
 
@@ -76,7 +76,7 @@ fn a_replica_drained_for_a_service_with_nothing_waiting_is_taken_back_by_its_own
         .route_planned("b", 460, 1, &waiting)
         .expect("b takes its replica back");
     assert_eq!((r.replica, r.restore), (b.replica, false));
-    assert!(!e.replicas()[b.replica].draining);
+    assert!(!e.replicas()[b.replica].is_draining());
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn a_rebalancing_drain_is_called_off_when_its_service_has_nothing_waiting() {
     // a drains b, the least busy.
     let only_a = |s: &str| if s == "a" { 8 } else { 0 };
     assert!(e.route_planned("a", 400, 8, &only_a).is_err());
-    assert!(e.replicas()[b].draining);
+    assert!(e.replicas()[b].is_draining());
     // a's backlog is gone; c is full with a backlog of its own: a's drain is called off, and
     // the drain goes to c (b is again the least busy other replica, so it drains for c).
     for _ in 2..8 {
@@ -112,8 +112,8 @@ fn a_rebalancing_drain_is_called_off_when_its_service_has_nothing_waiting() {
     }
     let only_c = |s: &str| if s == "c" { 8 } else { 0 };
     assert!(e.route_planned("c", 500, 8, &only_c).is_err());
-    assert_eq!(e.replicas()[b].drained_for.as_deref(), Some("c"));
-    assert!(!e.replicas()[c].draining);
+    assert_eq!(e.replicas()[b].drained_for(), Some("c"));
+    assert!(!e.replicas()[c].is_draining());
 }
 
 #[test]

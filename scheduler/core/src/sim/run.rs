@@ -428,7 +428,13 @@ impl Driver<'_> {
             .iter()
             .map(|s| (s.name.clone(), 0))
             .collect();
-        for r in self.engine.gpus().replicas().iter().filter(|r| r.resident) {
+        for r in self
+            .engine
+            .gpus()
+            .replicas()
+            .iter()
+            .filter(|r| r.is_resident())
+        {
             *out.entry(r.service.clone()).or_default() += r.chunk.len as u32;
         }
         out
