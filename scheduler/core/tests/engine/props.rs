@@ -1,5 +1,6 @@
-//! Property tests: random event sequences (arrivals, dispatch outcomes, results,
-//! heartbeats, worker loss and restarts, time) against the engine's invariants.
+//! Property tests: random event sequences (sandbox actions, reward calls on a GPU service,
+//! api calls on a rate-limited provider, dispatch outcomes, results, heartbeats, worker loss
+//! and restarts, cordons and drains, time) against the engine's invariants.
 
 use super::*;
 use proptest::prelude::*;
@@ -21,6 +22,14 @@ enum Step {
     Restart { w: usize },
     /// Time passes.
     Wait { ms: u64 },
+    /// A reward call (`gpu`) or an api call, outside any sandbox.
+    Call { gpu: bool },
+    /// Worker `w` is cordoned, drained (its sandboxes lost `ms` from now), or uncordoned.
+    Cordon {
+        w: usize,
+        drain_ms: Option<u64>,
+        off: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -32,10 +41,18 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..3usize).prop_map(|w| Step::Kill { w }),
         1 => (0..3usize).prop_map(|w| Step::Restart { w }),
         2 => (1..4_000u64).prop_map(|ms| Step::Wait { ms }),
+        2 => prop::bool::ANY.prop_map(|gpu| Step::Call { gpu }),
+        1 => (0..3usize, prop::option::of(0..3_000u64), prop::bool::weighted(0.5))
+            .prop_map(|(w, drain_ms, off)| Step::Cordon { w, drain_ms, off }),
     ]
 }
 
 const WORKERS: [(&str, u32, u64); 3] = [("w0", 4, 2048), ("w1", 2, 1024), ("w2", 8, 4096)];
+/// The worker that also has two GPUs (service `rm`, one GPU a replica, two calls at once) and
+/// serves the provider `search` (2 calls in flight at most).
+const GPU_WORKER: usize = 2;
+const SLOTS: u32 = 2;
+const CONCURRENCY: u32 = 2;
 
 /// The world around the engine: workers that run what was stored, and a ledger of how each
 /// accepted action ended.
@@ -50,6 +67,8 @@ struct World {
     sent: Map<usize, u32>,
     /// Accepted ids and how many times each ended (a result it was settled by).
     ends: Map<ActionId, u32>,
+    /// Calls sent.
+    calls: u32,
 }
 
 impl World {
@@ -65,6 +84,7 @@ impl World {
             running: vec![],
             sent: Map::new(),
             ends: Map::new(),
+            calls: 0,
         }
     }
 
@@ -166,7 +186,7 @@ impl World {
                     .map(|(_, d)| d.action.id.to_string())
                     .collect();
                 let running: Vec<&str> = running.iter().map(String::as_str).collect();
-                self.h.heartbeat(name, cores, mem, &running, &[])
+                self.beat(w, &running)
             }
             Step::Kill { w } => {
                 self.alive[w] = false;
@@ -180,12 +200,80 @@ impl World {
                 self.running.retain(|(x, _)| x != name);
                 let inst = format!("i{}", self.h.now);
                 self.h.instance.insert(name.to_string(), inst);
-                let (_, cores, mem) = WORKERS[w];
-                self.h.heartbeat(name, cores, mem, &[], &[])
+                self.beat(w, &[])
             }
             Step::Wait { ms } => self.h.advance(ms),
+            Step::Call { gpu } => {
+                self.calls += 1;
+                let id = format!("c{}", self.calls);
+                let spec = if gpu {
+                    ActionSpec::Reward(tangram_shared::Reward {
+                        service: "rm".into(),
+                        inputs: vec!["x".into()],
+                        options: Default::default(),
+                    })
+                } else {
+                    ActionSpec::Api(tangram_shared::Api {
+                        provider: "search".into(),
+                        method: "GET".into(),
+                        path: "/q".into(),
+                        query: Default::default(),
+                        body: None,
+                        headers: Default::default(),
+                    })
+                };
+                let a = Action {
+                    id: ActionId::new(id).unwrap(),
+                    job: JobId::new("j").unwrap(),
+                    trajectory: TrajectoryId::new("calls").unwrap(),
+                    timeout_ms: 10_000,
+                    spec,
+                };
+                self.ends.entry(a.id.clone()).or_default();
+                self.h.arrive(a).1
+            }
+            Step::Cordon { w, drain_ms, off } => {
+                let worker = WorkerId::new(WORKERS[w].0).unwrap();
+                let cordon = (!off).then(|| tangram_shared::status::CordonRecord {
+                    drain_by_unix_ms: drain_ms.map(|ms| self.h.now + ms),
+                    by: "props".into(),
+                    at_unix_ms: self.h.now,
+                });
+                self.h.step(Event::Cordon { worker, cordon })
+            }
         };
         self.absorb(fx);
+    }
+
+    /// Worker `w`'s heartbeat, listing `running`; the GPU worker reports its GPUs, the
+    /// service and the provider too.
+    fn beat(&mut self, w: usize, running: &[&str]) -> Vec<Effect> {
+        let (name, cores, mem) = WORKERS[w];
+        let mut hb = self.h.heartbeat_of(name, cores, mem, running, &[]);
+        if w == GPU_WORKER {
+            hb.gpus = Some(tangram_shared::GpuInventory {
+                source: "declared".into(),
+                groups: vec![vec![0, 1]],
+                devices: vec![],
+            });
+            hb.services = vec![tangram_shared::ServiceReport {
+                name: "rm".into(),
+                gpus: 1,
+                restore_ms: 10,
+                slots: SLOTS,
+                replicas: vec![],
+            }];
+            hb.providers = vec![tangram_shared::ProviderReport {
+                name: "search".into(),
+                rate_per_s: 20.0,
+                burst: 2,
+                concurrency: CONCURRENCY,
+                allow: vec!["GET /*".into()],
+                allow_headers: vec![],
+                slow_ms: None,
+            }];
+        }
+        self.h.step(Event::Heartbeat(Box::new(hb)))
     }
 
     fn check_capacity(&self) -> Result<(), TestCaseError> {
@@ -208,6 +296,36 @@ impl World {
                 .map(|(_, d)| d.grant.cores)
                 .sum();
             prop_assert!(held <= cores, "{name} runs {held} cores of {cores}");
+        }
+        // GPUs: no replica past its slots, no two resident replicas on one GPU.
+        let mut held: BTreeSet<(String, u16, u8)> = BTreeSet::new();
+        for r in self.h.engine.gpus().replicas() {
+            prop_assert!(
+                r.busy <= SLOTS,
+                "{} on {} has {} calls",
+                r.service,
+                r.node,
+                r.busy
+            );
+            if r.is_resident() {
+                for g in r.chunk.start..r.chunk.start + r.chunk.len {
+                    prop_assert!(
+                        held.insert((r.node.to_string(), r.chunk.group, g)),
+                        "GPU {g} of {} held twice",
+                        r.node
+                    );
+                }
+            }
+        }
+        // Quota: never more calls in flight than the provider allows.
+        let status = self.h.engine.status(self.h.at());
+        for p in &status.providers {
+            prop_assert!(
+                p.inflight <= CONCURRENCY,
+                "{} calls in flight on {}",
+                p.inflight,
+                p.name
+            );
         }
         Ok(())
     }
@@ -286,6 +404,11 @@ fn run(policy: &str, steps: Vec<Step>) -> Result<(), TestCaseError> {
         if !world.alive[w] {
             world.apply(Step::Restart { w });
         }
+        world.apply(Step::Cordon {
+            w,
+            drain_ms: None,
+            off: true,
+        });
     }
     world.drain();
     for (id, n) in &world.ends {
