@@ -5,42 +5,30 @@
 use crate::held::Incoming;
 use crate::lease::Fence;
 use crate::metrics as m;
-use async_nats::jetstream::{self, AckKind};
-use async_nats::HeaderMap;
+use crate::outbox::{Answer, DeadLetter, NotStored, Outbox, DEADLETTER_PAYLOAD_CAP};
 use std::sync::Arc;
 use std::time::Duration;
 use tangram_core::engine::{Observation, Reject};
 use tangram_shared::codec::Encoding;
-use tangram_shared::{subject, ActionResult};
+use tangram_shared::ActionResult;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-/// Attempts at storing a result or rejection the engine publishes (backoff doubling from
-/// 100 ms, capped: about 30 s in all); the result's `Nats-Msg-Id` makes repeats harmless.
-pub(crate) const RESULT_ATTEMPTS: u32 = 10;
-/// Dead-letter records keep at most this much of the original payload.
-const DEADLETTER_PAYLOAD_CAP: usize = 64 * 1024;
-
 /// Ack-type replies to action messages, sent in order by one task.
 #[derive(Debug)]
-pub(crate) enum Reply {
-    Ack(Box<Incoming>),
-    Nak(Box<Incoming>),
-    Progress(Box<jetstream::Message>),
-}
+pub(crate) struct Reply(pub(crate) Box<Incoming>, pub(crate) Answer);
 
 /// Records that `instance` of `worker` was declared lost, where the worker looks
 /// (`fence.<worker>` in the scheduler's bucket). Retried for about 30 s while this
 /// scheduler leads: a worker that never reads it keeps being ignored by this leader, and a
 /// dispatch addressed to the instance is refused by it once it does.
 pub(crate) async fn write_fence(
-    js: jetstream::Context,
+    outbox: Arc<dyn Outbox>,
     fence: Arc<Fence>,
     worker: tangram_shared::WorkerId,
     instance: String,
 ) {
-    let key = tangram_shared::subject::fence_key(&worker);
-    for attempt in 0..10u32 {
+    for attempt in 0..FENCE_ATTEMPTS {
         if attempt > 0 {
             // 500 ms, doubling, at most 4 s, spread.
             let wait = tangram_nats::backoff::backoff(
@@ -54,42 +42,57 @@ pub(crate) async fn write_fence(
             warn!(%worker, "not the leader any more; fence record left to the next one");
             return;
         }
-        let put = async {
-            let store = js
-                .get_key_value(tangram_shared::subject::SCHEDULER_BUCKET)
-                .await
-                .map_err(|e| e.to_string())?;
-            store
-                .put(&key, instance.clone().into())
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(Duration::from_secs(5), put).await {
-            Ok(Ok(_)) => {
+        match outbox.put_fence(&worker, &instance).await {
+            Ok(()) => {
                 info!(%worker, %instance, "worker instance fenced");
                 m::worker_fenced();
                 return;
             }
-            Ok(Err(e)) => warn!(%worker, attempt, error = %e, "writing the fence record"),
-            Err(_) => warn!(%worker, attempt, "writing the fence record timed out"),
+            Err(e) => warn!(%worker, attempt, error = %e, "writing the fence record"),
         }
     }
     warn!(%worker, %instance, "fence record not written; the instance is ignored by this leader only");
 }
 
+/// Tries at writing a fence record.
+pub(crate) const FENCE_ATTEMPTS: u32 = 10;
+
 /// Sends acks in the order the engine decided them; each is one publish, no round trip.
-pub(crate) async fn replier(mut rx: mpsc::UnboundedReceiver<Reply>) {
-    while let Some(reply) = rx.recv().await {
-        let (msg, kind) = match reply {
-            Reply::Ack(m) => (m, AckKind::Ack),
-            Reply::Nak(m) => (m, AckKind::Nak(None)),
-            Reply::Progress(m) => (Box::new(Incoming::Delivered(*m)), AckKind::Progress),
-        };
-        let sent = tokio::time::timeout(Duration::from_secs(1), msg.reply(kind)).await;
+pub(crate) async fn replier(mut rx: mpsc::UnboundedReceiver<Reply>, outbox: Arc<dyn Outbox>) {
+    while let Some(Reply(msg, answer)) = rx.recv().await {
+        let sent = tokio::time::timeout(Duration::from_secs(1), outbox.answer(&msg, answer)).await;
         if !matches!(sent, Ok(Ok(()))) {
             warn!(subject = %msg.subject(), "ack not sent; the action may be redelivered (and deduplicated)");
         }
     }
+}
+
+/// Stores a result the engine publishes on a worker's behalf, for as long as this scheduler
+/// leads: the action's dispatch stays in the backlog until the result is stored, so the next
+/// leader settles it if this one cannot. Once stored, the dispatch leaves the backlog.
+pub(crate) async fn publish_for_worker(
+    outbox: Arc<dyn Outbox>,
+    fence: Arc<Fence>,
+    result: ActionResult,
+    encoding: Encoding,
+) {
+    loop {
+        if !fence.holds() {
+            warn!(action = %result.id, "not the leader any more; result left to the next one (its dispatch is in the backlog)");
+            return;
+        }
+        match outbox.store_result(&result, encoding).await {
+            Ok(()) => break,
+            Err(NotStored::Never(e)) => {
+                warn!(action = %result.id, error = %e, "result not stored");
+                return;
+            }
+            Err(NotStored::NotNow(e)) => {
+                warn!(action = %result.id, error = %e, "result not stored yet; trying again while this scheduler leads");
+            }
+        }
+    }
+    outbox.forget_dispatches(&result.id).await;
 }
 
 pub(crate) fn observe(o: Observation) {
@@ -144,11 +147,11 @@ pub(crate) fn observe(o: Observation) {
 }
 
 /// Stores the dead-letter record, then tells the submitter (when it can be addressed), then
-/// acks the message: whoever sees a rejection can find it in the dead-letter stream.
-pub(crate) async fn reject(js: jetstream::Context, msg: Box<Incoming>, r: Box<Reject>) {
+/// acks the message: whoever sees a rejection can find it in the dead-letter stream. A
+/// rejection result that cannot be stored hands the message back (nak), to be rejected
+/// again: the submitter would otherwise never hear.
+pub(crate) async fn reject(outbox: Arc<dyn Outbox>, msg: Box<Incoming>, r: Box<Reject>) {
     info!(subject = %msg.subject(), code = r.message.rejection.code.as_str(), reason = %r.message.rejection.reason, "action rejected");
-    let mut headers = HeaderMap::new();
-    headers.insert(subject::HEADER_DLQ_CODE, r.message.rejection.code.as_str());
     // Header values cannot hold line breaks.
     let reason: String = r
         .message
@@ -157,57 +160,31 @@ pub(crate) async fn reject(js: jetstream::Context, msg: Box<Incoming>, r: Box<Re
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    headers.insert(subject::HEADER_DLQ_REASON, reason.as_str());
-    headers.insert(subject::HEADER_DLQ_SUBJECT, msg.subject());
-    if let Some(id) = &r.message.id {
-        let id: String = id.chars().filter(|c| !c.is_control()).take(256).collect();
-        headers.insert(subject::HEADER_DLQ_ACTION, id.as_str());
-    }
-    headers.insert(
-        subject::HEADER_CONTENT_TYPE,
-        r.message.encoding.content_type(),
-    );
-    let payload = msg
-        .payload()
-        .slice(..msg.payload().len().min(DEADLETTER_PAYLOAD_CAP));
-    match js
-        .publish_with_headers(
-            subject::deadletter(r.message.rejection.code),
-            headers,
-            payload,
-        )
-        .await
-    {
-        Ok(f) => {
-            if let Err(e) = f.await {
-                warn!(error = %e, "dead-letter publish not acknowledged");
-            }
-        }
-        Err(e) => warn!(error = %e, "dead-letter publish failed"),
+    let record = DeadLetter {
+        code: r.message.rejection.code,
+        reason,
+        subject: msg.subject().to_string(),
+        action: r
+            .message
+            .id
+            .as_ref()
+            .map(|id| id.chars().filter(|c| !c.is_control()).take(256).collect()),
+        content_type: r.message.encoding.content_type(),
+        payload: msg
+            .payload()
+            .slice(..msg.payload().len().min(DEADLETTER_PAYLOAD_CAP)),
+    };
+    if let Err(e) = outbox.dead_letter(record).await {
+        warn!(error = %e, "dead letter not stored");
     }
     if let Some(result) = &r.result {
-        if !publish_result(&js, result, r.message.encoding).await {
-            // The submitter would never hear: hand the message back to be rejected again.
-            let _ = msg.reply(AckKind::Nak(None)).await;
+        if let Err(e) = outbox.store_result(result, r.message.encoding).await {
+            warn!(action = %result.id, error = ?e, "rejection result not stored; the message is handed back");
+            let _ = outbox.answer(&msg, Answer::Nak).await;
             return;
         }
     }
-    if let Err(e) = msg.reply(AckKind::Ack).await {
+    if let Err(e) = outbox.answer(&msg, Answer::Ack).await {
         warn!(subject = %msg.subject(), error = %e, "ack failed; the action may be redelivered (and deduplicated)");
-    }
-}
-
-/// Stores a result; false when it could not be.
-async fn publish_result(
-    js: &jetstream::Context,
-    result: &ActionResult,
-    encoding: Encoding,
-) -> bool {
-    match tangram_nats::publish_result(js, result, encoding, RESULT_ATTEMPTS).await {
-        Ok(()) => true,
-        Err(e) => {
-            warn!(action = %result.id, error = %e, "result not stored");
-            false
-        }
     }
 }

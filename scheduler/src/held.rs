@@ -30,12 +30,22 @@ pub(crate) const TAKE_BACK_MAX: usize = 4_096;
 const READ_WITHIN: Duration = Duration::from_secs(2);
 
 /// An action message in the intake.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Incoming {
     /// Delivered by the intake consumer: acks go to the server.
     Delivered(jetstream::Message),
     /// Read from the stream at a term's start: an earlier leader's delivery, unanswered.
     TakenBack(StreamMessage),
+    /// Made by a test of the shell: delivered, and answered through the fake outbox.
+    #[cfg(test)]
+    Fake {
+        /// Its stream sequence.
+        sequence: u64,
+        /// Its subject.
+        subject: String,
+        /// Its payload.
+        payload: Bytes,
+    },
 }
 
 impl Incoming {
@@ -43,6 +53,8 @@ impl Incoming {
         match self {
             Self::Delivered(m) => m.subject.as_str(),
             Self::TakenBack(m) => m.subject.as_str(),
+            #[cfg(test)]
+            Self::Fake { subject, .. } => subject.as_str(),
         }
     }
 
@@ -50,6 +62,8 @@ impl Incoming {
         match self {
             Self::Delivered(m) => m.headers.as_ref(),
             Self::TakenBack(m) => Some(&m.headers),
+            #[cfg(test)]
+            Self::Fake { .. } => None,
         }
     }
 
@@ -57,6 +71,8 @@ impl Incoming {
         match self {
             Self::Delivered(m) => &m.payload,
             Self::TakenBack(m) => &m.payload,
+            #[cfg(test)]
+            Self::Fake { payload, .. } => payload,
         }
     }
 
@@ -78,6 +94,12 @@ impl Incoming {
                 first_delivery: false,
                 stored_at_us: (m.time.unix_timestamp_nanos() / 1000) as u64,
             },
+            #[cfg(test)]
+            Self::Fake { sequence, .. } => Position {
+                sequence: *sequence,
+                first_delivery: true,
+                stored_at_us: 0,
+            },
         }
     }
 
@@ -91,14 +113,8 @@ impl Incoming {
         match self {
             Self::Delivered(m) => m.ack_with(kind).await,
             Self::TakenBack(_) => Ok(()),
-        }
-    }
-
-    /// A copy for an in-progress report (only a delivery has one to send).
-    pub(crate) fn delivery(&self) -> Option<jetstream::Message> {
-        match self {
-            Self::Delivered(m) => Some(m.clone()),
-            Self::TakenBack(_) => None,
+            #[cfg(test)]
+            Self::Fake { .. } => Ok(()),
         }
     }
 }

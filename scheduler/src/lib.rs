@@ -19,6 +19,7 @@ mod held;
 mod intake;
 mod lease;
 pub mod metrics;
+mod outbox;
 mod report;
 mod service;
 mod shell;

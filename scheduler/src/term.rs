@@ -336,8 +336,10 @@ pub(crate) async fn lead(
     let mut shell = Shell::new(
         engine,
         ShellIo {
-            js,
-            dispatch_stream,
+            outbox: Arc::new(crate::outbox::Jetstream {
+                js,
+                dispatches: dispatch_stream,
+            }),
             to_self,
             dispatches: dispatch_tx,
             fence,

@@ -178,7 +178,7 @@ impl World {
                 if !self.alive[w] {
                     return;
                 }
-                let (name, cores, mem) = WORKERS[w];
+                let name = WORKERS[w].0;
                 let running: Vec<String> = self
                     .running
                     .iter()

@@ -4,11 +4,11 @@
 //! the acker. It holds each action message until the engine acks, naks or rejects it.
 
 use crate::dispatcher::{Outgoing, Publish};
-use crate::effects::{observe, reject, replier, write_fence, Reply, RESULT_ATTEMPTS};
+use crate::effects::{observe, publish_for_worker, reject, replier, write_fence, Reply};
 use crate::held::Incoming;
 use crate::lease::Fence;
 use crate::metrics as m;
-use async_nats::jetstream;
+use crate::outbox::{Answer, Outbox};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{warn, Instrument};
+use tracing::Instrument;
 
 /// How long a stopping scheduler waits for the outcomes of dispatches already handed out.
 const DISPATCH_DRAIN: Duration = Duration::from_secs(5);
@@ -57,10 +57,13 @@ impl Clock {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) struct Shell {
     engine: Engine,
     clock: Clock,
-    js: jetstream::Context,
+    outbox: Arc<dyn Outbox>,
     /// Action messages the engine has not finished with, by delivery (stream sequence).
     messages: HashMap<Delivery, Box<Incoming>>,
     dispatches: mpsc::UnboundedSender<Publish>,
@@ -69,15 +72,14 @@ pub(crate) struct Shell {
     tasks: TaskTracker,
     wake_at: Option<u64>,
     fence: Arc<Fence>,
-    dispatch_stream: jetstream::stream::Stream,
     to_self: mpsc::Sender<Input>,
     gate: Arc<crate::gate::Gate>,
 }
 
 /// What the state task is wired to.
 pub(crate) struct ShellIo {
-    pub(crate) js: jetstream::Context,
-    pub(crate) dispatch_stream: jetstream::stream::Stream,
+    /// Its way out to NATS.
+    pub(crate) outbox: Arc<dyn Outbox>,
     /// Its own input channel, for lookups it starts.
     pub(crate) to_self: mpsc::Sender<Input>,
     pub(crate) dispatches: mpsc::UnboundedSender<Publish>,
@@ -92,7 +94,7 @@ impl Shell {
         Self {
             engine,
             clock: Clock::new(),
-            js: io.js,
+            outbox: io.outbox,
             messages: HashMap::new(),
             dispatches: io.dispatches,
             replies,
@@ -100,7 +102,6 @@ impl Shell {
             tasks: io.tasks,
             wake_at: None,
             fence: io.fence,
-            dispatch_stream: io.dispatch_stream,
             to_self: io.to_self,
             gate: io.gate,
         }
@@ -109,7 +110,7 @@ impl Shell {
     pub(crate) async fn run(&mut self, mut rx: mpsc::Receiver<Input>, shutdown: CancellationToken) {
         if let Some(rx) = self.replies_rx.take() {
             self.tasks
-                .spawn(replier(rx).instrument(tracing::info_span!("acks")));
+                .spawn(replier(rx, self.outbox.clone()).instrument(tracing::info_span!("acks")));
         }
         let mut burst: Vec<Event> = Vec::new();
         loop {
@@ -204,67 +205,36 @@ impl Shell {
                         .dispatches
                         .send(Publish::Dispatch(Outgoing { worker, dispatch }));
                 }
-                Effect::Ack(d) => self.reply(d, Reply::Ack),
-                Effect::Nak(d) => self.reply(d, Reply::Nak),
+                Effect::Ack(d) => self.reply(d, Answer::Ack),
+                Effect::Nak(d) => self.reply(d, Answer::Nak),
                 Effect::Progress(d) => {
-                    if let Some(msg) = self.messages.get(&d).and_then(|m| m.delivery()) {
-                        let _ = self.replies.send(Reply::Progress(Box::new(msg)));
+                    // A taken-back message has no delivery to report on.
+                    if let Some(msg) = self.messages.get(&d).filter(|m| !m.is_taken_back()) {
+                        let copy = Box::new(msg.as_ref().clone());
+                        let _ = self.replies.send(Reply(copy, Answer::Progress));
                     }
                 }
                 Effect::Reject(r) => {
                     let Some(msg) = self.let_go(r.message.delivery) else {
                         continue;
                     };
-                    let js = self.js.clone();
+                    let outbox = self.outbox.clone();
                     self.tasks
-                        .spawn(reject(js, msg, r).instrument(tracing::info_span!("reject")));
+                        .spawn(reject(outbox, msg, r).instrument(tracing::info_span!("reject")));
                 }
                 Effect::PublishResult { result, encoding } => {
-                    let js = self.js.clone();
-                    let fence = self.fence.clone();
-                    let dispatches = self.dispatch_stream.clone();
+                    let (outbox, fence) = (self.outbox.clone(), self.fence.clone());
                     self.tasks.spawn(
-                        async move {
-                            // A result on a worker's behalf speaks for the leader only, and
-                            // is tried for as long as this scheduler leads: the action's
-                            // dispatch stays in the backlog until the result is stored, so
-                            // the next leader settles it if this one cannot.
-                            loop {
-                                if !fence.holds() {
-                                    warn!(action = %result.id, "not the leader any more; result left to the next one (its dispatch is in the backlog)");
-                                    return;
-                                }
-                                match tangram_nats::publish_result(
-                                    &js,
-                                    &result,
-                                    encoding,
-                                    RESULT_ATTEMPTS,
-                                )
-                                .await
-                                {
-                                    Ok(()) => break,
-                                    Err(e @ tangram_nats::PublishError::Encode(_)) => {
-                                        // Never storable: trying again cannot help.
-                                        warn!(action = %result.id, error = %e, "result not stored");
-                                        return;
-                                    }
-                                    Err(e) => {
-                                        warn!(action = %result.id, error = %e, "result not stored yet; trying again while this scheduler leads");
-                                    }
-                                }
-                            }
-                            crate::adopt::forget_dispatches(&dispatches, &result.id).await;
-                        }
-                        .instrument(tracing::info_span!("result")),
+                        publish_for_worker(outbox, fence, *result, encoding)
+                            .instrument(tracing::info_span!("result")),
                     );
                 }
                 Effect::FetchDispatch { worker, id } => {
-                    let stream = self.dispatch_stream.clone();
+                    let outbox = self.outbox.clone();
                     let tx = self.to_self.clone();
                     self.tasks.spawn(
                         async move {
-                            let event = match crate::adopt::dispatch_to(&stream, &worker, &id).await
-                            {
+                            let event = match outbox.dispatch_to(&worker, &id).await {
                                 Some(d) => Event::Adopt {
                                     worker,
                                     dispatch: Box::new(d),
@@ -277,10 +247,9 @@ impl Shell {
                     );
                 }
                 Effect::Fence { worker, instance } => {
-                    let js = self.js.clone();
-                    let fence = self.fence.clone();
+                    let (outbox, fence) = (self.outbox.clone(), self.fence.clone());
                     self.tasks.spawn(
-                        write_fence(js, fence, worker, instance)
+                        write_fence(outbox, fence, worker, instance)
                             .instrument(tracing::info_span!("fence")),
                     );
                 }
@@ -302,9 +271,9 @@ impl Shell {
         Some(msg)
     }
 
-    fn reply(&mut self, d: Delivery, make: fn(Box<Incoming>) -> Reply) {
+    fn reply(&mut self, d: Delivery, answer: Answer) {
         if let Some(msg) = self.let_go(d) {
-            let _ = self.replies.send(make(msg));
+            let _ = self.replies.send(Reply(msg, answer));
         }
     }
 }
