@@ -85,7 +85,7 @@ impl Engine {
                         grant: dispatch.grant,
                         counted_cores,
                         gpu: None,
-                        provider: None,
+                        api: None,
                     },
                     attempt: dispatch.attempt,
                     stored_ms: now.ms,

@@ -129,9 +129,9 @@ impl Engine {
             let grant = Grant::default();
             self.launch(Launch { id, worker, grant }, 0, Some(route), None, now);
         }
-        for (id, worker, provider) in api {
+        for (id, worker, booking) in api {
             let grant = Grant::default();
-            self.launch(Launch { id, worker, grant }, 0, None, Some(provider), now);
+            self.launch(Launch { id, worker, grant }, 0, None, Some(booking), now);
         }
         if self.provisioning.malleable() {
             for (id, worker, grant) in self.resize(now) {
@@ -430,7 +430,7 @@ impl Engine {
         launch: Launch,
         counted_cores: u32,
         gpu: Option<GpuRoute>,
-        provider: Option<String>,
+        api: Option<super::ApiBooking>,
         now: Now,
     ) {
         // Addressed to the instance the worker last reported, so that one fenced meanwhile
@@ -467,7 +467,7 @@ impl Engine {
                 grant: launch.grant,
                 counted_cores,
                 gpu: gpu.as_ref().map(|r| (r.service.clone(), chunk_of(r.chunk))),
-                provider: provider.clone(),
+                api: api.clone(),
             },
             attempt,
             since_ms: now.ms,
@@ -505,9 +505,9 @@ impl Engine {
                 evictions: r.evict.len(),
             }));
         }
-        if let Some(p) = provider {
+        if let Some(a) = api {
             self.out.push(Effect::Observe(Observation::ApiAdmitted {
-                provider: p,
+                provider: a.provider,
                 job,
             }));
         }

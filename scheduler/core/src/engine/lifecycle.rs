@@ -81,8 +81,8 @@ pub struct Booking {
     pub counted_cores: u32,
     /// A reward action's replica: service and chunk.
     pub gpu: Option<(String, crate::gpu::Chunk)>,
-    /// An api action's provider, and whether it took a `static` per-trajectory slice.
-    pub provider: Option<String>,
+    /// An api action's provider quota.
+    pub api: Option<super::ApiBooking>,
 }
 
 /// One action the engine has not settled.

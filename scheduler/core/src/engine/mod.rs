@@ -22,6 +22,7 @@ mod identity;
 mod images;
 pub mod intake;
 pub mod lifecycle;
+mod pools;
 mod queue;
 pub mod resize;
 mod results;
@@ -36,6 +37,7 @@ use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Limits, Timing, Wo
 pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject, WorkerGauge};
 pub use identity::{dispatch_msg_id, latest_dispatch};
 pub use intake::{check, BadMessage, RawMessage};
+pub use pools::api::ApiBooking;
 
 /// How the engine is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,14 +129,6 @@ pub(crate) struct WorkerState {
     pub(crate) images: std::collections::HashMap<String, u64>,
 }
 
-/// An external API provider: its pooled quota, what may be called, who can call it.
-#[derive(Debug, Clone)]
-pub(crate) struct Provider {
-    pub(crate) quota: crate::quota::Quota,
-    pub(crate) report: tangram_shared::ProviderReport,
-    pub(crate) workers: std::collections::BTreeSet<WorkerId>,
-}
-
 /// How many settled ids are remembered to recognise late results and resubmissions.
 const SETTLED_MEMORY: usize = 100_000;
 /// How often the queue by kind is reported to the metrics.
@@ -166,10 +160,8 @@ pub struct Engine {
     pub(crate) eoe: crate::gpu::Eoe,
     /// `static`: GPU services pinned.
     pub(crate) pinned: bool,
-    pub(crate) providers: BTreeMap<String, Provider>,
-    /// `static`: per-trajectory slices of each provider's rate.
-    pub(crate) slices:
-        HashMap<(tangram_shared::JobId, tangram_shared::TrajectoryId, String), crate::quota::Quota>,
+    /// API quota: providers, their pooled quotas and per-trajectory slices.
+    pub(crate) api: pools::api::ApiPool,
     /// What the CPU policy's last plan said of the actions it did not launch, for the status
     /// report's wait reasons (kept as the plan gave it: no work per cycle beyond a move).
     pub(crate) unplaced: Vec<(ActionId, crate::model::Unplaced)>,
@@ -239,8 +231,7 @@ impl Engine {
             sandboxes: HashMap::new(),
             eoe,
             pinned: false,
-            providers: BTreeMap::new(),
-            slices: HashMap::new(),
+            api: Default::default(),
             unplaced: Vec::new(),
             recent: VecDeque::new(),
             dirty: false,

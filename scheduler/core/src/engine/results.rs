@@ -2,6 +2,7 @@
 //! settling (every booking given back exactly once).
 
 use super::lifecycle::{ActionState, Booking, Entry, SandboxState};
+use super::pools::{Pool, Release};
 use super::{Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
 
@@ -97,7 +98,7 @@ impl Engine {
             &worker,
             &booking,
             Release::default(),
-            now.ms,
+            now,
         );
         // The route's restore or evictions may not have reached the worker: count the
         // replica as evicted, so that the next route restores it rather than trust it resident.
@@ -262,7 +263,7 @@ impl Engine {
             latency_ms: r.timing.exec_us / 1000,
             gpu_idle_at_ms: now.ms,
         };
-        self.unbook(&job, &trajectory, worker, booking, release, now.ms);
+        self.unbook(&job, &trajectory, worker, booking, release, now);
         if let Some((service, chunk)) = &booking.gpu {
             if let Some(i) = self.eoe.find(service, worker, *chunk) {
                 // `unbook` finished the slot; a replica that answered is on its GPUs whatever
@@ -314,8 +315,7 @@ impl Engine {
             }
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
                 self.sandboxes.remove(&key);
-                self.slices
-                    .retain(|(j, t, _), _| !(j == &key.0 && t == &key.1));
+                self.api.forget_trajectory(&key.0, &key.1);
             }
             (
                 ActionKind::SandboxExec,
@@ -350,18 +350,10 @@ impl Engine {
         worker: &WorkerId,
         booking: &Booking,
         release: Release,
-        now_ms: u64,
+        now: Now,
     ) {
-        if let Some(p) = &booking.provider {
-            self.release_quota(
-                job,
-                trajectory,
-                p,
-                release.http_status,
-                release.timed_out,
-                release.latency_ms,
-                now_ms,
-            );
+        if let Some(api) = &booking.api {
+            self.api.release(job, trajectory, api, &release, now);
         }
         if let Some((service, chunk)) = &booking.gpu {
             if let Some(i) = self.eoe.find(service, worker, *chunk) {
@@ -393,7 +385,7 @@ impl Engine {
                 worker,
                 booking,
                 Release::default(),
-                now.ms,
+                now,
             );
         }
         let outcome = Outcome::InfraError { code, reason };
@@ -413,17 +405,4 @@ impl Engine {
         });
         self.dirty = true;
     }
-}
-
-/// How a booking is given back.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Release {
-    /// The provider's HTTP status, for the adaptive rate.
-    pub(crate) http_status: Option<u16>,
-    /// The call timed out (counts as overload).
-    pub(crate) timed_out: bool,
-    /// The call's latency, ms.
-    pub(crate) latency_ms: u64,
-    /// The replica counts as idle from then (0: never used by this action).
-    pub(crate) gpu_idle_at_ms: u64,
 }

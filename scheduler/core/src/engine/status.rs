@@ -1,6 +1,7 @@
 //! The status report (`tangram status`): a read of the engine's state, no decisions.
 
 use super::lifecycle::{ActionState, SandboxState};
+use super::pools::Pool;
 use super::{Engine, Now};
 use crate::model::{Unplaced, WaitReason};
 use std::collections::{BTreeMap, HashMap};
@@ -99,22 +100,13 @@ impl Engine {
             }
             st.services.push(svc);
         }
-        for (name, p) in &self.providers {
-            let inflight = self
-                .actions
-                .values()
-                .filter_map(|e| e.placed())
-                .filter(|(_, b)| b.provider.as_deref() == Some(name.as_str()))
-                .count() as u32;
-            st.providers.push(ProviderStatus {
-                name: name.clone(),
-                rate_per_s: p.report.rate_per_s,
-                effective_rate_per_s: p.quota.effective_rate(),
-                inflight,
-                concurrency: p.report.concurrency,
-                admitted: p.quota.admitted().clone(),
-            });
-        }
+        let held: Vec<_> = self
+            .actions
+            .values()
+            .filter_map(|e| e.placed())
+            .filter_map(|(w, b)| b.api.as_ref().map(|a| (w, a)))
+            .collect();
+        self.api.report(&held, &mut st);
         let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();
         for (k, t, _) in &self.recent {
             by_kind.entry(k.as_str()).or_default().push(t);

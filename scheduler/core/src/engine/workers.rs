@@ -3,7 +3,8 @@
 
 use super::cycle::chunk_of;
 use super::lifecycle::{ActionState, Sandbox, SandboxKey, SandboxState};
-use super::{Effect, Engine, Now, Observation, Provider, WorkerState};
+use super::pools::Pool;
+use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
 use tangram_shared::{ActionId, Heartbeat, InfraCode, WorkerId};
 
@@ -62,7 +63,7 @@ impl Engine {
             }
         }
         self.on_gpu_report(&hb, restarted || joined, now);
-        self.on_providers(&hb, now);
+        self.api.ingest(&hb, now);
         if joined {
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
             for s in &hb.sandboxes {
@@ -253,32 +254,6 @@ impl Engine {
         }
     }
 
-    fn on_providers(&mut self, hb: &Heartbeat, now: Now) {
-        for p in self.providers.values_mut() {
-            p.workers.remove(&hb.worker);
-        }
-        for r in &hb.providers {
-            let spec = crate::quota::ProviderQuota {
-                name: r.name.clone(),
-                rate_per_s: r.rate_per_s,
-                burst: r.burst,
-                concurrency: r.concurrency,
-                slow_ms: r.slow_ms,
-            };
-            let p = self
-                .providers
-                .entry(r.name.clone())
-                .or_insert_with(|| Provider {
-                    quota: crate::quota::Quota::new(spec.clone(), now.ms),
-                    report: r.clone(),
-                    workers: Default::default(),
-                });
-            p.quota.redeclare(spec, now.ms);
-            p.report = r.clone();
-            p.workers.insert(hb.worker.clone());
-        }
-    }
-
     /// NATS answered: silence until now is evidence. After a gap in the confirmations, the
     /// silence during it is nobody's evidence: every worker's grace starts again and result
     /// deadlines move back by the gap.
@@ -394,9 +369,7 @@ impl Engine {
             }
         }
         self.eoe.remove_node(worker);
-        for p in self.providers.values_mut() {
-            p.workers.remove(worker);
-        }
+        self.api.forget_worker(worker);
         let mut ids: Vec<ActionId> = self
             .actions
             .iter()

@@ -1,0 +1,116 @@
+//! The engine's resource pools behind one interface ([`Pool`]). The engine keeps the action
+//! ledger (each action's state and what it holds), the worker fleet and the cycle; a pool
+//! keeps its own state, private to it, and is called at the same points whatever it pools:
+//! a heartbeat comes in ([`Pool::ingest`]), a worker leaves ([`Pool::forget_worker`]), a
+//! trajectory's sandbox goes ([`Pool::forget_trajectory`]), the cycle plans its waiting
+//! actions ([`Pool::plan`]), a settled action gives its booking back ([`Pool::release`]),
+//! and the status report is written ([`Pool::report`]). What a launched action holds of a
+//! pool is that pool's `Booking`, one field of the ledger's [`super::lifecycle::Booking`].
+//!
+//! Pools: API quota (`api.rs`). GPU chunks and replicas (`gpu/`, Evict-on-Execution) and CPU
+//! cores and memory (the policy's snapshot) are driven by the engine directly for now; they
+//! move behind this interface next, and per-job shares and caps hang on it. Adding a resource
+//! kind: `scheduler/core/README.md`, "Adding a resource kind".
+
+pub(crate) mod api;
+
+use super::Now;
+use std::collections::BTreeMap;
+use tangram_shared::status::Status;
+use tangram_shared::{ActionId, ActionSpec, Heartbeat, JobId, Rejection, TrajectoryId, WorkerId};
+
+/// An action waiting for a pool, as the cycle hands it over (in queue order).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waiting<'a> {
+    pub(crate) id: &'a ActionId,
+    pub(crate) job: &'a JobId,
+    pub(crate) trajectory: &'a TrajectoryId,
+    pub(crate) spec: &'a ActionSpec,
+    /// The only worker it may go to (an earlier dispatch there may have been stored).
+    pub(crate) pin: Option<&'a WorkerId>,
+}
+
+/// What a pool is told of the fleet and the engine's setup when it plans.
+pub(crate) struct Fleet<'a> {
+    /// Whether a worker takes new unpinned work now (alive, not draining, not cordoned).
+    pub(crate) accepting: &'a dyn Fn(&WorkerId) -> bool,
+    /// Whether an action may be rejected for want of capacity (settled in, no worker that
+    /// may come back).
+    pub(crate) judges_capacity: bool,
+    /// How the policy provisions: per-trajectory provisioning slices shared resources.
+    pub(crate) provisioning: crate::model::Provisioning,
+    /// Jobs' weights for fair shares.
+    pub(crate) job_weights: &'a BTreeMap<String, f64>,
+    /// Trajectories a per-trajectory slice is cut for.
+    pub(crate) trajectories: usize,
+}
+
+/// One cycle's plan of a pool.
+#[derive(Debug)]
+pub(crate) struct Planned<B> {
+    /// Actions to launch now, in the order decided: where, holding what.
+    pub(crate) launches: Vec<(ActionId, WorkerId, B)>,
+    /// Actions that can never be served as they are.
+    pub(crate) rejections: Vec<(ActionId, Rejection)>,
+    /// When something waiting can go next (a token comes), if the pool knows.
+    pub(crate) wake_ms: Option<u64>,
+    /// What to count.
+    pub(crate) observations: Vec<super::Observation>,
+}
+
+impl<B> Default for Planned<B> {
+    fn default() -> Self {
+        Self {
+            launches: Vec::new(),
+            rejections: Vec::new(),
+            wake_ms: None,
+            observations: Vec::new(),
+        }
+    }
+}
+
+/// How a settled action's booking is given back.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Release {
+    /// The provider's HTTP status, for the adaptive rate.
+    pub(crate) http_status: Option<u16>,
+    /// The call timed out (counts as overload).
+    pub(crate) timed_out: bool,
+    /// The call's latency, ms.
+    pub(crate) latency_ms: u64,
+    /// The replica counts as idle from then (0: never used by this action).
+    pub(crate) gpu_idle_at_ms: u64,
+}
+
+/// A shared resource pool. See the module docs.
+pub(crate) trait Pool {
+    /// What a launched action holds of this pool until it settles.
+    type Booking;
+
+    /// A worker reported: take in what it says of this pool's resource.
+    fn ingest(&mut self, hb: &Heartbeat, now: Now);
+    /// A worker is gone (lost, or replaced by a new instance): what it offered leaves.
+    fn forget_worker(&mut self, worker: &WorkerId);
+    /// A trajectory's sandbox is gone: anything held for the trajectory goes with it.
+    fn forget_trajectory(&mut self, job: &JobId, trajectory: &TrajectoryId);
+    /// Plans one cycle: which of `waiting` start now, where, holding what. `held` is what
+    /// launched actions hold of this pool, by worker (from the engine's ledger).
+    fn plan(
+        &mut self,
+        waiting: &[Waiting<'_>],
+        held: &[(&WorkerId, &Self::Booking)],
+        fleet: &Fleet<'_>,
+        now: Now,
+    ) -> Planned<Self::Booking>;
+    /// A launched action settled (or its dispatch failed): its booking comes back.
+    fn release(
+        &mut self,
+        job: &JobId,
+        trajectory: &TrajectoryId,
+        booking: &Self::Booking,
+        release: &Release,
+        now: Now,
+    );
+    /// Its part of the status report.
+    fn report(&self, held: &[(&WorkerId, &Self::Booking)], status: &mut Status);
+}
