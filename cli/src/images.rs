@@ -7,7 +7,6 @@ use crate::cordon::ClusterArgs;
 use clap::{Args, Subcommand};
 use std::time::Duration;
 use tangram_shared::image::{ImageRef, PrepullOutcome, PrepullReply, PrepullRequest};
-use tangram_shared::status::WorkerStatus;
 use tangram_shared::{subject, WorkerId};
 
 /// `tangram images ...`.
@@ -46,25 +45,6 @@ pub(crate) fn run(cmd: ImagesCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Which workers should pull `image`: `n` in all, holders first, then the CPU workers
-/// taking new work with the fewest sandboxes (ties by id); the chosen that hold it already
-/// are asked too (they answer `present` at once).
-pub(crate) fn choose(workers: &[WorkerStatus], image: &str, n: Option<usize>) -> Vec<String> {
-    let want = ImageRef::canonical_of(image);
-    let holds = |w: &WorkerStatus| {
-        w.images
-            .iter()
-            .any(|i| ImageRef::canonical_of(&i.reference) == want)
-    };
-    let mut eligible: Vec<&WorkerStatus> = workers
-        .iter()
-        .filter(|w| w.cores > 0 && !w.draining && !w.cordoned && w.drain_by_unix_ms.is_none())
-        .collect();
-    eligible.sort_by(|a, b| (!holds(a), a.sandboxes, &a.id).cmp(&(!holds(b), b.sandboxes, &b.id)));
-    let n = n.unwrap_or(eligible.len());
-    eligible.into_iter().take(n).map(|w| w.id.clone()).collect()
-}
-
 fn prepull(a: PrepullArgs) -> anyhow::Result<()> {
     if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
         crate::usage!("--timeout-s must be a positive number of seconds");
@@ -87,7 +67,7 @@ fn prepull(a: PrepullArgs) -> anyhow::Result<()> {
     let mut plan: Vec<(String, String)> = Vec::new();
     for image in &a.images {
         let chosen = if named.is_empty() {
-            choose(&status.workers, image, a.workers)
+            tangram_core::engine::prepull_targets(&status.workers, image, a.workers)
         } else {
             named.clone()
         };
@@ -163,46 +143,4 @@ async fn ask_all(
         }
     });
     Ok(futures::future::join_all(asks).await)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn w(id: &str, sandboxes: u32, images: &[&str]) -> WorkerStatus {
-        let mut s: WorkerStatus = serde_json::from_value(serde_json::json!({
-            "id": id, "cores": 4, "cores_used": 0, "mem_mb": 1024, "mem_used_mb": 0,
-            "gpus": 0, "last_seen_s": 0.1, "draining": false, "running": 0,
-            "sandboxes": sandboxes,
-        }))
-        .unwrap();
-        s.images = images
-            .iter()
-            .map(|r| tangram_shared::ImageReport {
-                reference: r.to_string(),
-                id: "sha256:1".into(),
-                size_bytes: 1,
-            })
-            .collect();
-        s
-    }
-
-    #[test]
-    fn holders_count_first_then_the_least_loaded_workers_taking_work() {
-        let mut cordoned = w("e", 0, &[]);
-        cordoned.cordoned = true;
-        let mut gpu = w("g", 0, &[]);
-        gpu.cores = 0;
-        let fleet = [
-            w("a", 5, &[]),
-            w("b", 1, &[]),
-            w("c", 9, &["docker.io/library/app:1"]),
-            w("d", 1, &[]),
-            cordoned,
-            gpu,
-        ];
-        assert_eq!(choose(&fleet, "app:1", Some(2)), ["c", "b"]);
-        assert_eq!(choose(&fleet, "other:2", Some(3)), ["b", "d", "a"]);
-        assert_eq!(choose(&fleet, "app:1", None), ["c", "b", "d", "a"]);
-    }
 }

@@ -3,6 +3,7 @@
 use super::Engine;
 use std::collections::HashMap;
 use tangram_shared::image::ImageRef;
+use tangram_shared::status::WorkerStatus;
 use tangram_shared::WorkerId;
 
 /// A worker's images by canonical reference, with their sizes in bytes (0 when unknown):
@@ -69,4 +70,24 @@ impl Engine {
         }
         index
     }
+}
+
+/// Which workers should pull `image` ahead of the opens that will name it (`tangram images
+/// prepull`): `n` in all, holders first, then the CPU workers
+/// taking new work with the fewest sandboxes (ties by id); the chosen that hold it already
+/// are asked too (they answer `present` at once).
+pub fn prepull_targets(workers: &[WorkerStatus], image: &str, n: Option<usize>) -> Vec<String> {
+    let want = ImageRef::canonical_of(image);
+    let holds = |w: &WorkerStatus| {
+        w.images
+            .iter()
+            .any(|i| ImageRef::canonical_of(&i.reference) == want)
+    };
+    let mut eligible: Vec<&WorkerStatus> = workers
+        .iter()
+        .filter(|w| w.cores > 0 && !w.draining && !w.cordoned && w.drain_by_unix_ms.is_none())
+        .collect();
+    eligible.sort_by(|a, b| (!holds(a), a.sandboxes, &a.id).cmp(&(!holds(b), b.sandboxes, &b.id)));
+    let n = n.unwrap_or(eligible.len());
+    eligible.into_iter().take(n).map(|w| w.id.clone()).collect()
 }

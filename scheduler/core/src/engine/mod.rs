@@ -36,6 +36,7 @@ use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Limits, Timing, Wo
 
 pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject, WorkerGauge};
 pub use identity::{dispatch_msg_id, latest_dispatch};
+pub use images::prepull_targets;
 pub use intake::{check, BadMessage, RawMessage};
 pub use pools::api::ApiBooking;
 

@@ -6,6 +6,7 @@ mod identity;
 mod images;
 mod intake;
 mod observe;
+mod prepull;
 mod props;
 mod resize;
 mod transitions;
