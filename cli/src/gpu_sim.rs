@@ -35,11 +35,8 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     }
     let label = format!("mopd, batch {}, seed {}", args.batch, args.seed);
     let per_service = Mopd::STATIC_GPUS_PER_TEACHER;
-    let static_total: u32 = w
-        .services
-        .iter()
-        .map(|s| (per_service / s.gpus as u32).max(1) * s.gpus as u32)
-        .sum();
+    let static_total =
+        tangram_core::gpu::static_gpus(per_service, w.services.iter().map(|s| s.gpus));
     let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
     for name in args.policy_names() {
         let mode = match name {

@@ -95,7 +95,7 @@ const SCAN_CONCURRENCY: usize = 32;
 pub(crate) async fn scan_backlog(
     dispatches: jetstream::stream::Stream,
     results: jetstream::stream::Stream,
-    tx: tokio::sync::mpsc::Sender<crate::shell::Input>,
+    tx: tokio::sync::mpsc::Sender<crate::channels::Input>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut attempt = 0u32;
@@ -151,7 +151,7 @@ pub(crate) async fn scan_backlog(
 async fn one(
     dispatches: &jetstream::stream::Stream,
     results: &jetstream::stream::Stream,
-    tx: &tokio::sync::mpsc::Sender<crate::shell::Input>,
+    tx: &tokio::sync::mpsc::Sender<crate::channels::Input>,
     subj: &str,
 ) -> bool {
     use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
@@ -202,7 +202,7 @@ async fn one(
             dispatch: Box::new(d),
             seq: m.sequence,
         };
-        return tx.send(crate::shell::Input::Engine(event)).await.is_ok();
+        return tx.send(crate::channels::Input::Engine(event)).await.is_ok();
     }
     false
 }

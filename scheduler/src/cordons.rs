@@ -3,7 +3,7 @@
 //! [`Event::Cordon`]. A record that does not decode still cordons (logged): an operator's
 //! intent to stop placements is never dropped over a typo.
 
-use crate::shell::Input;
+use crate::channels::Input;
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! out (assume on send) and gives it back on failure (forget on failure), so nothing here
 //! waits on the state task and no state task waits on a PubAck.
 
+use crate::channels::{Input, Outgoing, Publish};
 use crate::lease::Fence;
-use crate::shell::Input;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
 use futures::stream::FuturesUnordered;
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use std::sync::Arc;
 use tangram_core::Event;
 use tangram_shared::codec::{self, Encoding};
-use tangram_shared::{subject, ActionId, Dispatch, WorkerId};
+use tangram_shared::{subject, ActionId, WorkerId};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -21,25 +21,6 @@ use tracing::warn;
 /// Dispatches whose PubAck has not come back, at most: past this the dispatcher stops
 /// taking new ones until some are acknowledged (the engine's queue holds the rest).
 const IN_FLIGHT: usize = 4096;
-
-/// One dispatch to publish.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    pub(crate) worker: WorkerId,
-    pub(crate) dispatch: Box<Dispatch>,
-}
-
-/// What the dispatcher publishes, one channel for both so their order holds on the wire.
-#[derive(Debug)]
-pub(crate) enum Publish {
-    /// A dispatch: its store is reported to the engine.
-    Dispatch(Outgoing),
-    /// A re-size of a running exec, sent once.
-    Regrant {
-        worker: WorkerId,
-        regrant: tangram_shared::Regrant,
-    },
-}
 
 /// Runs until `rx` closes or `stop` is cancelled; outcomes go to `events`.
 pub(crate) async fn run(

@@ -2,8 +2,8 @@
 //! checked against what is stored already (a result, or a dispatch by an earlier leader),
 //! before the state task sees them. Results and heartbeats, decoded.
 
+use crate::channels::Input;
 use crate::held::Incoming;
-use crate::shell::Input;
 use crate::stored::StoredResults;
 use async_nats::jetstream;
 use futures::StreamExt;

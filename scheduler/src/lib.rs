@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod adopt;
+mod channels;
 pub mod config;
 mod cordons;
 mod dispatcher;

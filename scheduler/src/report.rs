@@ -1,9 +1,9 @@
 //! What a term reads besides its feeds, for the status answer and the metrics: the actions
 //! stream's backlog, the dead letters, and the leader lease with the live standbys.
 
+use crate::channels::Input;
 use crate::gate::Gate;
 use crate::lease;
-use crate::shell::Input;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use std::time::Duration;

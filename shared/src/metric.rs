@@ -114,3 +114,128 @@ pub fn register(defs: &[MetricDef], component: &'static str, version: &'static s
         None => gauge!(BUILD_INFO, "version" => version, "component" => component).set(1.0),
     }
 }
+
+/// Every `"tangram_..."` string literal in the Rust files under `dir`, recursively: the
+/// metric names a crate's source uses, for its test that each is in its table.
+pub fn names_used_in(dir: &std::path::Path) -> std::io::Result<std::collections::BTreeSet<String>> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path)?;
+                for piece in text.split("\"tangram_").skip(1) {
+                    let name: String = piece
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() && piece[name.len()..].starts_with('"') {
+                        out.insert(format!("tangram_{name}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What is wrong with a component's metric table, one line each (empty when nothing is):
+/// names unique and prefixed `tangram_`; a counter's name, and only a counter's, ends in
+/// `_total`; seconds and bytes say so in the name; no `job` label (Prometheus's own); every
+/// histogram has buckets in `bucketed`.
+pub fn table_problems(defs: &[MetricDef], bucketed: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for d in defs {
+        if !seen.insert(d.name) {
+            problems.push(format!("{} is declared twice", d.name));
+        }
+        if !d.name.starts_with("tangram_") {
+            problems.push(format!("{} lacks the tangram_ prefix", d.name));
+        }
+        if (d.kind == MetricType::Counter) != d.name.ends_with("_total") {
+            problems.push(format!(
+                "{}: only counters end in _total, and all do",
+                d.name
+            ));
+        }
+        let unit_ok = match d.unit {
+            MetricUnit::Seconds => d.name.ends_with("_seconds"),
+            MetricUnit::Bytes => d.name.ends_with("_bytes"),
+            _ => true,
+        };
+        if !unit_ok {
+            problems.push(format!("{}: its name does not say its unit", d.name));
+        }
+        if d.labels.contains(&"job") {
+            problems.push(format!("{}: the job label is Prometheus's", d.name));
+        }
+        if d.kind == MetricType::Histogram && !bucketed.contains(&d.name) {
+            problems.push(format!("{} has no buckets", d.name));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_that_breaks_each_rule_is_told_so() {
+        let def = |name, kind, unit, labels| MetricDef {
+            name,
+            kind,
+            labels,
+            unit,
+            help: "",
+        };
+        let good = [
+            def(
+                "tangram_x_total",
+                MetricType::Counter,
+                MetricUnit::Count,
+                &[],
+            ),
+            def(
+                "tangram_y_seconds",
+                MetricType::Histogram,
+                MetricUnit::Seconds,
+                &[],
+            ),
+        ];
+        assert!(table_problems(&good, &["tangram_y_seconds"]).is_empty());
+        let bad = [
+            def(
+                "tangram_x_total",
+                MetricType::Counter,
+                MetricUnit::Count,
+                &[],
+            ),
+            def(
+                "tangram_x_total",
+                MetricType::Counter,
+                MetricUnit::Count,
+                &[],
+            ),
+            def("other_total", MetricType::Counter, MetricUnit::Count, &[]),
+            def("tangram_g_total", MetricType::Gauge, MetricUnit::Count, &[]),
+            def(
+                "tangram_wait",
+                MetricType::Gauge,
+                MetricUnit::Seconds,
+                &["job"],
+            ),
+            def(
+                "tangram_h_seconds",
+                MetricType::Histogram,
+                MetricUnit::Seconds,
+                &[],
+            ),
+        ];
+        assert_eq!(table_problems(&bad, &[]).len(), 6);
+    }
+}

@@ -15,8 +15,10 @@ mod model;
 pub mod policies;
 pub mod quota;
 pub mod sim;
-pub mod sim_api;
-pub mod sim_gpu;
+/// The API workloads' simulation (`sim/api.rs`), by its older path.
+pub use sim::api as sim_api;
+/// The GPU workloads' simulation (`sim/gpu.rs`), by its older path.
+pub use sim::gpu as sim_gpu;
 
 pub use elastic::{ElasticModel, Speedup};
 pub use engine::{Effect, Engine, EngineConfig, Event, Now};

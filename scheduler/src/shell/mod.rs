@@ -3,7 +3,8 @@
 //! itself: dispatches go to the dispatcher, rejections and results to tracked tasks, acks to
 //! the acker. It holds each action message until the engine acks, naks or rejects it.
 
-use crate::dispatcher::{Outgoing, Publish};
+pub(crate) use crate::channels::Input;
+use crate::channels::{Outgoing, Publish};
 use crate::effects::{observe, publish_for_worker, reject, replier, write_fence, Reply};
 use crate::held::Incoming;
 use crate::lease::Fence;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tangram_core::engine::Delivery;
 use tangram_core::{Effect, Engine, Event, Now};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -22,17 +23,6 @@ use tracing::Instrument;
 
 /// How long a stopping scheduler waits for the outcomes of dispatches already handed out.
 const DISPATCH_DRAIN: Duration = Duration::from_secs(5);
-
-/// What the other tasks send the state task.
-#[derive(Debug)]
-pub(crate) enum Input {
-    /// An action message and what the intake made of it.
-    Message(Box<Incoming>, Event),
-    /// Anything else for the engine.
-    Engine(Event),
-    /// Someone asked for the status report.
-    Status(oneshot::Sender<tangram_shared::status::Status>),
-}
 
 /// The engine's clock: monotonic since start, and wall time for result timestamps.
 #[derive(Debug, Clone, Copy)]

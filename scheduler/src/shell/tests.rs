@@ -6,7 +6,7 @@
 //! dispatches seen through at shutdown.
 
 use super::*;
-use crate::dispatcher::Publish;
+use crate::channels::Publish;
 use crate::gate::Gate;
 use crate::outbox::fake::{Call, Fake};
 use tangram_core::engine::Arrival;

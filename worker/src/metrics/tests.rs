@@ -3,34 +3,10 @@
 use super::*;
 use std::collections::BTreeSet;
 
-/// Every `"tangram_..."` string literal in the files under `dir`.
-fn literals(dir: &std::path::Path, out: &mut BTreeSet<String>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            literals(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            for piece in text.split("\"tangram_").skip(1) {
-                let name: String = piece
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && piece[name.len()..].starts_with('"') {
-                    out.insert(format!("tangram_{name}"));
-                }
-            }
-        }
-    }
-}
-
 #[test]
 fn every_metric_name_in_the_source_is_in_the_table() {
-    let mut found = BTreeSet::new();
-    literals(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut found,
-    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = tangram_shared::metric::names_used_in(&dir).unwrap();
     let declared: BTreeSet<String> = DEFS.iter().map(|d| d.name.to_string()).collect();
     // The build-info name lives in the shared crate.
     found.insert(BUILD_INFO.to_string());
@@ -44,34 +20,9 @@ fn every_metric_name_in_the_source_is_in_the_table() {
 
 #[test]
 fn names_are_unique_and_say_their_type_and_unit() {
-    let mut seen = BTreeSet::new();
-    for d in DEFS {
-        assert!(seen.insert(d.name), "{} twice", d.name);
-        assert!(d.name.starts_with("tangram_"), "{}", d.name);
-        assert_eq!(
-            d.kind == MetricType::Counter,
-            d.name.ends_with("_total"),
-            "{}",
-            d.name
-        );
-        match d.unit {
-            MetricUnit::Seconds => assert!(d.name.ends_with("_seconds"), "{}", d.name),
-            MetricUnit::Bytes => assert!(d.name.ends_with("_bytes"), "{}", d.name),
-            _ => {}
-        }
-        assert!(
-            !d.labels.contains(&"job"),
-            "{}: job is Prometheus's",
-            d.name
-        );
-        if d.kind == MetricType::Histogram {
-            assert!(
-                BUCKETS.iter().any(|(n, _)| *n == d.name),
-                "{} has no buckets",
-                d.name
-            );
-        }
-    }
+    let bucketed: Vec<&str> = BUCKETS.iter().map(|(n, _)| *n).collect();
+    let problems = tangram_shared::metric::table_problems(DEFS, &bucketed);
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 #[test]

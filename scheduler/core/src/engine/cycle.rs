@@ -2,17 +2,15 @@
 //! launches booked at once (assumed) and handed out as dispatches.
 
 use super::lifecycle::{ActionState, Booking, SandboxKey, SandboxState};
+use super::pools::gpu::GpuPool;
+use super::pools::{Fleet, Pool, Waiting};
 use super::{Effect, Engine, Now, Observation};
 use crate::model::{Constraint, Launch, Pending, Snapshot, Unplaced, WorkerView};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tangram_shared::{
-    ActionId, ActionKind, ActionSpec, ChunkRef, CpuRange, Dispatch, Evict, GpuRoute, Grant,
-    RejectCode, Rejection, WorkerId,
+    ActionId, ActionKind, ActionSpec, ChunkRef, CpuRange, Dispatch, GpuRoute, Grant, RejectCode,
+    Rejection, WorkerId,
 };
-
-/// Under GPU re-balancing, a reward call waiting this long is routed ahead of the longest
-/// queues.
-const GPU_AGING_MS: u64 = 1_000;
 
 pub(crate) fn chunk_ref(c: crate::gpu::Chunk) -> ChunkRef {
     ChunkRef {
@@ -79,7 +77,6 @@ impl Engine {
             return;
         }
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
-        self.pin_static_gpus();
         let routes = self.plan_gpu(now, &mut rejections);
         let api = self.plan_api(now, &mut rejections);
         let mut forget = Vec::new();
@@ -205,108 +202,73 @@ impl Engine {
         }
     }
 
-    /// `static`: once settled, split the GPUs evenly between the services, resident for good.
-    fn pin_static_gpus(&mut self) {
-        if self.provisioning.trajectory_cores().is_none() || self.pinned || !self.settled_in {
-            return;
-        }
-        let (total, _) = self.eoe.gpus();
-        let n = self.eoe.services().count() as u32;
-        if total > 0 && n > 0 {
-            self.eoe.pin(total / n);
-            self.pinned = true;
-        }
-    }
-
-    /// Reward actions through Evict-on-Execution: in queue order, or under GPU re-balancing
-    /// (`tangram-v2`) the longest queue first with aging.
+    /// Reward actions: handed to the GPU pool (Evict-on-Execution), which routes them.
     fn plan_gpu(
         &mut self,
         now: Now,
         rejections: &mut Vec<(ActionId, Rejection)>,
     ) -> Vec<(ActionId, WorkerId, GpuRoute)> {
-        let mut backlog: HashMap<String, u32> = HashMap::new();
-        let rewards: Vec<(ActionId, String)> = self
-            .queue
+        // The pool is out of the engine while it plans on a read of the ledger.
+        let mut pool = std::mem::replace(&mut self.gpu, GpuPool::new(false));
+        let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Reward(_)));
+        // Planned even with nothing waiting: under `static` the pool pins the services at
+        // the first cycle after settling in.
+        let held: Vec<_> = if waiting.is_empty() {
+            Vec::new()
+        } else {
+            self.actions
+                .values()
+                .filter_map(|e| e.placed())
+                .filter_map(|(w, b)| b.gpu.as_ref().map(|g| (w, g)))
+                .collect()
+        };
+        let accepting = |w: &WorkerId| self.takes_work(w);
+        let fleet = self.fleet(&accepting);
+        let planned = pool.plan(&waiting, &held, &fleet, now);
+        drop((waiting, held, fleet));
+        self.gpu = pool;
+        rejections.extend(planned.rejections);
+        self.out
+            .extend(planned.observations.into_iter().map(Effect::Observe));
+        planned.launches
+    }
+
+    /// The queued actions whose spec `wanted` picks, as a pool takes them, in queue order.
+    pub(crate) fn waiting_for(&self, wanted: impl Fn(&ActionSpec) -> bool) -> Vec<Waiting<'_>> {
+        self.queue
             .iter()
-            .filter_map(|id| match &self.actions[id].action.spec {
-                ActionSpec::Reward(r) => Some((id.clone(), r.service.clone())),
-                _ => None,
+            .filter_map(|id| {
+                let e = &self.actions[id];
+                wanted(&e.action.spec).then_some(Waiting {
+                    id,
+                    job: &e.action.job,
+                    trajectory: &e.action.trajectory,
+                    spec: &e.action.spec,
+                    pin: e.pin.as_ref(),
+                    arrived_ms: e.arrived_ms,
+                })
             })
-            .collect();
-        for (_, s) in &rewards {
-            *backlog.entry(s.clone()).or_default() += 1;
+            .collect()
+    }
+
+    /// Whether a worker takes new unpinned work: alive, not draining, not cordoned.
+    pub(crate) fn takes_work(&self, w: &WorkerId) -> bool {
+        self.workers.get(w).is_some_and(|s| !s.hb.draining) && !self.cordons.contains_key(w)
+    }
+
+    /// What the pools are told of the fleet when they plan.
+    pub(crate) fn fleet<'a>(&'a self, accepting: &'a dyn Fn(&WorkerId) -> bool) -> Fleet<'a> {
+        Fleet {
+            accepting,
+            judges_capacity: self.judges_capacity(),
+            settled_in: self.settled_in,
+            provisioning: self.provisioning,
+            job_weights: &self.config.job_weights,
+            trajectories: self
+                .config
+                .static_trajectories
+                .map_or(self.sandboxes.len(), |n| n as usize),
         }
-        let mut rewards = rewards;
-        if self.eoe.rebalance {
-            // The longest queue first, so that a GPU that frees up goes where the most calls
-            // wait; a call waiting past GPU_AGING_MS goes ahead of every queue (no service
-            // starves). Stable: queue order within each rank.
-            let actions = &self.actions;
-            rewards.sort_by_key(|(id, s)| {
-                let aged = now.ms.saturating_sub(actions[id].arrived_ms) >= GPU_AGING_MS;
-                // Aged calls keep their queue order among themselves.
-                let queue = if aged {
-                    0
-                } else {
-                    backlog.get(s).copied().unwrap_or(0)
-                };
-                (!aged, std::cmp::Reverse(queue))
-            });
-        }
-        let mut routes = Vec::new();
-        let mut busy: HashSet<String> = HashSet::new();
-        for (id, service) in rewards {
-            if busy.contains(&service) {
-                continue;
-            }
-            let left = backlog.get(&service).copied().unwrap_or(1);
-            let waiting = |s: &str| backlog.get(s).copied().unwrap_or(0);
-            match self.eoe.route_planned(&service, now.ms, left, &waiting) {
-                Ok(route) => {
-                    if let Some(b) = backlog.get_mut(&service) {
-                        *b = b.saturating_sub(1);
-                    }
-                    let evict = route
-                        .evict
-                        .iter()
-                        .map(|e| Evict {
-                            service: e.service.clone(),
-                            chunk: chunk_ref(e.chunk),
-                        })
-                        .collect();
-                    routes.push((
-                        id,
-                        route.node.clone(),
-                        GpuRoute {
-                            service,
-                            chunk: chunk_ref(route.chunk),
-                            restore: route.restore,
-                            evict,
-                        },
-                    ));
-                }
-                Err(crate::gpu::Unrouted::Busy { .. }) => {
-                    busy.insert(service);
-                }
-                Err(why) if self.judges_capacity() => {
-                    let code = match why {
-                        crate::gpu::Unrouted::UnknownService(_) => RejectCode::UnknownService,
-                        _ => RejectCode::Unsatisfiable,
-                    };
-                    let known: Vec<String> = self.eoe.services().map(|s| s.name.clone()).collect();
-                    let reason = if known.is_empty() {
-                        format!("{why}; no worker serves any model service")
-                    } else {
-                        format!("{why}; services: {}", known.join(", "))
-                    };
-                    rejections.push((id, Rejection::new(code, reason)));
-                }
-                // Settling: the worker serving it may not have reported yet.
-                Err(_) => {}
-            }
-        }
-        routes
     }
 
     /// Sandbox actions: resolve each to a constraint (or a rejection, or a wait), apply the
@@ -466,7 +428,7 @@ impl Engine {
             booking: Booking {
                 grant: launch.grant,
                 counted_cores,
-                gpu: gpu.as_ref().map(|r| (r.service.clone(), chunk_of(r.chunk))),
+                gpu: gpu.as_ref().map(GpuPool::booking_of),
                 api: api.clone(),
             },
             attempt,

@@ -80,7 +80,7 @@ pub struct Booking {
     /// sandbox's cores).
     pub counted_cores: u32,
     /// A reward action's replica: service and chunk.
-    pub gpu: Option<(String, crate::gpu::Chunk)>,
+    pub gpu: Option<super::GpuBooking>,
     /// An api action's provider quota.
     pub api: Option<super::ApiBooking>,
 }

@@ -39,6 +39,7 @@ pub use identity::{dispatch_msg_id, latest_dispatch};
 pub use images::prepull_targets;
 pub use intake::{check, BadMessage, RawMessage};
 pub use pools::api::ApiBooking;
+pub use pools::gpu::GpuBooking;
 
 /// How the engine is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,9 +159,7 @@ pub struct Engine {
     pub(crate) settled_set: std::collections::HashSet<ActionId>,
     pub(crate) sandboxes: HashMap<SandboxKey, Sandbox>,
     /// GPU services: residency, routing, LRU eviction.
-    pub(crate) eoe: crate::gpu::Eoe,
-    /// `static`: GPU services pinned.
-    pub(crate) pinned: bool,
+    pub(crate) gpu: pools::gpu::GpuPool,
     /// API quota: providers, their pooled quotas and per-trajectory slices.
     pub(crate) api: pools::api::ApiPool,
     /// What the CPU policy's last plan said of the actions it did not launch, for the status
@@ -215,8 +214,6 @@ impl Engine {
     /// An engine running `policy` (its name in `config` is then only informative).
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
         let provisioning = policy.provisioning();
-        let mut eoe = crate::gpu::Eoe::new(Vec::new());
-        eoe.rebalance = provisioning.malleable();
         Self {
             config,
             policy,
@@ -230,8 +227,7 @@ impl Engine {
             settled: VecDeque::new(),
             settled_set: Default::default(),
             sandboxes: HashMap::new(),
-            eoe,
-            pinned: false,
+            gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
             api: Default::default(),
             unplaced: Vec::new(),
             recent: VecDeque::new(),
@@ -442,7 +438,7 @@ impl Engine {
 
     /// The GPU manager (read only).
     pub fn gpus(&self) -> &crate::gpu::Eoe {
-        &self.eoe
+        self.gpu.eoe()
     }
 
     /// Marks an id settled: remembered for late results and resubmissions.

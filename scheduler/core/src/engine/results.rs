@@ -2,6 +2,7 @@
 //! settling (every booking given back exactly once).
 
 use super::lifecycle::{ActionState, Booking, Entry, SandboxState};
+use super::pools::gpu::ReplicaAfter;
 use super::pools::{Pool, Release};
 use super::{Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
@@ -97,16 +98,15 @@ impl Engine {
             &trajectory,
             &worker,
             &booking,
-            Release::default(),
+            // The route's restore or evictions may not have reached the worker: the replica
+            // counts as evicted, so that the next route restores it rather than trust it
+            // resident.
+            Release {
+                replica: ReplicaAfter::Evicted,
+                ..Release::default()
+            },
             now,
         );
-        // The route's restore or evictions may not have reached the worker: count the
-        // replica as evicted, so that the next route restores it rather than trust it resident.
-        if let Some((service, chunk)) = &booking.gpu {
-            if let Some(i) = self.eoe.find(service, &worker, *chunk) {
-                self.eoe.mark_evicted(i);
-            }
-        }
         let key = (job, trajectory);
         match kind {
             ActionKind::SandboxOpen => {
@@ -262,23 +262,22 @@ impl Engine {
             timed_out: matches!(r.outcome, Outcome::TimedOut),
             latency_ms: r.timing.exec_us / 1000,
             gpu_idle_at_ms: now.ms,
+            // A replica that answered is on its GPUs whatever its restore estimate said, and
+            // a failed one is restarted asleep.
+            replica: if service_failed {
+                ReplicaAfter::Evicted
+            } else if matches!(r.outcome, Outcome::Completed { .. }) {
+                ReplicaAfter::Served
+            } else {
+                ReplicaAfter::Unknown
+            },
+            restored_ms: r
+                .service
+                .as_ref()
+                .is_some_and(|u| u.restored)
+                .then_some(r.timing.overhead_us / 1000),
         };
         self.unbook(&job, &trajectory, worker, booking, release, now);
-        if let Some((service, chunk)) = &booking.gpu {
-            if let Some(i) = self.eoe.find(service, worker, *chunk) {
-                // `unbook` finished the slot; a replica that answered is on its GPUs whatever
-                // its restore estimate said, and a failed one is restarted asleep.
-                if service_failed {
-                    self.eoe.mark_evicted(i);
-                } else if matches!(r.outcome, Outcome::Completed { .. }) {
-                    self.eoe.served(i, now.ms);
-                }
-            }
-            if r.service.as_ref().is_some_and(|u| u.restored) {
-                self.eoe
-                    .observe_restore(service, r.timing.overhead_us / 1000);
-            }
-        }
         self.settle_sandbox(&e, &r.outcome);
         self.dirty = true;
     }
@@ -353,12 +352,12 @@ impl Engine {
         now: Now,
     ) {
         if let Some(api) = &booking.api {
-            self.api.release(job, trajectory, api, &release, now);
+            self.api
+                .release(worker, job, trajectory, api, &release, now);
         }
-        if let Some((service, chunk)) = &booking.gpu {
-            if let Some(i) = self.eoe.find(service, worker, *chunk) {
-                self.eoe.finish(i, release.gpu_idle_at_ms);
-            }
+        if let Some(gpu) = &booking.gpu {
+            self.gpu
+                .release(worker, job, trajectory, gpu, &release, now);
         }
     }
 

@@ -82,24 +82,13 @@ impl Engine {
             }
         }
         st.waiting = self.waiting();
-        for s in self.eoe.services() {
-            let mut svc = ServiceStatus {
-                name: s.name.clone(),
-                gpus: s.gpus,
-                restore_ms: s.restore_ms,
-                ..Default::default()
-            };
-            for r in self.eoe.replicas().iter().filter(|r| r.service == s.name) {
-                svc.busy += r.busy;
-                if r.is_resident() {
-                    svc.resident.push(format!(
-                        "{}:{}/{}+{}",
-                        r.node, r.chunk.group, r.chunk.start, r.chunk.len
-                    ));
-                }
-            }
-            st.services.push(svc);
-        }
+        let held_gpus: Vec<_> = self
+            .actions
+            .values()
+            .filter_map(|e| e.placed())
+            .filter_map(|(w, b)| b.gpu.as_ref().map(|g| (w, g)))
+            .collect();
+        self.gpu.report(&held_gpus, &mut st);
         let held: Vec<_> = self
             .actions
             .values()

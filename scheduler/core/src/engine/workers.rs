@@ -1,9 +1,8 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::cycle::chunk_of;
 use super::lifecycle::{ActionState, Sandbox, SandboxKey, SandboxState};
-use super::pools::Pool;
+use super::pools::{Pool, WorkerReport};
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
 use tangram_shared::{ActionId, Heartbeat, InfraCode, WorkerId};
@@ -62,8 +61,15 @@ impl Engine {
                 }
             }
         }
-        self.on_gpu_report(&hb, restarted || joined, now);
-        self.api.ingest(&hb, now);
+        let fresh = restarted || joined;
+        self.on_gpu_report(&hb, fresh, now);
+        let report = WorkerReport {
+            hb: &hb,
+            fresh,
+            accepting: !hb.draining && !self.cordons.contains_key(&hb.worker),
+        };
+        let seen = self.api.ingest(&report, now);
+        self.out.extend(seen.into_iter().map(Effect::Observe));
         if joined {
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
             for s in &hb.sandboxes {
@@ -186,41 +192,20 @@ impl Engine {
         }
     }
 
-    /// GPU inventory and services from a heartbeat. The engine's view of residency is
-    /// authoritative while a worker instance lives; a new instance's report replaces it.
+    /// GPU inventory and services from a heartbeat, to the GPU pool. The engine's view of
+    /// residency is authoritative while a worker instance lives; a new instance's report
+    /// replaces it, and the slots its predecessor's actions booked are forgotten.
     fn on_gpu_report(&mut self, hb: &Heartbeat, fresh: bool, now: Now) {
-        for s in &hb.services {
-            self.eoe.declare(crate::gpu::ServiceSpec {
-                name: s.name.clone(),
-                gpus: s.gpus,
-                restore_ms: s.restore_ms,
-                slots: s.slots.max(1),
-            });
-        }
-        let Some(inv) = &hb.gpus else {
-            if fresh {
-                self.eoe.remove_node(&hb.worker);
-            }
-            return;
-        };
-        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
-        if fresh {
-            self.eoe.remove_node(&hb.worker);
+        if fresh && hb.gpus.is_some() {
             self.forget_gpu_bookings(&hb.worker);
         }
-        let accepting = !hb.draining && !self.cordons.contains_key(&hb.worker);
-        self.eoe.set_node(&hb.worker, &sizes, accepting);
-        if fresh {
-            for s in &hb.services {
-                for r in &s.replicas {
-                    self.eoe
-                        .adopt(&s.name, &hb.worker, chunk_of(r.chunk), r.resident, now.ms);
-                }
-            }
-        }
-        let (total, resident) = self.eoe.gpus();
-        self.out
-            .push(Effect::Observe(Observation::Gpus { total, resident }));
+        let report = WorkerReport {
+            hb,
+            fresh,
+            accepting: !hb.draining && !self.cordons.contains_key(&hb.worker),
+        };
+        let seen = self.gpu.ingest(&report, now);
+        self.out.extend(seen.into_iter().map(Effect::Observe));
     }
 
     /// Whether a worker's GPUs take new routes, after a cordon changed.
@@ -228,12 +213,12 @@ impl Engine {
         let Some(w) = self.workers.get(worker) else {
             return;
         };
-        let Some(inv) = &w.hb.gpus else {
-            return;
+        let report = WorkerReport {
+            hb: &w.hb,
+            fresh: false,
+            accepting: !w.hb.draining && !self.cordons.contains_key(worker),
         };
-        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
-        let accepting = !w.hb.draining && !self.cordons.contains_key(worker);
-        self.eoe.set_node(worker, &sizes, accepting);
+        self.gpu.accepting(&report);
     }
 
     /// A new instance's replicas replace the old ones: slots booked by actions of the old
@@ -368,7 +353,7 @@ impl Engine {
                 s.state = SandboxState::Lost;
             }
         }
-        self.eoe.remove_node(worker);
+        self.gpu.forget_worker(worker);
         self.api.forget_worker(worker);
         let mut ids: Vec<ActionId> = self
             .actions

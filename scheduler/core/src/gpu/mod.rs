@@ -147,6 +147,21 @@ pub struct Replica {
     pub last_use: u64,
 }
 
+/// The static deployment's rule, in one place: a service given `gpus_per_service` GPUs
+/// holds that many GPUs' worth of replicas of its size, at least one.
+pub fn static_replicas(gpus_per_service: u32, service_gpus: u8) -> u32 {
+    (gpus_per_service / u32::from(service_gpus.max(1))).max(1)
+}
+
+/// The GPUs the static deployment holds for services of these sizes, each given
+/// `gpus_per_service`.
+pub fn static_gpus(gpus_per_service: u32, service_gpus: impl IntoIterator<Item = u8>) -> u32 {
+    service_gpus
+        .into_iter()
+        .map(|g| static_replicas(gpus_per_service, g) * u32::from(g))
+        .sum()
+}
+
 /// Where a GPU replica is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaState {
@@ -450,7 +465,7 @@ impl Eoe {
         let mut short = Vec::new();
         for name in names {
             let len = self.services[&name].gpus;
-            let replicas = (gpus_per_service / len as u32).max(1);
+            let replicas = static_replicas(gpus_per_service, len);
             for _ in 0..replicas {
                 match self.free_chunk(len, &name) {
                     Some((node, chunk, reuse)) => {

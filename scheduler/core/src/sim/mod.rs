@@ -10,8 +10,10 @@
 //! (`static`) first has to obtain the trajectory's sandbox with its fixed cores, which the
 //! trajectory then holds until its last action completes.
 
+pub mod api;
 mod bursty;
 pub mod calibrate;
+pub mod gpu;
 mod images;
 mod k8s;
 mod run;

@@ -3,13 +3,13 @@
 //! fair share, or under per-trajectory provisioning (`static`) cut into even per-trajectory
 //! slices of each provider's rate. Providers are declared by the workers that can call them.
 
-use super::{Fleet, Planned, Pool, Release, Waiting};
+use super::{Fleet, Planned, Pool, Release, Waiting, WorkerReport};
 use crate::engine::{Now, Observation};
 use crate::quota::{ProviderQuota, Quota};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use tangram_shared::status::{ProviderStatus, Status};
 use tangram_shared::{
-    ActionSpec, Heartbeat, JobId, ProviderReport, RejectCode, Rejection, TrajectoryId, WorkerId,
+    ActionSpec, JobId, ProviderReport, RejectCode, Rejection, TrajectoryId, WorkerId,
 };
 
 /// What an api call holds until it settles: its provider's quota (or its trajectory's slice
@@ -38,8 +38,10 @@ pub(crate) struct ApiPool {
 
 impl Pool for ApiPool {
     type Booking = ApiBooking;
+    type Ticket = ApiBooking;
 
-    fn ingest(&mut self, hb: &Heartbeat, now: Now) {
+    fn ingest(&mut self, report: &WorkerReport<'_>, now: Now) -> Vec<Observation> {
+        let hb = report.hb;
         for p in self.providers.values_mut() {
             p.workers.remove(&hb.worker);
         }
@@ -63,6 +65,7 @@ impl Pool for ApiPool {
             p.report = r.clone();
             p.workers.insert(hb.worker.clone());
         }
+        Vec::new()
     }
 
     fn forget_worker(&mut self, worker: &WorkerId) {
@@ -228,6 +231,7 @@ impl Pool for ApiPool {
 
     fn release(
         &mut self,
+        _worker: &WorkerId,
         job: &JobId,
         trajectory: &TrajectoryId,
         booking: &ApiBooking,

@@ -7,14 +7,15 @@
 //! and the status report is written ([`Pool::report`]). What a launched action holds of a
 //! pool is that pool's `Booking`, one field of the ledger's [`super::lifecycle::Booking`].
 //!
-//! Pools: API quota (`api.rs`). GPU chunks and replicas (`gpu/`, Evict-on-Execution) and CPU
-//! cores and memory (the policy's snapshot) are driven by the engine directly for now; they
-//! move behind this interface next, and per-job shares and caps hang on it. Adding a resource
-//! kind: `scheduler/core/README.md`, "Adding a resource kind".
+//! Pools: API quota (`api.rs`), GPU chunks and replicas under Evict-on-Execution (`gpu.rs`).
+//! CPU cores and memory (the policy's snapshot) are driven by the engine directly for now;
+//! they move behind this interface next, and per-job shares and caps hang on it. Adding a
+//! resource kind: `scheduler/core/README.md`, "Adding a resource kind".
 
 pub(crate) mod api;
+pub(crate) mod gpu;
 
-use super::Now;
+use super::{Now, Observation};
 use std::collections::BTreeMap;
 use tangram_shared::status::Status;
 use tangram_shared::{ActionId, ActionSpec, Heartbeat, JobId, Rejection, TrajectoryId, WorkerId};
@@ -28,6 +29,20 @@ pub(crate) struct Waiting<'a> {
     pub(crate) spec: &'a ActionSpec,
     /// The only worker it may go to (an earlier dispatch there may have been stored).
     pub(crate) pin: Option<&'a WorkerId>,
+    /// When it arrived (engine clock).
+    pub(crate) arrived_ms: u64,
+}
+
+/// A worker's report, as a pool takes it in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerReport<'a> {
+    /// Its heartbeat.
+    pub(crate) hb: &'a Heartbeat,
+    /// A new instance (its first report, or a restart): what it reports replaces what the
+    /// engine knew of it.
+    pub(crate) fresh: bool,
+    /// Whether it takes new unpinned work (not draining, not cordoned).
+    pub(crate) accepting: bool,
 }
 
 /// What a pool is told of the fleet and the engine's setup when it plans.
@@ -37,6 +52,8 @@ pub(crate) struct Fleet<'a> {
     /// Whether an action may be rejected for want of capacity (settled in, no worker that
     /// may come back).
     pub(crate) judges_capacity: bool,
+    /// Whether the engine has heard from the fleet long enough to know it.
+    pub(crate) settled_in: bool,
     /// How the policy provisions: per-trajectory provisioning slices shared resources.
     pub(crate) provisioning: crate::model::Provisioning,
     /// Jobs' weights for fair shares.
@@ -80,15 +97,24 @@ pub(crate) struct Release {
     pub(crate) latency_ms: u64,
     /// The replica counts as idle from then (0: never used by this action).
     pub(crate) gpu_idle_at_ms: u64,
+    /// What the call showed of its replica.
+    pub(crate) replica: gpu::ReplicaAfter,
+    /// The replica was restored for the call, taking this long (ms).
+    pub(crate) restored_ms: Option<u64>,
 }
 
 /// A shared resource pool. See the module docs.
 pub(crate) trait Pool {
     /// What a launched action holds of this pool until it settles.
     type Booking;
+    /// What the plan hands a launch: what the worker must be told, from which the engine
+    /// records the booking.
+    type Ticket;
 
     /// A worker reported: take in what it says of this pool's resource.
-    fn ingest(&mut self, hb: &Heartbeat, now: Now);
+    fn ingest(&mut self, report: &WorkerReport<'_>, now: Now) -> Vec<Observation>;
+    /// A worker's acceptance of new work changed (a cordon was set or lifted).
+    fn accepting(&mut self, _report: &WorkerReport<'_>) {}
     /// A worker is gone (lost, or replaced by a new instance): what it offered leaves.
     fn forget_worker(&mut self, worker: &WorkerId);
     /// A trajectory's sandbox is gone: anything held for the trajectory goes with it.
@@ -101,10 +127,13 @@ pub(crate) trait Pool {
         held: &[(&WorkerId, &Self::Booking)],
         fleet: &Fleet<'_>,
         now: Now,
-    ) -> Planned<Self::Booking>;
-    /// A launched action settled (or its dispatch failed): its booking comes back.
+    ) -> Planned<Self::Ticket>;
+    /// A launched action settled (or its dispatch failed): its booking on `worker` comes
+    /// back.
+    #[allow(clippy::too_many_arguments)]
     fn release(
         &mut self,
+        worker: &WorkerId,
         job: &JobId,
         trajectory: &TrajectoryId,
         booking: &Self::Booking,

@@ -151,7 +151,10 @@ pub fn simulate_gpu_with(
         GpuMode::Pooled { gpus } => (pooled, w.nodes_limited(gpus)),
         GpuMode::Static { gpus_per_service } => (
             "static",
-            w.nodes_limited(gpus_per_service * w.services.len() as u32),
+            w.nodes_limited(crate::gpu::static_gpus(
+                gpus_per_service,
+                w.services.iter().map(|s| s.gpus),
+            )),
         ),
     };
     let policy = crate::by_name(policy).expect("a built-in policy");

@@ -1,0 +1,274 @@
+//! The GPU pool: chunks of NVLink groups and the service replicas on them, under
+//! Evict-on-Execution (`gpu/`, [`Eoe`]). Reward calls are routed to a resident replica with
+//! a free slot, or one is restored (evicting idle ones when no chunk is free); under
+//! re-balancing (`tangram-v2`) the longest queue goes first, with aging. Under per-trajectory
+//! provisioning (`static`) the GPUs are split evenly between the services once, for good.
+
+use super::{Fleet, Planned, Pool, Release, WorkerReport};
+use crate::engine::cycle::{chunk_of, chunk_ref};
+use crate::engine::{Now, Observation};
+use crate::gpu::{Chunk, Eoe, ServiceSpec, Unrouted};
+use std::collections::{HashMap, HashSet};
+use tangram_shared::status::{ServiceStatus, Status};
+use tangram_shared::{
+    ActionSpec, Evict, GpuRoute, JobId, RejectCode, Rejection, TrajectoryId, WorkerId,
+};
+
+/// Under GPU re-balancing, a reward call waiting this long is routed ahead of the longest
+/// queues.
+const GPU_AGING_MS: u64 = 1_000;
+
+/// What a reward call holds until it settles: a slot of one replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuBooking {
+    /// The replica's service.
+    pub service: String,
+    /// Its GPUs.
+    pub chunk: Chunk,
+}
+
+/// What happened to a replica's call, for its release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum ReplicaAfter {
+    /// Nothing learned.
+    #[default]
+    Unknown,
+    /// It answered: it is on its GPUs, whatever its restore estimate said.
+    Served,
+    /// The service failed (restarted asleep), or the route's restore or evictions may not
+    /// have reached the worker (its dispatch failed): counted evicted, so that the next
+    /// route restores it rather than trust it resident.
+    Evicted,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct GpuPool {
+    eoe: Eoe,
+    /// `static`: the services are pinned.
+    pinned: bool,
+}
+
+impl GpuPool {
+    /// An empty pool; replicas follow demand under re-balancing.
+    pub(crate) fn new(rebalance: bool) -> Self {
+        let mut eoe = Eoe::new(Vec::new());
+        eoe.rebalance = rebalance;
+        Self { eoe, pinned: false }
+    }
+
+    /// Evict-on-Execution, read only.
+    pub(crate) fn eoe(&self) -> &Eoe {
+        &self.eoe
+    }
+
+    /// The GPU booking a route makes.
+    pub(crate) fn booking_of(route: &GpuRoute) -> GpuBooking {
+        GpuBooking {
+            service: route.service.clone(),
+            chunk: chunk_of(route.chunk),
+        }
+    }
+
+    /// `static`: once settled, split the GPUs evenly between the services, resident for good.
+    fn pin_static(&mut self, fleet: &Fleet<'_>) {
+        if fleet.provisioning.trajectory_cores().is_none() || self.pinned || !fleet.settled_in {
+            return;
+        }
+        let (total, _) = self.eoe.gpus();
+        let n = self.eoe.services().count() as u32;
+        if total > 0 && n > 0 {
+            self.eoe.pin(total / n);
+            self.pinned = true;
+        }
+    }
+}
+
+impl Pool for GpuPool {
+    type Booking = GpuBooking;
+    type Ticket = GpuRoute;
+
+    /// GPU inventory and services from a heartbeat. The engine's view of residency is
+    /// authoritative while a worker instance lives; a new instance's report replaces it.
+    fn ingest(&mut self, report: &WorkerReport<'_>, now: Now) -> Vec<Observation> {
+        let hb = report.hb;
+        for s in &hb.services {
+            self.eoe.declare(ServiceSpec {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                slots: s.slots.max(1),
+            });
+        }
+        let Some(inv) = &hb.gpus else {
+            if report.fresh {
+                self.eoe.remove_node(&hb.worker);
+            }
+            return Vec::new();
+        };
+        let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
+        if report.fresh {
+            self.eoe.remove_node(&hb.worker);
+        }
+        self.eoe.set_node(&hb.worker, &sizes, report.accepting);
+        if report.fresh {
+            for s in &hb.services {
+                for r in &s.replicas {
+                    self.eoe
+                        .adopt(&s.name, &hb.worker, chunk_of(r.chunk), r.resident, now.ms);
+                }
+            }
+        }
+        let (total, resident) = self.eoe.gpus();
+        vec![Observation::Gpus { total, resident }]
+    }
+
+    fn accepting(&mut self, report: &WorkerReport<'_>) {
+        if let Some(inv) = &report.hb.gpus {
+            let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
+            self.eoe
+                .set_node(&report.hb.worker, &sizes, report.accepting);
+        }
+    }
+
+    fn forget_worker(&mut self, worker: &WorkerId) {
+        self.eoe.remove_node(worker);
+    }
+
+    fn forget_trajectory(&mut self, _job: &JobId, _trajectory: &TrajectoryId) {}
+
+    /// Reward calls through Evict-on-Execution: in queue order, or under re-balancing the
+    /// longest queue first with aging.
+    fn plan(
+        &mut self,
+        waiting: &[super::Waiting<'_>],
+        _held: &[(&WorkerId, &GpuBooking)],
+        fleet: &Fleet<'_>,
+        now: Now,
+    ) -> Planned<GpuRoute> {
+        self.pin_static(fleet);
+        let mut out = Planned::default();
+        let mut backlog: HashMap<String, u32> = HashMap::new();
+        let mut rewards: Vec<(&super::Waiting<'_>, String)> = waiting
+            .iter()
+            .filter_map(|w| match w.spec {
+                ActionSpec::Reward(r) => Some((w, r.service.clone())),
+                _ => None,
+            })
+            .collect();
+        for (_, s) in &rewards {
+            *backlog.entry(s.clone()).or_default() += 1;
+        }
+        if self.eoe.rebalance {
+            // The longest queue first, so that a GPU that frees up goes where the most calls
+            // wait; a call waiting past GPU_AGING_MS goes ahead of every queue (no service
+            // starves). Stable: queue order within each rank.
+            rewards.sort_by_key(|(w, s)| {
+                let aged = now.ms.saturating_sub(w.arrived_ms) >= GPU_AGING_MS;
+                // Aged calls keep their queue order among themselves.
+                let queue = if aged {
+                    0
+                } else {
+                    backlog.get(s).copied().unwrap_or(0)
+                };
+                (!aged, std::cmp::Reverse(queue))
+            });
+        }
+        let mut busy: HashSet<String> = HashSet::new();
+        for (w, service) in rewards {
+            if busy.contains(&service) {
+                continue;
+            }
+            let left = backlog.get(&service).copied().unwrap_or(1);
+            let waiting = |s: &str| backlog.get(s).copied().unwrap_or(0);
+            match self.eoe.route_planned(&service, now.ms, left, &waiting) {
+                Ok(route) => {
+                    if let Some(b) = backlog.get_mut(&service) {
+                        *b = b.saturating_sub(1);
+                    }
+                    let evict = route
+                        .evict
+                        .iter()
+                        .map(|e| Evict {
+                            service: e.service.clone(),
+                            chunk: chunk_ref(e.chunk),
+                        })
+                        .collect();
+                    out.launches.push((
+                        w.id.clone(),
+                        route.node.clone(),
+                        GpuRoute {
+                            service,
+                            chunk: chunk_ref(route.chunk),
+                            restore: route.restore,
+                            evict,
+                        },
+                    ));
+                }
+                Err(Unrouted::Busy { .. }) => {
+                    busy.insert(service);
+                }
+                Err(why) if fleet.judges_capacity => {
+                    let code = match why {
+                        Unrouted::UnknownService(_) => RejectCode::UnknownService,
+                        _ => RejectCode::Unsatisfiable,
+                    };
+                    let known: Vec<String> = self.eoe.services().map(|s| s.name.clone()).collect();
+                    let reason = if known.is_empty() {
+                        format!("{why}; no worker serves any model service")
+                    } else {
+                        format!("{why}; services: {}", known.join(", "))
+                    };
+                    out.rejections
+                        .push((w.id.clone(), Rejection::new(code, reason)));
+                }
+                // Settling: the worker serving it may not have reported yet.
+                Err(_) => {}
+            }
+        }
+        out
+    }
+
+    fn release(
+        &mut self,
+        worker: &WorkerId,
+        _job: &JobId,
+        _trajectory: &TrajectoryId,
+        booking: &GpuBooking,
+        release: &Release,
+        now: Now,
+    ) {
+        if let Some(i) = self.eoe.find(&booking.service, worker, booking.chunk) {
+            self.eoe.finish(i, release.gpu_idle_at_ms);
+            match release.replica {
+                ReplicaAfter::Unknown => {}
+                ReplicaAfter::Served => self.eoe.served(i, now.ms),
+                ReplicaAfter::Evicted => self.eoe.mark_evicted(i),
+            }
+        }
+        if let Some(ms) = release.restored_ms {
+            self.eoe.observe_restore(&booking.service, ms);
+        }
+    }
+
+    fn report(&self, _held: &[(&WorkerId, &GpuBooking)], status: &mut Status) {
+        for s in self.eoe.services() {
+            let mut svc = ServiceStatus {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                ..Default::default()
+            };
+            for r in self.eoe.replicas().iter().filter(|r| r.service == s.name) {
+                svc.busy += r.busy;
+                if r.is_resident() {
+                    svc.resident.push(format!(
+                        "{}:{}/{}+{}",
+                        r.node, r.chunk.group, r.chunk.start, r.chunk.len
+                    ));
+                }
+            }
+            status.services.push(svc);
+        }
+    }
+}
