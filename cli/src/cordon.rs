@@ -2,53 +2,11 @@
 //! in the scheduler's bucket, which the leader watches (and the worker reads, to close its
 //! sandboxes at a drain's deadline).
 
-use crate::cluster;
+use crate::connect::{unix_ms, ClusterArgs};
 use clap::Args;
-use std::path::PathBuf;
 use std::time::Duration;
 use tangram_shared::status::CordonRecord;
 use tangram_shared::{subject, WorkerId};
-
-/// Where the cluster is and who is asking (shared by `status`, `cordon`, `drain`...).
-#[derive(Debug, Args)]
-pub(crate) struct ClusterArgs {
-    /// NATS URL [default: the cluster `up` started, else nats://127.0.0.1:4222].
-    #[arg(long, env = "TANGRAM_NATS_URL")]
-    pub(crate) nats_url: Option<String>,
-    /// The cluster's state directory.
-    #[arg(long, env = "TANGRAM_STATE_DIR", default_value = ".tangram")]
-    pub(crate) state_dir: PathBuf,
-    /// nkey seed file [default: <state-dir>/creds/operator.nk when it exists].
-    #[arg(long, env = "TANGRAM_NKEY_FILE")]
-    pub(crate) nkey_file: Option<PathBuf>,
-    #[command(flatten)]
-    pub(crate) tls: TlsArgs,
-}
-
-/// TLS toward NATS, as the scheduler and workers take it (a fleet whose servers have a
-/// `tls {}` block; DEPLOY.md).
-#[derive(Debug, Clone, Default, Args)]
-pub(crate) struct TlsArgs {
-    /// CA certificate(s) to verify the NATS server with (PEM); requires TLS.
-    #[arg(long, global = true, env = "TANGRAM_TLS_CA")]
-    pub(crate) tls_ca: Option<PathBuf>,
-    /// Client certificate (PEM), for NATS servers that verify clients (`verify: true`).
-    #[arg(long, global = true, env = "TANGRAM_TLS_CERT", requires = "tls_key")]
-    pub(crate) tls_cert: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    #[arg(long, global = true, env = "TANGRAM_TLS_KEY", requires = "tls_cert")]
-    pub(crate) tls_key: Option<PathBuf>,
-}
-
-impl ClusterArgs {
-    /// The NATS URL and the credentials these name.
-    pub(crate) fn resolve(&self) -> (String, tangram_nats::auth::Credentials) {
-        (
-            cluster::nats_url(self.nats_url.clone(), &self.state_dir),
-            cluster::credentials(self.nkey_file.clone(), &self.tls, &self.state_dir),
-        )
-    }
-}
 
 /// A worker of a cluster.
 #[derive(Debug, Args)]
@@ -100,16 +58,6 @@ async fn store(t: &Target) -> anyhow::Result<async_nats::jetstream::kv::Store> {
             "reading the scheduler's bucket at {url}: {e} (has a scheduler run on this cluster?)"
         )
         })
-}
-
-/// Wall time, Unix milliseconds: a drain's deadline is wall time, shared with the
-/// scheduler and the worker.
-#[allow(clippy::disallowed_methods)] // the wire's timestamps are wall time
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn record(drain_by_unix_ms: Option<u64>) -> CordonRecord {
@@ -167,7 +115,7 @@ pub(crate) fn drain(a: DrainArgs) -> anyhow::Result<()> {
     // Bounded: the deadline, plus a minute for the last commands and the close to land.
     let give_up = tokio::time::Instant::now() + Duration::from_secs(a.deadline_s + 60);
     loop {
-        let st = cluster::fetch_status(&url, &creds, Duration::from_secs(5))?;
+        let st = crate::cluster::fetch_status(&url, &creds, Duration::from_secs(5))?;
         let Some(w) = st.workers.iter().find(|w| w.id == worker.as_str()) else {
             println!(
                 "{worker} is not in the cluster (stopped, or never joined): nothing to wait for"

@@ -3,7 +3,7 @@
 //! worker is asked on `tangram.v1.prepull.<worker>`; it pulls under its own allow-list,
 //! credentials and disk budget, as for an open, and answers what came of it.
 
-use crate::cordon::ClusterArgs;
+use crate::connect::ClusterArgs;
 use clap::{Args, Subcommand};
 use std::time::Duration;
 use tangram_shared::image::{ImageRef, PrepullOutcome, PrepullReply, PrepullRequest};

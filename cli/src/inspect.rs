@@ -22,7 +22,7 @@ pub(crate) struct InspectArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    cluster: crate::cordon::ClusterArgs,
+    cluster: crate::connect::ClusterArgs,
 }
 
 /// The action as stored on the actions stream.

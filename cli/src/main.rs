@@ -5,6 +5,7 @@ mod bench;
 mod calibrate;
 mod check_config;
 mod cluster;
+mod connect;
 mod cordon;
 mod creds;
 mod errors;
@@ -70,7 +71,7 @@ pub(crate) enum Command {
         #[arg(long, requires = "watch")]
         count: Option<u64>,
         #[command(flatten)]
-        cluster: cordon::ClusterArgs,
+        cluster: connect::ClusterArgs,
     },
     /// Place nothing new on a worker (no new sandboxes, api or reward calls); its open
     /// sandboxes keep running their trajectories' commands.

@@ -43,7 +43,7 @@ pub struct SubmitArgs {
     #[arg(long, global = true, env = "TANGRAM_NATS_URL")]
     pub nats_url: Option<String>,
     #[command(flatten)]
-    pub(crate) tls: crate::cordon::TlsArgs,
+    pub(crate) tls: crate::connect::TlsArgs,
 }
 
 /// The action.

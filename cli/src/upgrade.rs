@@ -1,7 +1,7 @@
 //! `tangram streams upgrade`: converts the streams of a cluster made by an earlier release
 //! to the backlog/history layout, in place (see `tangram_nats::upgrade`).
 
-use crate::cordon::ClusterArgs;
+use crate::connect::ClusterArgs;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Actions: what a rollout asks Tangram to run.
 
 use crate::ids::{ActionId, JobId, TrajectoryId};
-use crate::result::{RejectCode, Rejection};
+use crate::rejection::{RejectCode, Rejection};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

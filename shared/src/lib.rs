@@ -20,6 +20,7 @@ pub mod metric;
 pub mod pacing;
 #[cfg(feature = "plot")]
 pub mod plot;
+pub mod rejection;
 pub mod result;
 #[cfg(feature = "schema")]
 pub mod schema;

@@ -2,6 +2,7 @@
 
 use crate::action::ActionKind;
 use crate::ids::{ActionId, JobId, TrajectoryId, WorkerId};
+pub use crate::rejection::{RejectCode, Rejection};
 use serde::{Deserialize, Serialize};
 
 /// How an action ended.
@@ -53,54 +54,6 @@ impl Outcome {
             Outcome::OutOfMemory { .. } => "out_of_memory",
             Outcome::Rejected { .. } => "rejected",
             Outcome::InfraError { .. } => "infra_error",
-        }
-    }
-}
-
-/// Why an action was rejected. A small closed set: it doubles as a metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum RejectCode {
-    /// The payload is not valid msgpack or JSON, or not an action.
-    Undecodable,
-    /// `spec.kind` names no known action kind.
-    UnknownKind,
-    /// A field is missing or has a bad value.
-    InvalidField,
-    /// The message is larger than the scheduler accepts.
-    Oversized,
-    /// No worker in the fleet could ever satisfy the demand.
-    Unsatisfiable,
-    /// An exec or close names a trajectory that has no open sandbox.
-    NoSandbox,
-    /// A reward action names a service the fleet does not declare.
-    UnknownService,
-    /// An api action names a provider the fleet does not declare.
-    UnknownProvider,
-    /// An api action's method, path or header is not allowed by its provider's config.
-    NotAllowed,
-    /// An open names a trajectory that already has a sandbox.
-    SandboxExists,
-    /// The subject, header and body disagree (job or action id).
-    Mismatch,
-}
-
-impl RejectCode {
-    /// The code's wire name, also used in dead-letter subjects.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectCode::Undecodable => "undecodable",
-            RejectCode::UnknownKind => "unknown_kind",
-            RejectCode::InvalidField => "invalid_field",
-            RejectCode::Oversized => "oversized",
-            RejectCode::Unsatisfiable => "unsatisfiable",
-            RejectCode::NoSandbox => "no_sandbox",
-            RejectCode::UnknownService => "unknown_service",
-            RejectCode::UnknownProvider => "unknown_provider",
-            RejectCode::NotAllowed => "not_allowed",
-            RejectCode::SandboxExists => "sandbox_exists",
-            RejectCode::Mismatch => "mismatch",
         }
     }
 }
@@ -157,26 +110,6 @@ impl Outcome {
             Outcome::Rejected { code, .. } => code.as_str(),
             Outcome::InfraError { code, .. } => code.as_str(),
             _ => "none",
-        }
-    }
-}
-
-/// A rejection: a code and a reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code:?}: {reason}")]
-pub struct Rejection {
-    /// Class.
-    pub code: RejectCode,
-    /// Explanation for a person.
-    pub reason: String,
-}
-
-impl Rejection {
-    /// Builds a rejection.
-    pub fn new(code: RejectCode, reason: impl Into<String>) -> Self {
-        Self {
-            code,
-            reason: reason.into(),
         }
     }
 }

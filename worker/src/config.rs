@@ -6,14 +6,15 @@ use crate::cpuset;
 use crate::gpu::NvmlMode;
 use crate::providers::ProviderConfig;
 use crate::sandbox::RuntimeKind;
-use crate::services::ServiceConfig;
 use serde::Deserialize;
+use service::ServiceConfig;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 use tangram_shared::WorkerId;
 
 mod sandbox;
+pub(crate) mod service;
 use sandbox::validate_sandbox;
 pub use sandbox::{
     PullConfig, RawSandbox, RegistryAuth, SandboxConfig, DEFAULT_IMAGE, DEFAULT_OUTPUT_LIMIT,

@@ -14,6 +14,7 @@ pub(crate) mod files;
 mod status;
 mod up;
 
+pub use crate::connect::{credentials, nats_url};
 pub(crate) use files::apply_config_file;
 pub use status::{fetch_status, status};
 pub use up::up;
@@ -234,38 +235,4 @@ fn down_at(state: &Path) -> anyhow::Result<usize> {
     }
     std::fs::remove_file(&file)?;
     Ok(stopped)
-}
-
-/// Credentials for the CLI: `--nkey-file` / `TANGRAM_NKEY_FILE`, else the operator seed of
-/// the cluster `up` started in `state` (`<state>/creds/operator.nk`), else none.
-/// TLS settings come from `tls` (`--tls-ca`, `--tls-cert`, `--tls-key` or their variables).
-pub fn credentials(
-    explicit: Option<PathBuf>,
-    tls: &crate::cordon::TlsArgs,
-    state: &Path,
-) -> tangram_nats::auth::Credentials {
-    let file = explicit
-        .or_else(|| std::env::var_os("TANGRAM_NKEY_FILE").map(PathBuf::from))
-        .or_else(|| {
-            let f = state.join("creds").join("operator.nk");
-            f.exists().then_some(f)
-        });
-    let mut creds = match file {
-        Some(f) => tangram_nats::auth::Credentials::from_seed_file(f),
-        None => tangram_nats::auth::Credentials::default(),
-    };
-    creds.tls_ca = tls.tls_ca.clone();
-    creds.tls_cert = tls.tls_cert.clone();
-    creds.tls_key = tls.tls_key.clone();
-    creds
-}
-
-/// The NATS URL: the flag, else the recorded cluster's, else the default.
-pub fn nats_url(explicit: Option<String>, state: &Path) -> String {
-    explicit
-        .or_else(|| {
-            let text = std::fs::read_to_string(state.join("running.json")).ok()?;
-            Some(serde_json::from_str::<Running>(&text).ok()?.nats_url)
-        })
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".into())
 }

@@ -71,7 +71,7 @@ fn worker_state(w: &tangram_shared::status::WorkerStatus) -> String {
     if w.draining {
         "stopping".into()
     } else if let Some(by) = w.drain_by_unix_ms {
-        let left_s = by.saturating_sub(crate::cordon::unix_ms()) / 1000;
+        let left_s = by.saturating_sub(crate::connect::unix_ms()) / 1000;
         format!(
             "draining ({} running, {} sandboxes, closed in {left_s} s)",
             w.running, w.sandboxes

@@ -28,14 +28,14 @@ pub(crate) enum DeadletterWhat {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        cluster: crate::cordon::ClusterArgs,
+        cluster: crate::connect::ClusterArgs,
     },
     /// Print one record in full: its headers and its body (as JSON when it decodes).
     Show {
         /// The record's sequence number (from `list`).
         seq: u64,
         #[command(flatten)]
-        cluster: crate::cordon::ClusterArgs,
+        cluster: crate::connect::ClusterArgs,
     },
     /// Submit a corrected action in place of a dead-lettered one: the file holds the action
     /// as JSON (start from `show`'s body). It goes to its job's and kind's subject with its id
@@ -50,7 +50,7 @@ pub(crate) enum DeadletterWhat {
         #[arg(long, default_value_t = 300.0)]
         wait_s: f64,
         #[command(flatten)]
-        cluster: crate::cordon::ClusterArgs,
+        cluster: crate::connect::ClusterArgs,
     },
 }
 

@@ -32,7 +32,7 @@ pub(crate) struct ExportArgs {
     #[arg(long, default_value_t = 0.0)]
     amdahl: f64,
     #[command(flatten)]
-    cluster: crate::cordon::ClusterArgs,
+    cluster: crate::connect::ClusterArgs,
 }
 
 /// Amdahl speed-up at `m` cores.

@@ -21,7 +21,7 @@ pub(crate) enum ReplayWhat {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        cluster: crate::cordon::ClusterArgs,
+        cluster: crate::connect::ClusterArgs,
     },
     /// Write a recorded job as a simulator trace (JSON lines, docs/SIMULATOR.md), for
     /// `tangram simulate --trace`.
@@ -243,7 +243,7 @@ pub(crate) fn replay(what: ReplayWhat) -> anyhow::Result<()> {
     }
 }
 
-fn jobs(cluster: &crate::cordon::ClusterArgs, json: bool) -> anyhow::Result<()> {
+fn jobs(cluster: &crate::connect::ClusterArgs, json: bool) -> anyhow::Result<()> {
     let (url, creds) = cluster.resolve();
     let stored = runtime()?.block_on(async {
         let client = crate::errors::connect(&url, "tangram-replay", &creds).await?;

@@ -46,7 +46,7 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     #[command(flatten)]
-    cluster: crate::cordon::ClusterArgs,
+    cluster: crate::connect::ClusterArgs,
 }
 
 /// One replayed action, beside its recording.
