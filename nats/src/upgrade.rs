@@ -14,7 +14,8 @@
 //!
 //! The schedulers and workers then start as usual and find their work where it was.
 
-use crate::streams::{self, StreamSettings};
+pub use crate::streams::old_layout;
+use crate::streams::{self, not_found, StreamSettings};
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt as _;
 use std::collections::HashSet;
@@ -44,32 +45,6 @@ pub struct Upgraded {
     pub dispatches_carried: u64,
     /// Actions past the ack floor found processed (a dispatch or a result is stored).
     pub actions_processed: u64,
-}
-
-/// The first backlog stream that has the old layout (limits retention), if any.
-pub async fn old_layout(js: &jetstream::Context) -> Result<Option<String>, crate::SetupError> {
-    for name in [subject::ACTIONS_STREAM, subject::DISPATCH_STREAM] {
-        match js.get_stream(name).await {
-            Ok(s) => {
-                if s.cached_info().config.retention == stream::RetentionPolicy::Limits {
-                    return Ok(Some(name.to_string()));
-                }
-            }
-            Err(e) if not_found(&e) => {}
-            Err(source) => {
-                return Err(crate::SetupError::Lookup {
-                    name: name.to_string(),
-                    source,
-                })
-            }
-        }
-    }
-    Ok(None)
-}
-
-fn not_found(e: &jetstream::context::GetStreamError) -> bool {
-    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
-        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
 /// One message to publish again.

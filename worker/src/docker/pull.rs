@@ -47,7 +47,7 @@ impl Pulls {
             let refused = Err(PullError::Refused(format!(
                 "image {image:?} cannot be pulled: {why}"
             )));
-            crate::metrics::image_pull(&refused);
+            crate::metrics::image_pull("refused", None);
             return refused;
         }
         let (docker, config, owned) = (docker.clone(), config.clone(), image.to_string());
@@ -55,7 +55,12 @@ impl Pulls {
             async move {
                 // Counted once per pull, however many opens wait for it.
                 let r = pull_once(&docker, &config, &owned).await;
-                crate::metrics::image_pull(&r);
+                let (outcome, took_us) = match &r {
+                    Ok(us) => ("ok", Some(*us)),
+                    Err(PullError::Refused(_)) => ("refused", None),
+                    Err(PullError::Failed(_)) => ("failed", None),
+                };
+                crate::metrics::image_pull(outcome, took_us);
                 r
             }
             .boxed()
