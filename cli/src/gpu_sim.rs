@@ -1,15 +1,13 @@
 //! `tangram simulate --workload mopd`: GPU services under Evict-on-Execution (`tangram`) and
 //! static deployment (`static`, 4 GPUs per service), side by side.
 
-use crate::{report, trace, SimulateArgs};
+use crate::{report, SimulateArgs};
 use anyhow::{bail, Context as _};
 use serde_json::json;
-use tangram_core::sim::{SimReport, Summary};
-use tangram_core::sim_api::{simulate_api_with, DeepSearch, QuotaMode};
-use tangram_core::sim_gpu::{
-    matches_static, simulate_gpu, simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd,
-    MATCH_TOLERANCE,
-};
+use tangram_core::sim::sweep::{gpu_mode, gpu_sweep, pooled_policy, quota_mode};
+use tangram_core::sim::{trace, SimReport, Summary};
+use tangram_core::sim_api::{simulate_api_with, DeepSearch};
+use tangram_core::sim_gpu::{simulate_gpu_with, GpuMode, GpuStats, GpuWorkload, Mopd};
 
 pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     let mut w: GpuWorkload = Mopd {
@@ -39,11 +37,8 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
         tangram_core::gpu::static_gpus(per_service, w.services.iter().map(|s| s.gpus));
     let mut runs: Vec<(SimReport, GpuStats)> = Vec::new();
     for name in args.policy_names() {
-        let mode = match name {
-            // tangram-v2 also re-balances replicas between services (`Eoe::rebalance`).
-            "tangram" | "tangram-v2" => GpuMode::Pooled { gpus: args.gpus },
-            "static" => GpuMode::Static { gpus_per_service: per_service },
-            other => crate::usage!("policy {other:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)"),
+        let Ok(mode) = gpu_mode(name, args.gpus, per_service) else {
+            crate::usage!("policy {name:?} has no GPU side; mopd compares tangram (Evict-on-Execution over --gpus) and static (4 GPUs per teacher)")
         };
         let label = match mode {
             GpuMode::Pooled { gpus } => format!("{name}@{gpus}gpu"),
@@ -67,37 +62,21 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
             .find(|p| p.starts_with("tangram"))
             .unwrap_or("tangram"),
     );
+    let sweep_run = args.gpu_sweep.then(|| gpu_sweep(&w, pooled, per_service));
+    let fewest = sweep_run.as_ref().and_then(|s| s.fewest);
     let mut sweep = Vec::new();
-    let mut fewest = None;
-    if args.gpu_sweep {
-        let (st, _) = simulate_gpu(
-            &w,
-            GpuMode::Static {
-                gpus_per_service: per_service,
-            },
-            "static",
-        );
-        let target = st.summary().mean_act_s;
-        let max = static_total.min(w.total_gpus());
-        for g in 1..=max {
-            let (r, stats) = simulate_gpu_with(&w, GpuMode::Pooled { gpus: g }, pooled, pooled);
-            let s = r.summary();
-            let ok = matches_static(s.mean_act_s, &stats, target);
-            if ok && fewest.is_none() {
-                fewest = Some(g);
-            }
+    if let Some(run) = &sweep_run {
+        for r in &run.rows {
+            let s = &r.summary;
             sweep.push(json!({
-                "gpus": g, "mean_act_s": s.mean_act_s, "p99_act_s": s.p99_act_s,
+                "gpus": r.gpus, "mean_act_s": s.mean_act_s, "p99_act_s": s.p99_act_s,
                 "mean_queue_s": s.mean_queue_s, "mean_overhead_s": s.mean_overhead_s,
                 "restore_share_of_act": ratio(s.mean_overhead_s, s.mean_act_s),
-                "restores": stats.restores, "unserved": stats.unserved, "matches_static": ok,
+                "restores": r.stats.restores, "unserved": r.stats.unserved,
+                "matches_static": r.matches_static,
             }));
-            // Past the match point, a few more rows show the curve flattening; stop there.
-            if fewest.is_some_and(|f| g >= f + 4) {
-                break;
-            }
         }
-        sweep.push(json!({"static_mean_act_s": target, "tolerance": MATCH_TOLERANCE}));
+        sweep.push(json!({"static_mean_act_s": run.static_mean_act_s, "tolerance": run.tolerance}));
     }
 
     let reports: Vec<SimReport> = runs.iter().map(|r| r.0.clone()).collect();
@@ -167,28 +146,25 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
             ratio(s.mean_act_s, base.mean_act_s)
         );
     }
-    if args.gpu_sweep {
+    if let Some(run) = &sweep_run {
         println!(
             "\n{pooled} pool size sweep (static mean ACT as the target, within {:.0}%):",
-            MATCH_TOLERANCE * 100.0
+            run.tolerance * 100.0
         );
         println!(
             "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9}",
             "GPUs", "mean ACT", "p99", "queue", "restore", "matches"
         );
-        for row in sweep.iter().filter(|r| r.get("gpus").is_some()) {
+        for r in &run.rows {
+            let s = &r.summary;
             println!(
                 "{:>5} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>9}",
-                row["gpus"],
-                row["mean_act_s"].as_f64().unwrap_or(0.0),
-                row["p99_act_s"].as_f64().unwrap_or(0.0),
-                row["mean_queue_s"].as_f64().unwrap_or(0.0),
-                row["mean_overhead_s"].as_f64().unwrap_or(0.0),
-                if row["matches_static"].as_bool() == Some(true) {
-                    "yes"
-                } else {
-                    "no"
-                }
+                r.gpus,
+                s.mean_act_s,
+                s.p99_act_s,
+                s.mean_queue_s,
+                s.mean_overhead_s,
+                if r.matches_static { "yes" } else { "no" }
             );
         }
         match fewest {
@@ -224,10 +200,8 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
     );
     let mut reports = Vec::new();
     for name in args.policy_names() {
-        let mode = match name {
-            "tangram" | "tangram-v2" => QuotaMode::Pooled,
-            "static" => QuotaMode::PerTrajectory,
-            other => crate::usage!("policy {other:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)"),
+        let Ok(mode) = quota_mode(name) else {
+            crate::usage!("policy {name:?} has no quota side; deepsearch compares tangram (pooled quota) and static (per-trajectory slices)")
         };
         reports.push(simulate_api_with(&w, mode, pooled_policy(name), name));
     }
@@ -276,14 +250,4 @@ pub(crate) fn deepsearch(args: &SimulateArgs) -> anyhow::Result<()> {
     println!("(ACT over search and judge calls; step = rollout phase, first start to last trajectory end)");
     println!("picture: {}", args.svg.display());
     Ok(())
-}
-
-/// The engine policy that decides a pooled run listed as `name`: `tangram-v2` itself (it also
-/// re-balances GPU replicas), `tangram` for anything else.
-fn pooled_policy(name: &str) -> &'static str {
-    if name == "tangram-v2" {
-        "tangram-v2"
-    } else {
-        "tangram"
-    }
 }

@@ -24,14 +24,13 @@ mod report;
 mod streams;
 mod submit;
 mod table;
-mod trace;
 mod upgrade;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
-use tangram_core::sim::{self, AiCoding, Workload};
+use tangram_core::sim::{self, trace, AiCoding, Workload, WorkloadName};
 
 /// Tangram: action-level resource orchestration for agentic RL.
 #[derive(Debug, Parser)]
@@ -381,34 +380,33 @@ fn watch_status(
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     let (mut workload, label) = match (&args.workload, &args.trace) {
-        (Some(w), None) => match w.as_str() {
-            "ai-coding" => (
-                AiCoding {
-                    batch: args.batch,
-                    seed: args.seed,
-                    jobs: args.jobs as usize,
-                }
-                .generate(),
-                format!(
-                    "ai-coding, batch {}, seed {}, {} job(s)",
-                    args.batch, args.seed, args.jobs
+        (Some(w), None) => {
+            match WorkloadName::parse(w).map_err(|e| errors::UsageError(e.to_string()))? {
+                WorkloadName::AiCoding => (
+                    AiCoding {
+                        batch: args.batch,
+                        seed: args.seed,
+                        jobs: args.jobs as usize,
+                    }
+                    .generate(),
+                    format!(
+                        "ai-coding, batch {}, seed {}, {} job(s)",
+                        args.batch, args.seed, args.jobs
+                    ),
                 ),
-            ),
-            "bursty" => (
-                sim::Bursty {
-                    batch: args.batch,
-                    seed: args.seed,
-                }
-                .generate(),
-                format!("bursty, batch {}, seed {}", args.batch, args.seed),
-            ),
-            "mopd" => return gpu_sim::mopd(&args),
-            "deepsearch" => return gpu_sim::deepsearch(&args),
-            "swe-images" => return image_sim::swe_images(&args),
-            other => {
-                crate::usage!("unknown workload {other:?}; available: ai-coding, bursty, mopd, deepsearch, swe-images")
+                WorkloadName::Bursty => (
+                    sim::Bursty {
+                        batch: args.batch,
+                        seed: args.seed,
+                    }
+                    .generate(),
+                    format!("bursty, batch {}, seed {}", args.batch, args.seed),
+                ),
+                WorkloadName::Mopd => return gpu_sim::mopd(&args),
+                WorkloadName::DeepSearch => return gpu_sim::deepsearch(&args),
+                WorkloadName::SweImages => return image_sim::swe_images(&args),
             }
-        },
+        }
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;

@@ -346,7 +346,7 @@ mod tests {
         assert_eq!(lines[1]["start_s"], 1.0);
         // The trace parses back.
         let text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
-        let parsed = crate::trace::parse_trace(&text).unwrap();
+        let parsed = tangram_core::sim::trace::parse_trace(&text).unwrap();
         assert_eq!(parsed.len(), 2);
         assert_eq!(parsed[0].steps.len(), 2);
     }

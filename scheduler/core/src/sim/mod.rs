@@ -17,13 +17,17 @@ pub mod gpu;
 mod images;
 mod k8s;
 mod run;
+pub mod sweep;
 mod timeline;
+pub mod trace;
+pub mod workloads;
 
 pub use bursty::Bursty;
 pub use images::{SimImages, SweImages};
 pub use k8s::{by_name, names, K8s, Simulated, SIM_ONLY};
 pub use run::SimStats;
 pub use timeline::{Timeline, Track, MAX_BINS};
+pub use workloads::{UnknownWorkload, WorkloadName, WORKLOADS};
 
 use crate::elastic::Speedup;
 use tangram_shared::CpuRange;

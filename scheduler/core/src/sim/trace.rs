@@ -1,12 +1,40 @@
-//! Reading a workload trace (JSON lines, one trajectory per line) and a cluster file.
-//! The format is documented in `docs/SIMULATOR.md`.
+//! Reading a workload trace (JSON lines, one trajectory per line) and a cluster file, for
+//! `tangram simulate --trace` and `--cluster`. The format is documented in
+//! `docs/SIMULATOR.md`; `tangram replay --export-trace` writes it.
 
-use anyhow::{bail, Context as _};
+use super::{SimAction, SimCall, SimStep, SimTrajectory};
+use crate::{ServiceSpec, Speedup};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use tangram_core::sim::{SimAction, SimCall, SimStep, SimTrajectory};
-use tangram_core::{ServiceSpec, Speedup};
 use tangram_shared::CpuRange;
+
+/// A trace or cluster file that does not read: where, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceError {
+    /// Where: "trace line 3, step 1", "cluster file", "provider \"search\"".
+    pub at: String,
+    /// What is wrong there.
+    pub what: String,
+}
+
+impl std::fmt::Display for TraceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.what)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+fn err<T>(at: impl Into<String>, what: impl Into<String>) -> Result<T, TraceError> {
+    Err(TraceError {
+        at: at.into(),
+        what: what.into(),
+    })
+}
+
+fn cluster_file(text: &str) -> Result<ClusterFile, TraceError> {
+    serde_json::from_str(text).or_else(|e| err("cluster file", e.to_string()))
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,47 +91,45 @@ enum TraceSpeedup {
 }
 
 /// Parses a JSON-lines trace.
-pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
+pub fn parse_trace(text: &str) -> Result<Vec<SimTrajectory>, TraceError> {
     let mut out = Vec::new();
     for (no, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let t: TraceLine =
-            serde_json::from_str(line).with_context(|| format!("trace line {}", no + 1))?;
+        let t: TraceLine = match serde_json::from_str(line) {
+            Ok(t) => t,
+            Err(e) => return err(format!("trace line {}", no + 1), e.to_string()),
+        };
         let mut steps = Vec::new();
         for (i, s) in t.steps.into_iter().enumerate() {
             let a = s.action;
             let at = || format!("trace line {}, step {i}", no + 1);
             let call = match a.kind.as_str() {
                 "sandbox_exec" => SimCall::Cpu,
-                "reward" => SimCall::Reward {
-                    service: a
-                        .service
-                        .clone()
-                        .with_context(|| format!("{}: a reward step names its service", at()))?,
+                "reward" => match a.service.clone() {
+                    Some(service) => SimCall::Reward { service },
+                    None => return err(at(), "a reward step names its service"),
                 },
-                "api" => SimCall::Api {
-                    provider: a
-                        .provider
-                        .clone()
-                        .with_context(|| format!("{}: an api step names its provider", at()))?,
+                "api" => match a.provider.clone() {
+                    Some(provider) => SimCall::Api { provider },
+                    None => return err(at(), "an api step names its provider"),
                 },
-                other => bail!(
-                    "{}: unknown action kind {other:?}; sandbox_exec, reward or api",
-                    at()
-                ),
+                other => {
+                    return err(
+                        at(),
+                        format!("unknown action kind {other:?}; sandbox_exec, reward or api"),
+                    )
+                }
             };
             let cpu = a.demand.get("cpu").copied().unwrap_or(1.0).max(1.0) as u32;
             let cores = match a.elastic {
                 Some(e) if e.resource == "cpu" => {
                     if e.min == 0 || e.min > e.max {
-                        bail!(
-                            "{}: elastic range [{}, {}] needs 1 <= min <= max",
+                        return err(
                             at(),
-                            e.min,
-                            e.max
+                            format!("elastic range [{}, {}] needs 1 <= min <= max", e.min, e.max),
                         );
                     }
                     CpuRange {
@@ -111,15 +137,19 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<SimTrajectory>> {
                         max: e.max,
                     }
                 }
-                Some(e) => bail!(
-                    "{}: elastic resource {:?} is not modelled; only \"cpu\"",
-                    at(),
-                    e.resource
-                ),
+                Some(e) => {
+                    return err(
+                        at(),
+                        format!(
+                            "elastic resource {:?} is not modelled; only \"cpu\"",
+                            e.resource
+                        ),
+                    )
+                }
                 None => CpuRange { min: cpu, max: cpu },
             };
             if a.t1_s.is_nan() || a.t1_s <= 0.0 {
-                bail!("{}: t1_s must be positive", at());
+                return err(at(), "t1_s must be positive");
             }
             let speedup = match a.speedup {
                 None => Speedup::Amdahl(0.0),
@@ -174,18 +204,18 @@ fn conc_default() -> u32 {
 }
 
 /// The providers a cluster file declares.
-pub fn parse_providers(text: &str) -> anyhow::Result<Vec<tangram_core::quota::ProviderQuota>> {
-    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+pub fn parse_providers(text: &str) -> Result<Vec<crate::quota::ProviderQuota>, TraceError> {
+    let c = cluster_file(text)?;
     c.providers
         .into_iter()
         .map(|p| {
             if p.rate.is_nan() || p.rate <= 0.0 || p.burst == 0 || p.concurrency == 0 {
-                bail!(
-                    "provider {:?}: rate must be above 0, burst and concurrency at least 1",
-                    p.name
+                return err(
+                    format!("provider {:?}", p.name),
+                    "rate must be above 0, burst and concurrency at least 1",
                 );
             }
-            Ok(tangram_core::quota::ProviderQuota {
+            Ok(crate::quota::ProviderQuota {
                 name: p.name,
                 rate_per_s: p.rate,
                 burst: p.burst,
@@ -220,8 +250,8 @@ fn slots_default() -> u32 {
 pub type GpuCluster = (Vec<Vec<u8>>, Option<Vec<ServiceSpec>>);
 
 /// Parses a cluster file for a GPU workload (see [`GpuCluster`]).
-pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<GpuCluster> {
-    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+pub fn parse_gpu_cluster(text: &str) -> Result<GpuCluster, TraceError> {
+    let c = cluster_file(text)?;
     let mut nodes = Vec::new();
     for g in c.nodes {
         let mut groups = Vec::new();
@@ -241,7 +271,7 @@ pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<GpuCluster> {
         }
     }
     if nodes.is_empty() {
-        bail!("the cluster has no GPUs");
+        return err("cluster file", "the cluster has no GPUs");
     }
     let services = if c.services.is_empty() {
         None
@@ -249,10 +279,9 @@ pub fn parse_gpu_cluster(text: &str) -> anyhow::Result<GpuCluster> {
         let mut out = Vec::new();
         for s in c.services {
             if !u8::try_from(s.gpus).is_ok_and(|g| tangram_shared::CHUNK_SIZES.contains(&g)) {
-                bail!(
-                    "service {:?}: gpus must be 1, 2, 4 or 8, not {}",
-                    s.name,
-                    s.gpus
+                return err(
+                    format!("service {:?}", s.name),
+                    format!("gpus must be 1, 2, 4 or 8, not {}", s.gpus),
                 );
             }
             out.push(ServiceSpec {
@@ -286,8 +315,8 @@ fn one() -> u32 {
 
 /// Parses a cluster file into cores per node. Services and providers are accepted and
 /// reported as not yet modelled.
-pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
-    let c: ClusterFile = serde_json::from_str(text).context("cluster file")?;
+pub fn parse_cluster(text: &str) -> Result<(Vec<u32>, Vec<String>), TraceError> {
+    let c = cluster_file(text)?;
     let mut notes = Vec::new();
     if !c.services.is_empty() || !c.providers.is_empty() {
         notes.push("services and providers in the cluster file are read by mopd, deepsearch and traces with reward or api steps; ai-coding uses the nodes' cores only".into());
@@ -301,7 +330,7 @@ pub fn parse_cluster(text: &str) -> anyhow::Result<(Vec<u32>, Vec<String>)> {
         }
     }
     if nodes.is_empty() && c.services.is_empty() {
-        bail!("the cluster has no CPU cores");
+        return err("cluster file", "the cluster has no CPU cores");
     }
     Ok((nodes, notes))
 }
@@ -351,6 +380,11 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("service"));
+        let bad_t1 = "\n{\"job\": \"j\", \"trajectory\": \"t\", \"steps\": [{\"action\": {\"kind\": \"sandbox_exec\", \"t1_s\": 0}}]}";
+        assert_eq!(
+            parse_trace(bad_t1).unwrap_err().to_string(),
+            "trace line 2, step 0: t1_s must be positive"
+        );
         let (nodes, notes) = parse_cluster(r#"{"nodes": [{"count": 2, "cpu": 8, "mem_mb": 1000, "gpu": 0}], "services": [{"name": "judge", "gpus": 1, "restore_s": 0.2}]}"#).unwrap();
         assert_eq!(nodes, vec![8, 8]);
         assert_eq!(notes.len(), 1);
