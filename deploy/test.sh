@@ -4,6 +4,18 @@
 # fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Incremental caches roughly double target/ and buy nothing in a one-shot build.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The build and the test binaries took 4.5 GiB of target/ when measured (docs/RELIABILITY.md,
+# "a CI build killed by a full disk"); a linker that runs out of space dies of SIGBUS, which
+# reads like a compiler bug. Warn plainly first (a warning, not a stop: a smaller disk may do).
+min_free_gib="${TANGRAM_MIN_FREE_GIB:-8}"
+mkdir -p target
+free_gib=$(df -Pk target | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "$free_gib" -lt "$min_free_gib" ]; then
+  echo "deploy/test.sh: warning: only ${free_gib} GiB free under target/; the build and the test" >&2
+  echo "  binaries need about ${min_free_gib} GiB with room to spare. A linker killed by SIGBUS below means a full disk." >&2
+fi
 bash deploy/install-tools.sh
 bash deploy/install-prometheus.sh
 bash deploy/install-registry.sh
