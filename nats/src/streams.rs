@@ -251,6 +251,33 @@ pub async fn ensure(
     Ok(drifts)
 }
 
+/// The first backlog stream that has the old layout (limits retention), if any.
+pub async fn old_layout(js: &jetstream::Context) -> Result<Option<String>, crate::SetupError> {
+    use tangram_shared::subject;
+    for name in [subject::ACTIONS_STREAM, subject::DISPATCH_STREAM] {
+        match js.get_stream(name).await {
+            Ok(s) => {
+                if s.cached_info().config.retention == stream::RetentionPolicy::Limits {
+                    return Ok(Some(name.to_string()));
+                }
+            }
+            Err(e) if not_found(&e) => {}
+            Err(source) => {
+                return Err(crate::SetupError::Lookup {
+                    name: name.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,31 +333,4 @@ mod tests {
     fn toml_like<T: serde::de::DeserializeOwned>(json: &str) -> T {
         serde_json::from_str(json).unwrap()
     }
-}
-
-/// The first backlog stream that has the old layout (limits retention), if any.
-pub async fn old_layout(js: &jetstream::Context) -> Result<Option<String>, crate::SetupError> {
-    use tangram_shared::subject;
-    for name in [subject::ACTIONS_STREAM, subject::DISPATCH_STREAM] {
-        match js.get_stream(name).await {
-            Ok(s) => {
-                if s.cached_info().config.retention == stream::RetentionPolicy::Limits {
-                    return Ok(Some(name.to_string()));
-                }
-            }
-            Err(e) if not_found(&e) => {}
-            Err(source) => {
-                return Err(crate::SetupError::Lookup {
-                    name: name.to_string(),
-                    source,
-                })
-            }
-        }
-    }
-    Ok(None)
-}
-
-pub(crate) fn not_found(e: &jetstream::context::GetStreamError) -> bool {
-    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
-        if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
 }

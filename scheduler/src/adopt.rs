@@ -131,6 +131,12 @@ pub(crate) async fn scan_backlog(
         .filter_map(|x| async move { x })
         .collect::<std::collections::HashSet<String>>()
         .await;
+    // Sent after every adoption, on the same channel: the engine places work from now on.
+    let _ = tx
+        .send(crate::channels::Input::Engine(
+            tangram_core::Event::BacklogRead,
+        ))
+        .await;
     // A re-size whose dispatch is gone amends nothing.
     for r in regrants {
         let base = r.trim_end_matches(".regrant");

@@ -67,6 +67,11 @@ pub struct Heartbeat {
     /// admits (none on a worker without sandboxes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageReport>,
+    /// Running execs whose cores a re-size changed since their dispatch, with the cores each
+    /// holds now (absent when none): a scheduler that takes over books these, not the
+    /// dispatch's grant.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub resized: std::collections::BTreeMap<ActionId, u32>,
 }
 
 /// One sandbox image a worker holds.

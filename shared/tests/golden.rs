@@ -230,6 +230,7 @@ fn dispatch_and_heartbeat() {
             }],
             warm: None,
             images: Vec::new(),
+            resized: Default::default(),
         },
     );
     golden(
@@ -255,6 +256,7 @@ fn dispatch_and_heartbeat() {
             providers: vec![],
             warm: None,
             images: Vec::new(),
+            resized: Default::default(),
         },
     );
 }

@@ -278,6 +278,7 @@ fn dispatches_heartbeats_status_and_kv_records_are_valid() {
         providers: vec![],
         warm: None,
         images: Vec::new(),
+        resized: [(ActionId::new("a-7").unwrap(), 3)].into_iter().collect(),
     };
     let status = Status {
         epoch: 2,

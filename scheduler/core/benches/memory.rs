@@ -70,6 +70,7 @@ impl Bench {
             providers: vec![],
             warm: None,
             images: Vec::new(),
+            resized: Default::default(),
         };
         let at = self.at();
         self.engine.handle(Event::Heartbeat(Box::new(hb)), at);

@@ -116,6 +116,7 @@ fn heartbeat(worker: &str, mem_mb: u64) -> Event {
         providers: vec![],
         warm: None,
         images: vec![],
+        resized: Default::default(),
     }))
 }
 

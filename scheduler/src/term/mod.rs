@@ -155,6 +155,8 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         image_locality: config.image_locality,
         pull_mb_per_s: config.pull_mb_per_s,
         image_load_ms: config.image_load_ms,
+        // The backlog scan (`adopt::scan_backlog`) says when it is done.
+        await_backlog: true,
         ..EngineConfig::default()
     })?)
 }

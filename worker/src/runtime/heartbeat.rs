@@ -64,7 +64,23 @@ pub(super) async fn send_heartbeat(
     seq: u64,
     draining: bool,
 ) {
-    let hb = {
+    let hb = heartbeat_of(worker, seq, draining);
+    match codec::encode(&hb, Encoding::Msgpack) {
+        Ok(bytes) => {
+            if let Err(e) = client
+                .publish(subject::heartbeat(&worker.config.id), bytes.into())
+                .await
+            {
+                warn!(error = %e, "heartbeat publish failed");
+            }
+        }
+        Err(e) => warn!(error = %e, "encoding a heartbeat"),
+    }
+}
+
+/// The heartbeat the worker sends now.
+pub(super) fn heartbeat_of(worker: &Worker, seq: u64, draining: bool) -> Heartbeat {
+    {
         let st = worker.state.lock().expect("state lock");
         let mut sandboxes: Vec<SandboxRef> = st
             .sandboxes
@@ -81,6 +97,19 @@ pub(super) async fn send_heartbeat(
         let mut running: Vec<ActionId> = st.admissions.running.iter().cloned().collect();
         running.sort();
         let finished = st.admissions.lately_finished();
+        // Re-sized execs' cores now (a new leader books these), and those of admitted execs
+        // that will start at a re-sized width.
+        let mut resized: std::collections::BTreeMap<ActionId, u32> = st
+            .execs
+            .iter()
+            .filter(|(_, s)| s.seq > 0)
+            .map(|(id, s)| (id.clone(), s.cores.len() as u32))
+            .collect();
+        for (id, r) in &st.early {
+            if st.admissions.running.contains(id) {
+                resized.entry(id.clone()).or_insert(r.grant.cores.max(1));
+            }
+        }
         m::sandboxes(sandboxes.len());
         Heartbeat {
             worker: worker.config.id.clone(),
@@ -119,17 +148,7 @@ pub(super) async fn send_heartbeat(
                 .as_ref()
                 .map(|s| s.images())
                 .unwrap_or_default(),
+            resized,
         }
-    };
-    match codec::encode(&hb, Encoding::Msgpack) {
-        Ok(bytes) => {
-            if let Err(e) = client
-                .publish(subject::heartbeat(&worker.config.id), bytes.into())
-                .await
-            {
-                warn!(error = %e, "heartbeat publish failed");
-            }
-        }
-        Err(e) => warn!(error = %e, "encoding a heartbeat"),
     }
 }

@@ -580,6 +580,56 @@ async fn a_widening_read_before_an_admitted_exec_starts_leaves_that_exec_its_cor
     h.stop().await;
 }
 
+/// Regression (found by the engine's property test once it drove failovers): a scheduler that
+/// took over booked an exec an earlier leader had re-sized at its dispatch's grant, since
+/// nothing said otherwise, and placed work into cores the exec held. Heartbeats now list the
+/// cores of every re-sized exec.
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
+    let h = Harness::start(); // two cores
+    h.run(&open("o1", "t1")).await;
+    h.deliver("long", &exec("long", "t1", &["sleep", "10"], 1), false)
+        .await;
+    h.until_running(1).await;
+    let hb = super::heartbeat::heartbeat_of(&h.worker, 1, false);
+    assert!(
+        hb.resized.is_empty(),
+        "nothing re-sized yet: {:?}",
+        hb.resized
+    );
+    let widen = tangram_shared::Regrant {
+        epoch: 1,
+        id: ActionId::new("long").unwrap(),
+        attempt: 1,
+        grant: Grant {
+            cores: 2,
+            mem_mb: 256,
+        },
+        seq: 1,
+    };
+    h.intake
+        .send(Box::new(FakeDelivery {
+            tag: "widen".into(),
+            subject: "tangram.v1.dispatch.w.long.regrant".into(),
+            payload: codec::encode(&widen, Encoding::Msgpack).unwrap(),
+            redelivered: false,
+            acks: h.acks.clone(),
+        }))
+        .await
+        .unwrap_or_else(|_| panic!("intake closed"));
+    while h.acks_of("widen").is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let hb = super::heartbeat::heartbeat_of(&h.worker, 2, false);
+    assert_eq!(hb.running, [ActionId::new("long").unwrap()]);
+    assert_eq!(
+        hb.resized.get(&ActionId::new("long").unwrap()),
+        Some(&2),
+        "{hb:?}"
+    );
+    h.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_intake_lets_short_actions_finish_and_kills_the_rest_at_the_deadline() {
     let h = Harness::start(); // grace 5 s

@@ -6,7 +6,7 @@
 //! gone for good is settled at its deadline rather than never. Either way the action becomes `Running` on the worker that has
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
-use super::lifecycle::{ActionState, Booking, Entry};
+use super::lifecycle::{ActionState, Booking, Entry, Sandbox, SandboxState};
 use super::{Delivery, Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
 
@@ -54,15 +54,26 @@ impl Engine {
             return;
         }
         let kind = dispatch.action.kind();
+        // An exec an earlier leader re-sized holds what its worker last reported, not its
+        // dispatch's grant (a worker not heard from yet corrects it with its next report).
+        let mut grant = dispatch.grant;
+        if let Some(&cores) = self
+            .workers
+            .get(&worker)
+            .and_then(|w| w.hb.resized.get(&id))
+        {
+            grant.cores = cores;
+        }
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
         let counted_cores =
             if kind == ActionKind::SandboxExec && self.provisioning.trajectory_cores().is_none() {
-                dispatch.grant.cores
+                grant.cores
             } else {
                 0
             };
         let deadline_ms = now.ms + dispatch.action.timeout_ms + self.config.result_grace_ms;
+        self.adopt_sandbox(&worker, &dispatch);
         self.actions.insert(
             id,
             Entry {
@@ -82,7 +93,7 @@ impl Engine {
                     // The replica slot and the provider's quota are not booked again: the
                     // earlier leader booked them, and the result gives back nothing here.
                     booking: Booking {
-                        grant: dispatch.grant,
+                        grant,
                         counted_cores,
                         gpu: None,
                         api: None,
@@ -94,6 +105,7 @@ impl Engine {
                     delivered_ms: stored_seq.is_none().then_some(now.ms),
                     listed_once: stored_seq.is_none(),
                     unreported: 0,
+                    adopted: true,
                 },
                 action: dispatch.action,
             },
@@ -103,5 +115,43 @@ impl Engine {
         }
         self.out.push(Effect::Observe(Observation::Adopted(kind)));
         self.dirty = true;
+    }
+
+    /// What an adopted sandbox action means for its sandbox, as its launch would have meant:
+    /// an open reserves the sandbox's memory (and `static`'s cores) on its worker from now,
+    /// not from its result, so that nothing else is placed into that room meanwhile; a close
+    /// marks the sandbox closing. A sandbox already known (listed by the worker) stays.
+    fn adopt_sandbox(&mut self, worker: &WorkerId, dispatch: &Dispatch) {
+        let key = (
+            dispatch.action.job.clone(),
+            dispatch.action.trajectory.clone(),
+        );
+        match dispatch.action.kind() {
+            ActionKind::SandboxOpen => {
+                if self.sandboxes.get(&key).is_some_and(|s| s.holds()) {
+                    return;
+                }
+                self.sandboxes.insert(
+                    key,
+                    Sandbox {
+                        worker: worker.clone(),
+                        mem_mb: dispatch.grant.mem_mb.max(dispatch.action.demand().mem_mb),
+                        cores: if self.provisioning.trajectory_cores().is_some() {
+                            dispatch.grant.cores
+                        } else {
+                            0
+                        },
+                        state: SandboxState::Opening,
+                        image: super::lifecycle::open_image(&dispatch.action),
+                    },
+                );
+            }
+            ActionKind::SandboxClose => {
+                if let Some(s) = self.sandboxes.get_mut(&key) {
+                    s.state = SandboxState::Closing;
+                }
+            }
+            _ => {}
+        }
     }
 }

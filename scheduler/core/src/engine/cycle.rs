@@ -73,7 +73,9 @@ impl Engine {
     }
 
     pub(crate) fn cycle(&mut self, now: Now) {
-        if self.stopping || !self.leading {
+        // At a term's start nothing is placed until the backlog an earlier leader left is
+        // booked (`EngineConfig::await_backlog`).
+        if self.stopping || !self.leading || self.backlog_pending {
             return;
         }
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();

@@ -120,6 +120,9 @@ pub enum Event {
         /// Its stream sequence (a heartbeat's dispatch sequence past it means delivered).
         seq: u64,
     },
+    /// The term's dispatch backlog has been read: every dispatch in it was handed over as
+    /// [`Event::AdoptStored`] (see [`crate::EngineConfig::await_backlog`]).
+    BacklogRead,
     /// No dispatch was found for an action asked about.
     AdoptFailed {
         /// The action.

@@ -58,6 +58,9 @@ pub enum ActionState {
         /// Heartbeats in a row (counted from a redelivery window after `delivered_ms`) that
         /// did not list it.
         unreported: u8,
+        /// Adopted from an earlier leader and not re-sized by this one since: the cores its
+        /// worker reports for it (`Heartbeat::resized`) are what it holds.
+        adopted: bool,
     },
 }
 

@@ -89,6 +89,11 @@ pub struct EngineConfig {
     /// What one more sandbox per core on a worker is expected to cost a trajectory, ms: the
     /// load image-aware placement weighs against a pull.
     pub image_load_ms: u64,
+    /// Launch nothing until [`Event::BacklogRead`]: a service starting a term reads the
+    /// dispatch backlog an earlier leader left, and what it adopts from there must be booked
+    /// before anything is placed beside it. Off for the simulator and tests that have no
+    /// backlog.
+    pub await_backlog: bool,
 }
 
 /// The size assumed for an image no worker advertises, MB.
@@ -116,6 +121,7 @@ impl Default for EngineConfig {
             image_locality: true,
             pull_mb_per_s: 100.0,
             image_load_ms: 60_000,
+            await_backlog: false,
         }
     }
 }
@@ -186,6 +192,8 @@ pub struct Engine {
     pub(crate) out: Vec<Effect>,
     /// Actions whose dispatch was asked for, to adopt them.
     pub(crate) adopting: std::collections::HashSet<ActionId>,
+    /// The term's dispatch backlog is still being read ([`EngineConfig::await_backlog`]).
+    pub(crate) backlog_pending: bool,
     /// `per-task`: opens placed so far per job, for round robin inside its pool.
     pub(crate) task_opens: HashMap<String, usize>,
     /// Worker instances declared lost, by worker: their heartbeats are ignored until the
@@ -214,6 +222,7 @@ impl Engine {
     /// An engine running `policy` (its name in `config` is then only informative).
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
         let provisioning = policy.provisioning();
+        let backlog_pending = config.await_backlog;
         Self {
             config,
             policy,
@@ -242,6 +251,7 @@ impl Engine {
             wake_at: None,
             out: Vec::new(),
             adopting: Default::default(),
+            backlog_pending,
             task_opens: HashMap::new(),
             progress: HashMap::new(),
             regrant_seq: 0,
@@ -323,6 +333,10 @@ impl Engine {
                 seq,
             } => self.adopt(worker, *dispatch, None, Some(seq), now),
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),
+            Event::BacklogRead => {
+                self.backlog_pending = false;
+                self.dirty = true;
+            }
             Event::Cordon { worker, cordon } => {
                 self.on_cordon(worker, cordon.map(|c| c.drain_by_unix_ms), now)
             }

@@ -315,10 +315,18 @@ impl Engine {
         let (booking, attempt) = match &mut e.state {
             ActionState::Dispatching {
                 booking, attempt, ..
-            }
-            | ActionState::Running {
-                booking, attempt, ..
             } => (booking, *attempt),
+            ActionState::Running {
+                booking,
+                attempt,
+                adopted,
+                ..
+            } => {
+                // Its size is this leader's from now: a report still showing an earlier
+                // size must not undo it.
+                *adopted = false;
+                (booking, *attempt)
+            }
             ActionState::Queued { .. } | ActionState::Backoff { .. } => return,
         };
         booking.grant.cores = cores;

@@ -56,6 +56,7 @@ impl Engine {
             delivered_ms: None,
             listed_once: false,
             unreported: 0,
+            adopted: false,
         };
         // A malleable policy may re-size an exec only once its dispatch is durable (a
         // re-size must follow it on the worker's subject): plan again now.

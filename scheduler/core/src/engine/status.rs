@@ -153,6 +153,9 @@ impl Engine {
         if self.stopping {
             return "this scheduler is stopping: handed back to the next".into();
         }
+        if self.backlog_pending {
+            return "the dispatch backlog to be read (the term just started)".into();
+        }
         let a = &e.action;
         match &a.spec {
             ActionSpec::Reward(r) => format!("a GPU replica of service {}", r.service),

@@ -145,14 +145,17 @@ impl Engine {
         let grace = self.grace_ms(hb);
         let window = tangram_shared::DISPATCH_REDELIVERY_MS + grace;
         let mut lost = Vec::new();
+        let mut resized = false;
         for (id, e) in self.actions.iter_mut() {
             let ActionState::Running {
                 worker,
+                booking,
                 stored_ms,
                 stored_seq,
                 delivered_ms,
                 listed_once,
                 unreported,
+                adopted,
                 ..
             } = &mut e.state
             else {
@@ -160,6 +163,16 @@ impl Engine {
             };
             if worker != &hb.worker {
                 continue;
+            }
+            // An adopted exec an earlier leader re-sized: book what the worker says it holds.
+            if let Some(&cores) = hb.resized.get(id).filter(|_| *adopted) {
+                if booking.counted_cores > 0 {
+                    booking.counted_cores = cores;
+                }
+                if booking.grant.cores != cores {
+                    booking.grant.cores = cores;
+                    resized = true;
+                }
             }
             // Evidence that the dispatch reached the worker: its sequence is behind what the
             // worker has taken in. Without sequences, a grace after the store stands in.
@@ -181,6 +194,9 @@ impl Engine {
                     lost.push(id.clone());
                 }
             }
+        }
+        if resized {
+            self.dirty = true;
         }
         lost.sort();
         for id in lost {

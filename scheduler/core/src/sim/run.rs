@@ -314,6 +314,7 @@ impl Driver<'_> {
             providers: vec![],
             warm: None,
             images: Vec::new(),
+            resized: Default::default(),
         };
         let mut out = Vec::new();
         for (i, &cores) in self.w.nodes.iter().enumerate() {

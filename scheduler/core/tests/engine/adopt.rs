@@ -142,3 +142,70 @@ fn an_adopted_open_that_completes_records_its_sandbox() {
     let (w, _) = dispatched(&fx).pop().expect("the exec goes to the sandbox");
     assert_eq!(w, "w1");
 }
+
+/// Regression (found by the property test once it drove failovers): an open adopted by a
+/// new leader reserved nothing until its result, so the leader placed other sandboxes into
+/// the memory that open's container was taking (1,536 MiB booked on a 1,024 MiB worker).
+#[test]
+fn an_adopted_open_reserves_its_sandbox_memory_before_its_result() {
+    let mut h = Harness::new(&[("w1", 4, 1024)]);
+    h.heartbeat("w1", 4, 1024, &["old-open"], &[]);
+    let mut d = dispatch_of(open("old-open", "j", "t1"), 0);
+    d.grant.mem_mb = 512;
+    h.step(Event::Adopt {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(d.clone()),
+    });
+    assert_eq!(h.engine.booked()[&WorkerId::new("w1").unwrap()].1, 512);
+    // Room for one more 512 MiB sandbox, not two.
+    let (_, fx) = h.arrive(open("o2", "j", "t2"));
+    assert_eq!(dispatched(&fx).len(), 1);
+    let (_, fx) = h.arrive(open("o3", "j", "t3"));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "placed past the worker's memory: {fx:?}"
+    );
+    // Its result opens the sandbox it reserved: the trajectory's exec goes there.
+    h.complete(&d, "w1");
+    assert_eq!(h.engine.booked()[&WorkerId::new("w1").unwrap()].1, 1024);
+    let (_, fx) = h.arrive(exec("e1", "j", "t1", 1, 1));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}
+
+/// A term that awaits its backlog places nothing until the backlog is read, so that what it
+/// adopts from there is booked first. Without the hold, the property test placed new execs
+/// beside adopted ones on a worker that had no room for both (10 cores booked of 8).
+#[test]
+fn a_new_term_places_nothing_until_its_backlog_is_read() {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    // The worker joins the term with two sandboxes.
+    let fx = h.heartbeat("w1", 2, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    assert!(fetches(&fx).is_empty());
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 1, 2));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "placed before the backlog was read: {fx:?}"
+    );
+    let status = h.engine.status(h.at());
+    assert_eq!(
+        status.waiting.keys().collect::<Vec<_>>(),
+        ["the dispatch backlog to be read (the term just started)"]
+    );
+    // The backlog holds an exec of the earlier leader on both cores.
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(dispatch_of(exec("old", "j", "t1", 2, 2), 2)),
+        seq: 4,
+    });
+    let fx = h.step(Event::BacklogRead);
+    assert!(dispatched(&fx).is_empty(), "no free core: {fx:?}");
+    assert_eq!(booked_cores(&h.engine, "w1"), 2);
+    // Its result frees them.
+    h.heartbeat("w1", 2, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    let fx = h.complete(&dispatch_of(exec("old", "j", "t1", 2, 2), 2), "w1");
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}

@@ -112,6 +112,7 @@ impl Harness {
             providers: vec![],
             warm: None,
             images: Vec::new(),
+            resized: Default::default(),
         }
     }
 

@@ -453,6 +453,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
         providers: vec![],
         warm: None,
         images: Vec::new(),
+        resized: Default::default(),
     }
 }
 

@@ -1,0 +1,196 @@
+//! Failover: a new leader built from what is durable, as a term starts (cordons, the backlog
+//! scan, heartbeats, redelivered messages), the shell's answers to its fetches, and what a
+//! worker does with dispatches addressed to an earlier instance.
+
+use super::*;
+
+impl World {
+    /// A new leader: a fresh engine told what the streams and the cordon store keep, in the
+    /// order the shell starts a term (cordons, then the backlog scan, worker heartbeats and
+    /// redelivered action messages as they come).
+    pub(super) fn failover(&mut self, published: bool, backlog_first: bool) {
+        // What the old leader handed to the shell and never heard back about.
+        for (w, d) in std::mem::take(&mut self.handed) {
+            if !published {
+                continue;
+            }
+            let wi = WORKERS.iter().position(|x| x.0 == w).unwrap();
+            self.stored
+                .insert((w.clone(), d.action.id.clone()), d.clone());
+            if self.alive[wi] {
+                // The old leader is going: only what the worker stores matters.
+                let _ = self.take_in(&w, d);
+            }
+        }
+        // A drain whose deadline passed closed the worker's sandboxes.
+        for (&w, at) in &self.cordons {
+            if at.is_some_and(|t| self.h.now >= t) {
+                self.sandboxes.remove(WORKERS[w].0);
+            }
+        }
+        let config = EngineConfig {
+            policy: self.policy.clone(),
+            await_backlog: true,
+            ..cfg()
+        };
+        self.h.engine = Engine::new(config).expect("a known policy");
+        // The old leader's fetches die with it.
+        self.fetches.clear();
+        self.terms += 1;
+        let cordons: Vec<(usize, Option<u64>)> =
+            self.cordons.iter().map(|(w, at)| (*w, *at)).collect();
+        for (w, at) in cordons {
+            let fx = self.h.step(Event::Cordon {
+                worker: WorkerId::new(WORKERS[w].0).unwrap(),
+                cordon: Some(tangram_shared::status::CordonRecord {
+                    drain_by_unix_ms: at,
+                    by: "props".into(),
+                    at_unix_ms: self.h.now,
+                }),
+            });
+            self.absorb(fx);
+        }
+        if backlog_first {
+            self.scan_backlog();
+        }
+        for w in 0..3 {
+            if self.alive[w] {
+                let fx = self.beat_joining(w);
+                self.absorb(fx);
+            }
+        }
+        self.redeliver();
+        if !backlog_first {
+            self.scan_backlog();
+        }
+    }
+
+    /// The term's backlog scan: every stored dispatch without a stored result.
+    pub(super) fn scan_backlog(&mut self) {
+        let backlog: Vec<(String, Dispatch)> = self
+            .stored
+            .iter()
+            .filter(|((_, id), _)| !self.results.contains(id))
+            .map(|((w, _), d)| (w.clone(), d.clone()))
+            .collect();
+        for (w, d) in backlog {
+            self.seq += 1;
+            let fx = self.h.step(Event::AdoptStored {
+                worker: WorkerId::new(&w).unwrap(),
+                dispatch: Box::new(d),
+                seq: self.seq,
+            });
+            self.absorb(fx);
+        }
+        let fx = self.h.step(Event::BacklogRead);
+        self.absorb(fx);
+    }
+
+    /// Every action message not acked comes back, with what the intake looks up for it: a
+    /// stored result, and the dispatch that counts among the stored ones.
+    pub(super) fn redeliver(&mut self) {
+        let unacked: Vec<(Delivery, Action)> = self
+            .messages
+            .iter()
+            .filter(|(d, _)| !self.acked.contains(d))
+            .map(|(d, a)| (*d, a.clone()))
+            .collect();
+        for (delivery, action) in unacked {
+            let seen = self.results.contains(&action.id);
+            let found = self
+                .stored
+                .iter()
+                .filter(|((_, id), _)| id == &action.id)
+                .map(|((w, _), d)| (WorkerId::new(w).unwrap(), d.clone()));
+            let dispatched = tangram_core::engine::latest_dispatch(found).map(Box::new);
+            let fx = self.h.step(Event::Arrived(Box::new(Arrival {
+                action,
+                encoding: Encoding::Msgpack,
+                submitted_at_us: self.h.now * 1000,
+                delivery,
+                seen,
+                model: None,
+                dispatched,
+            })));
+            self.absorb(fx);
+        }
+    }
+
+    /// Worker `w`'s first heartbeat to a new leader: what it runs and the sandboxes it holds.
+    pub(super) fn beat_joining(&mut self, w: usize) -> Vec<Effect> {
+        let name = WORKERS[w].0;
+        let running: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(x, _)| x == name)
+            .map(|(_, d)| d.action.id.to_string())
+            .collect();
+        let running: Vec<&str> = running.iter().map(String::as_str).collect();
+        let held: Vec<String> = self
+            .sandboxes
+            .get(name)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        let held: Vec<(&str, &str)> = held.iter().map(|t| ("j", t.as_str())).collect();
+        self.beat_with(w, &running, &held)
+    }
+
+    /// The shell answers a fetch: the dispatch as stored for that worker, or none.
+    pub(super) fn answer_fetch(&mut self, k: usize) {
+        if self.fetches.is_empty() {
+            return;
+        }
+        let (worker, id) = self.fetches.remove(k % self.fetches.len());
+        let event = match self.stored.get(&(worker.to_string(), id.clone())) {
+            Some(d) => Event::Adopt {
+                worker,
+                dispatch: Box::new(d.clone()),
+            },
+            None => Event::AdoptFailed { id },
+        };
+        let fx = self.h.step(event);
+        self.absorb(fx);
+    }
+
+    /// Live worker `w` takes in a stored dispatch, as its admission decides: one addressed to
+    /// its instance (or to none) runs; one addressed to an earlier instance is answered at
+    /// once with a `worker_lost` result, then acked.
+    pub(super) fn take_in(&mut self, w: &str, d: Dispatch) -> Vec<Effect> {
+        let addressed = d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(w);
+        if addressed {
+            self.running.push((w.to_string(), d));
+            return Vec::new();
+        }
+        let first = !self.results.contains(&d.action.id);
+        self.result_stored(&d.action.id, first);
+        let lost = Outcome::InfraError {
+            code: tangram_shared::InfraCode::WorkerLost,
+            reason: format!("worker {w} restarted while this action was in flight"),
+        };
+        let r = ActionResult::new(d.action.id.clone(), d.action.job.clone(), lost, self.h.now)
+            .for_action(&d.action, d.attempt);
+        self.h.step(Event::Result(Box::new(r)))
+    }
+
+    /// Live worker `w` reads every dispatch waiting for it in the backlog.
+    pub(super) fn take_backlog(&mut self, w: usize) -> Vec<Effect> {
+        let name = WORKERS[w].0;
+        let waiting: Vec<Dispatch> = self
+            .stored
+            .iter()
+            .filter(|((x, id), _)| x == name && !self.results.contains(id))
+            .filter(|(_, d)| {
+                !self
+                    .running
+                    .iter()
+                    .any(|(x, r)| x == name && r.action.id == d.action.id)
+            })
+            .map(|(_, d)| d.clone())
+            .collect();
+        let mut fx = Vec::new();
+        for d in waiting {
+            fx.extend(self.take_in(name, d));
+        }
+        fx
+    }
+}
