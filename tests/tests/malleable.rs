@@ -89,3 +89,62 @@ async fn a_running_exec_is_narrowed_for_an_arrival_and_widened_again_when_it_end
     cluster.shutdown().await?;
     Ok(())
 }
+
+/// Regression (found by the engine's property test once it drove failovers): a new leader
+/// booked an exec that the old one had re-sized at its stored dispatch's grant, since the
+/// re-size message is consumed from the dispatch stream when the worker applies it. Widened
+/// from one core to two, the exec was booked at one, and the next exec went to the core it
+/// held, failing `infra_error: grant`. Heartbeats now list each re-sized exec's cores
+/// (`resized`), and the new leader books what the worker holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_books_a_re_sized_exec_at_the_width_it_runs() -> anyhow::Result<()> {
+    let mut cluster =
+        Cluster::start_with_policy(&[WorkerSpec::new("mall-r")], "tangram-v2").await?;
+    let c = cluster.client("rl").await?;
+    c.wait_for_workers(&["mall-r"], T).await?;
+    for t in ["t1", "t2"] {
+        let r = c.run(&open(&format!("open-{t}"), "rl", t), T).await?;
+        assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    }
+    // One exec holds a core (it cannot widen); the long one gets the other, and is widened
+    // to both when the first ends. Its stored dispatch still says one core.
+    let first = exec("first", "rl", "t1", &["sleep", "1"], 1, 1);
+    c.submit(&first).await?;
+    c.wait_until_running("mall-r", &first.id, T).await?;
+    let long = exec("long", "rl", "t2", &["sleep", "12"], 1, 2);
+    c.submit(&long).await?;
+    let hb = c.wait_until_running("mall-r", &long.id, T).await?;
+    assert!(hb.resized.is_empty(), "{hb:?}");
+    c.result(&first.id, T).await?;
+    c.wait_for_heartbeat(T, "the long exec reported widened", |hb| {
+        hb.worker.as_str() == "mall-r" && hb.resized.get(&long.id) == Some(&2)
+    })
+    .await?;
+    cluster
+        .restart_scheduler_with(|config| config.policy = "tangram-v2".into())
+        .await?;
+    c.wait_for_status(T, "the long exec adopted", |s| {
+        s.epoch >= 2 && s.running.get("sandbox_exec") == Some(&1)
+    })
+    .await?;
+    // No core is free until the long exec ends: the next one waits for it, then runs.
+    let next = c.run(&exec("next", "rl", "t1", &["true"], 1, 1), T).await?;
+    assert!(
+        matches!(next.outcome, Outcome::Completed { exit_code: 0 }),
+        "{next:?}"
+    );
+    let r = c.result(&long.id, T).await?;
+    assert!(
+        matches!(r.outcome, Outcome::Completed { exit_code: 0 }),
+        "{r:?}"
+    );
+    for id in [&first.id, &long.id, &next.id] {
+        let n = c.results(id, 2, Duration::from_millis(500)).await?.len();
+        assert_eq!(n, 1, "{id} has {n} results");
+    }
+    for t in ["t1", "t2"] {
+        c.run(&close(&format!("close-{t}"), "rl", t), T).await?;
+    }
+    cluster.shutdown().await?;
+    Ok(())
+}
