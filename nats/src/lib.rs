@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod backoff;
 pub mod layers;
+pub mod local;
 pub mod status;
 pub mod streams;
 pub mod upgrade;

@@ -132,19 +132,17 @@ impl NatsServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new(nats_server_bin())
-            .arg("-c")
-            .arg(&self.conf)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-m",
-                &free_port().to_string(),
-            ])
-            .arg("-sd")
-            .arg(self.store.path().join("js"))
+        let bin = nats_server_bin();
+        let store = self.store.path().join("js");
+        let server = tangram_nats::local::LocalServer {
+            bin: &bin,
+            conf: &self.conf,
+            store: &store,
+            port: self.port,
+            monitor_port: free_port(),
+        };
+        let child = server
+            .command()
             .stdout(Stdio::null())
             // TANGRAM_TEST_NATS_LOG=1 shows the server's log (permission violations...).
             .stderr(if std::env::var_os("TANGRAM_TEST_NATS_LOG").is_some() {
@@ -155,15 +153,15 @@ impl NatsServer {
             .spawn()
             .expect("spawning nats-server");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not start on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            tangram_nats::local::wait_listening(
+                self.port,
+                Duration::from_secs(10),
+                Duration::from_millis(20)
+            ),
+            "nats-server did not start on port {}",
+            self.port
+        );
     }
 
     /// The server's process id, while it runs.

@@ -146,31 +146,29 @@ impl Cluster {
         let nats = crate::nats_server::find(a.nats_server.as_ref())?;
         let conf = self.state_abs.join("server.conf");
         let store = self.state_abs.join("nats");
-        let monitor = self.monitor_port.to_string();
-        self.spawn(
-            "nats",
-            Command::new(&nats)
-                .args(["-c"])
-                .arg(conf)
-                .args(["-a", "127.0.0.1", "-p", &a.nats_port.to_string()])
-                .args(["-m", &monitor, "-sd"])
-                .arg(store),
-        )
-        .with_context(|| {
+        let server = tangram_nats::local::LocalServer {
+            bin: &nats,
+            conf: &conf,
+            store: &store,
+            port: a.nats_port,
+            monitor_port: self.monitor_port,
+        };
+        self.spawn("nats", &mut server.command()).with_context(|| {
             format!(
                 "nats-server ({}); install it with deploy/install-tools.sh",
                 nats.display()
             )
         })?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", a.nats_port)).is_err() {
-            if Instant::now() > deadline {
-                bail!(
-                    "nats-server did not start:\n{}",
-                    tail(&self.state.join("logs/nats.log"), 20)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let up = tangram_nats::local::wait_listening(
+            a.nats_port,
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+        );
+        if !up {
+            bail!(
+                "nats-server did not start:\n{}",
+                tail(&self.state.join("logs/nats.log"), 20)
+            );
         }
         Ok(())
     }

@@ -255,27 +255,26 @@ impl LocalCluster {
             dir,
         };
         let d = c.dir.path().to_path_buf();
-        c.spawn(
-            "nats",
-            Command::new(nats)
-                .arg("-c")
-                .arg(d.join("server.conf"))
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .args(["-m", &crate::cluster::free_port()?.to_string(), "-sd"])
-                .arg(d.join("store")),
-        )
-        .with_context(|| {
+        let server = tangram_nats::local::LocalServer {
+            bin: nats,
+            conf: &d.join("server.conf"),
+            store: &d.join("store"),
+            port,
+            monitor_port: crate::cluster::free_port()?,
+        };
+        c.spawn("nats", &mut server.command()).with_context(|| {
             format!(
                 "nats-server ({}); install it with deploy/install-tools.sh",
                 nats.display()
             )
         })?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server did not start\n{}", c.log_tails());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let listening = tangram_nats::local::wait_listening(
+            port,
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+        );
+        if !listening {
+            bail!("nats-server did not start\n{}", c.log_tails());
         }
         c.spawn(
             "scheduler",
