@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Where a local server runs and with what.
 #[derive(Debug, Clone, Copy)]
@@ -43,8 +42,11 @@ impl LocalServer<'_> {
 }
 
 /// Waits until something accepts connections on 127.0.0.1:`port`, trying every `poll`;
-/// false if `within` passes first.
+/// false if `within` passes first. Blocking, on the real clock: a paused test clock would
+/// never let it give up.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 pub fn wait_listening(port: u16, within: Duration, poll: Duration) -> bool {
+    use std::time::Instant;
     let deadline = Instant::now() + within;
     loop {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -168,7 +168,10 @@ async fn one(
     else {
         return false;
     };
-    for attempt in 0..5u32 {
+    // A failover is when a stream may be electing a new leader of its own: keep trying for
+    // about half a minute (backoff capped at 2 s) before leaving this one to a heartbeat's
+    // fetch, since the term places nothing until the whole backlog is read.
+    for attempt in 0..20u32 {
         if attempt > 0 {
             tokio::time::sleep(tangram_nats::backoff::backoff(
                 attempt,

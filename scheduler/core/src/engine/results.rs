@@ -196,6 +196,7 @@ impl Engine {
             // saw): nothing is booked for it.
             if !self.settled_set.contains(&r.id) {
                 self.observe_act(&r, now);
+                self.settled_unseen(&r);
             }
             return;
         };
@@ -280,6 +281,54 @@ impl Engine {
         };
         self.unbook(&job, &trajectory, worker, booking, release, now);
         self.settle_sandbox(&e, &r.outcome);
+        self.dirty = true;
+    }
+
+    /// The result of an action this engine never saw: an earlier leader dispatched it, and
+    /// its adoption (a heartbeat's fetch, the backlog scan) may still be on its way. It is
+    /// settled: remembered, so that a late adoption is dropped rather than booked and then
+    /// settled again as lost; and an open that succeeded holds its sandbox from now (the
+    /// worker's heartbeats list it, but they add sandboxes only when a worker joins).
+    fn settled_unseen(&mut self, r: &ActionResult) {
+        self.remember_settled(r.id.clone());
+        let Some(t) = &r.trajectory else {
+            return;
+        };
+        let key = (r.job.clone(), t.clone());
+        // A close's result, also unseen (both came in the gap between two leaders): the
+        // sandbox is gone, as `settle_sandbox` has it.
+        if r.kind == Some(ActionKind::SandboxClose) {
+            if self.sandboxes.remove(&key).is_some() {
+                self.api.forget_trajectory(&key.0, &key.1);
+                self.dirty = true;
+            }
+            return;
+        }
+        let (Some(ActionKind::SandboxOpen), Outcome::Completed { exit_code: 0 }, Some(p)) =
+            (r.kind, &r.outcome, &r.placement)
+        else {
+            return;
+        };
+        if self.sandboxes.get(&key).is_some_and(|s| s.holds()) {
+            return;
+        }
+        let reported = self.workers.get(&p.worker).and_then(|w| {
+            w.hb.sandboxes
+                .iter()
+                .find(|s| s.job == key.0 && s.trajectory == key.1)
+                .map(|s| s.mem_mb)
+        });
+        self.sandboxes.insert(
+            key,
+            super::lifecycle::Sandbox {
+                worker: p.worker.clone(),
+                mem_mb: reported
+                    .unwrap_or_else(|| tangram_shared::SandboxOpen::default().memory_mb),
+                cores: self.provisioning.trajectory_cores().unwrap_or(0),
+                state: SandboxState::Open,
+                image: None,
+            },
+        );
         self.dirty = true;
     }
 

@@ -209,3 +209,47 @@ fn a_new_term_places_nothing_until_its_backlog_is_read() {
     let fx = h.complete(&dispatch_of(exec("old", "j", "t1", 2, 2), 2), "w1");
     assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
 }
+
+/// Regression (found in review of the failover work): a new leader asked for the dispatch of
+/// an open a heartbeat listed, the open's result arrived before the answer, and the late
+/// adoption then booked it as running: the worker no longer listed it, so it was settled
+/// again as lost and its sandbox, which exists, was forgotten (the trajectory's next exec
+/// rejected `no_sandbox`, its memory unbooked). A result for an action the engine never saw
+/// now settles it (a late adoption is dropped) and records an open's sandbox.
+#[test]
+fn a_result_that_comes_before_its_adoption_keeps_the_sandbox_and_drops_the_adoption() {
+    let mut h = Harness::new(&[("w1", 4, 4096)]);
+    let fx = h.heartbeat("w1", 4, 4096, &["old-open"], &[]);
+    assert_eq!(fetches(&fx), ["old-open"]);
+    let mut d = dispatch_of(open("old-open", "j", "t1"), 0);
+    d.grant.mem_mb = 512;
+    h.complete(&d, "w1");
+    assert_eq!(h.engine.booked()[&WorkerId::new("w1").unwrap()].1, 512);
+    h.step(Event::Adopt {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(d.clone()),
+    });
+    assert_eq!(
+        h.engine.state_of(&id("old-open")),
+        None,
+        "adopted after its result"
+    );
+    for _ in 0..5 {
+        h.now += 1_000;
+        h.heartbeat("w1", 4, 4096, &[], &[]);
+    }
+    assert_eq!(h.engine.booked()[&WorkerId::new("w1").unwrap()].1, 512);
+    let (_, fx) = h.arrive(exec("next", "j", "t1", 1, 1));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+    // The close's result, unseen too: the sandbox and its memory go.
+    let c = dispatch_of(close("old-close", "j", "t1"), 0);
+    h.complete(&c, "w1");
+    assert_eq!(
+        h.engine
+            .booked()
+            .get(&WorkerId::new("w1").unwrap())
+            .map_or(0, |b| b.1),
+        0
+    );
+}
