@@ -243,6 +243,16 @@ impl World {
             }
         };
         self.absorb(fx);
+        // A worker removes its sandboxes at its drain deadline.
+        let drained: Vec<usize> = self
+            .cordons
+            .iter()
+            .filter(|(_, at)| at.is_some_and(|t| self.h.now >= t))
+            .map(|(w, _)| *w)
+            .collect();
+        for w in drained {
+            self.sandboxes.remove(WORKERS[w].0);
+        }
     }
 
     /// Worker `w`'s heartbeat, listing `running`; the GPU worker reports its GPUs, the
@@ -303,8 +313,9 @@ impl World {
             );
             prop_assert!(mem <= hb.mem_mb, "{id}: {mem} MiB booked of {}", hb.mem_mb);
         }
-        // As the workers see it: what they run, at the grants they were last told, fits.
-        for (name, cores, _) in WORKERS {
+        // As the workers see it: what they run, at the grants they were last told, fits, and
+        // so do their sandboxes with the ones being opened (512 MiB each).
+        for (name, cores, mem) in WORKERS {
             let held: u32 = self
                 .running
                 .iter()
@@ -312,6 +323,16 @@ impl World {
                 .map(|(_, d)| d.grant.cores)
                 .sum();
             prop_assert!(held <= cores, "{name} runs {held} cores of {cores}");
+            let opening = self
+                .running
+                .iter()
+                .filter(|(w, d)| w == name && matches!(d.action.spec, ActionSpec::SandboxOpen(_)))
+                .count() as u64;
+            let open = self.sandboxes.get(name).map_or(0, |s| s.len()) as u64;
+            prop_assert!(
+                (open + opening) * 512 <= mem,
+                "{name} holds {open} sandboxes and opens {opening} more in {mem} MiB"
+            );
         }
         // GPUs: no replica past its slots, no two resident replicas on one GPU.
         let mut held: BTreeSet<(String, u16, u8)> = BTreeSet::new();
