@@ -80,75 +80,73 @@ pub(super) async fn send_heartbeat(
 
 /// The heartbeat the worker sends now.
 pub(super) fn heartbeat_of(worker: &Worker, seq: u64, draining: bool) -> Heartbeat {
-    {
-        let st = worker.state.lock().expect("state lock");
-        let mut sandboxes: Vec<SandboxRef> = st
-            .sandboxes
-            .iter()
-            .filter_map(|(key, s)| {
-                Some(SandboxRef {
-                    job: tangram_shared::JobId::new(key.job.clone()).ok()?,
-                    trajectory: tangram_shared::TrajectoryId::new(key.trajectory.clone()).ok()?,
-                    mem_mb: s.mem_mb,
-                })
+    let st = worker.state.lock().expect("state lock");
+    let mut sandboxes: Vec<SandboxRef> = st
+        .sandboxes
+        .iter()
+        .filter_map(|(key, s)| {
+            Some(SandboxRef {
+                job: tangram_shared::JobId::new(key.job.clone()).ok()?,
+                trajectory: tangram_shared::TrajectoryId::new(key.trajectory.clone()).ok()?,
+                mem_mb: s.mem_mb,
             })
-            .collect();
-        sandboxes.sort();
-        let mut running: Vec<ActionId> = st.admissions.running.iter().cloned().collect();
-        running.sort();
-        let finished = st.admissions.lately_finished();
-        // Re-sized execs' cores now (a new leader books these), and those of admitted execs
-        // that will start at a re-sized width.
-        let mut resized: std::collections::BTreeMap<ActionId, u32> = st
-            .execs
-            .iter()
-            .filter(|(_, s)| s.seq > 0)
-            .map(|(id, s)| (id.clone(), s.cores.len() as u32))
-            .collect();
-        for (id, r) in &st.early {
-            if st.admissions.running.contains(id) {
-                resized.entry(id.clone()).or_insert(r.grant.cores.max(1));
-            }
+        })
+        .collect();
+    sandboxes.sort();
+    let mut running: Vec<ActionId> = st.admissions.running.iter().cloned().collect();
+    running.sort();
+    let finished = st.admissions.lately_finished();
+    // Re-sized execs' cores now (a new leader books these), and those of admitted execs
+    // that will start at a re-sized width.
+    let mut resized: std::collections::BTreeMap<ActionId, u32> = st
+        .execs
+        .iter()
+        .filter(|(_, s)| s.seq > 0)
+        .map(|(id, s)| (id.clone(), s.cores.len() as u32))
+        .collect();
+    for (id, r) in &st.early {
+        if st.admissions.running.contains(id) {
+            resized.entry(id.clone()).or_insert(r.grant.cores.max(1));
         }
-        m::sandboxes(sandboxes.len());
-        Heartbeat {
-            worker: worker.config.id.clone(),
-            instance: worker.instance.lock().expect("instance lock").clone(),
-            seq,
-            interval_ms: worker.config.heartbeat.as_millis() as u64,
-            cores: if worker.sandboxes.is_some() {
-                worker.config.cores.len() as u32
-            } else {
-                0
-            },
-            mem_mb: if worker.sandboxes.is_some() {
-                worker.config.mem_mb
-            } else {
-                0
-            },
-            running,
-            finished,
-            dispatch_seq: st.admissions.dispatch_seq,
-            sandboxes,
-            draining,
-            gpus: worker.inventory.clone(),
-            services: worker
-                .services
-                .as_ref()
-                .map(|s| s.report())
-                .unwrap_or_default(),
-            providers: worker
-                .providers
-                .as_ref()
-                .map(|p| p.report())
-                .unwrap_or_default(),
-            warm: worker.sandboxes.as_ref().and_then(|s| s.warm()),
-            images: worker
-                .sandboxes
-                .as_ref()
-                .map(|s| s.images())
-                .unwrap_or_default(),
-            resized,
-        }
+    }
+    m::sandboxes(sandboxes.len());
+    Heartbeat {
+        worker: worker.config.id.clone(),
+        instance: worker.instance.lock().expect("instance lock").clone(),
+        seq,
+        interval_ms: worker.config.heartbeat.as_millis() as u64,
+        cores: if worker.sandboxes.is_some() {
+            worker.config.cores.len() as u32
+        } else {
+            0
+        },
+        mem_mb: if worker.sandboxes.is_some() {
+            worker.config.mem_mb
+        } else {
+            0
+        },
+        running,
+        finished,
+        dispatch_seq: st.admissions.dispatch_seq,
+        sandboxes,
+        draining,
+        gpus: worker.inventory.clone(),
+        services: worker
+            .services
+            .as_ref()
+            .map(|s| s.report())
+            .unwrap_or_default(),
+        providers: worker
+            .providers
+            .as_ref()
+            .map(|p| p.report())
+            .unwrap_or_default(),
+        warm: worker.sandboxes.as_ref().and_then(|s| s.warm()),
+        images: worker
+            .sandboxes
+            .as_ref()
+            .map(|s| s.images())
+            .unwrap_or_default(),
+        resized,
     }
 }

@@ -238,6 +238,21 @@ impl Harness {
             .unwrap_or_else(|_| panic!("intake closed"));
     }
 
+    /// Delivers a re-size on its dispatch subject, as the worker's consumer reads it.
+    async fn deliver_regrant(&self, tag: &str, r: &tangram_shared::Regrant) {
+        let delivery = FakeDelivery {
+            tag: tag.to_string(),
+            subject: format!("tangram.v1.dispatch.w.{}.regrant", r.id),
+            payload: codec::encode(r, Encoding::Msgpack).unwrap(),
+            redelivered: false,
+            acks: self.acks.clone(),
+        };
+        self.intake
+            .send(Box::new(delivery))
+            .await
+            .unwrap_or_else(|_| panic!("intake closed"));
+    }
+
     /// Delivers and waits for the result.
     async fn run(&self, d: &Dispatch) -> ActionResult {
         self.deliver(d.action.id.as_str(), d, false).await;
@@ -561,16 +576,7 @@ async fn a_widening_read_before_an_admitted_exec_starts_leaves_that_exec_its_cor
         },
         seq: 1,
     };
-    h.intake
-        .send(Box::new(FakeDelivery {
-            tag: "widen".into(),
-            subject: "tangram.v1.dispatch.w.long.regrant".into(),
-            payload: codec::encode(&widen, Encoding::Msgpack).unwrap(),
-            redelivered: false,
-            acks: h.acks.clone(),
-        }))
-        .await
-        .unwrap_or_else(|_| panic!("intake closed"));
+    h.deliver_regrant("widen", &widen).await;
     let next = h.results.wait("next").await;
     assert_eq!(completed(&next), 0, "{next:?}");
     assert_eq!(h.acks_of("widen"), [Ack::Done], "the re-size is acked");
@@ -607,19 +613,8 @@ async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
         },
         seq: 1,
     };
-    h.intake
-        .send(Box::new(FakeDelivery {
-            tag: "widen".into(),
-            subject: "tangram.v1.dispatch.w.long.regrant".into(),
-            payload: codec::encode(&widen, Encoding::Msgpack).unwrap(),
-            redelivered: false,
-            acks: h.acks.clone(),
-        }))
-        .await
-        .unwrap_or_else(|_| panic!("intake closed"));
-    while h.acks_of("widen").is_empty() {
-        tokio::task::yield_now().await;
-    }
+    h.deliver_regrant("widen", &widen).await;
+    h.until_acked("widen").await;
     let hb = super::heartbeat::heartbeat_of(&h.worker, 2, false);
     assert_eq!(hb.running, [ActionId::new("long").unwrap()]);
     assert_eq!(

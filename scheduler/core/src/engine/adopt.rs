@@ -131,20 +131,10 @@ impl Engine {
                 if self.sandboxes.get(&key).is_some_and(|s| s.holds()) {
                     return;
                 }
-                self.sandboxes.insert(
-                    key,
-                    Sandbox {
-                        worker: worker.clone(),
-                        mem_mb: dispatch.grant.mem_mb.max(dispatch.action.demand().mem_mb),
-                        cores: if self.provisioning.trajectory_cores().is_some() {
-                            dispatch.grant.cores
-                        } else {
-                            0
-                        },
-                        state: SandboxState::Opening,
-                        image: super::lifecycle::open_image(&dispatch.action),
-                    },
-                );
+                let mut grant = dispatch.grant;
+                grant.mem_mb = grant.mem_mb.max(dispatch.action.demand().mem_mb);
+                let s = Sandbox::opening(worker, &dispatch.action, grant, self.provisioning);
+                self.sandboxes.insert(key, s);
             }
             ActionKind::SandboxClose => {
                 if let Some(s) = self.sandboxes.get_mut(&key) {

@@ -440,20 +440,13 @@ impl Engine {
         let job = e.action.job.0.clone();
         match kind {
             ActionKind::SandboxOpen => {
-                self.sandboxes.insert(
-                    key,
-                    super::lifecycle::Sandbox {
-                        worker: launch.worker.clone(),
-                        mem_mb: launch.grant.mem_mb,
-                        cores: if self.provisioning.trajectory_cores().is_some() {
-                            launch.grant.cores
-                        } else {
-                            0
-                        },
-                        state: SandboxState::Opening,
-                        image: super::lifecycle::open_image(&e.action),
-                    },
+                let s = super::lifecycle::Sandbox::opening(
+                    &launch.worker,
+                    &e.action,
+                    launch.grant,
+                    self.provisioning,
                 );
+                self.sandboxes.insert(key, s);
             }
             ActionKind::SandboxClose => {
                 if let Some(s) = self.sandboxes.get_mut(&key) {

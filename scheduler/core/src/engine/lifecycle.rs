@@ -191,6 +191,45 @@ pub(crate) fn open_image(action: &tangram_shared::Action) -> Option<String> {
 }
 
 impl Sandbox {
+    /// The sandbox an open holds on `worker` from its launch (or its adoption) until its
+    /// result: the grant's memory, and under per-trajectory provisioning (`static`) its
+    /// cores.
+    pub(crate) fn opening(
+        worker: &tangram_shared::WorkerId,
+        open: &tangram_shared::Action,
+        grant: tangram_shared::Grant,
+        provisioning: crate::model::Provisioning,
+    ) -> Self {
+        Self {
+            worker: worker.clone(),
+            mem_mb: grant.mem_mb,
+            cores: if provisioning.trajectory_cores().is_some() {
+                grant.cores
+            } else {
+                0
+            },
+            state: SandboxState::Opening,
+            image: open_image(open),
+        }
+    }
+
+    /// A sandbox known to exist on `worker` without this engine having launched its open (a
+    /// joining worker reports it, or an unseen open's result names it): open, with the memory
+    /// reported, and `static`'s cores.
+    pub(crate) fn known(
+        worker: &tangram_shared::WorkerId,
+        mem_mb: u64,
+        provisioning: crate::model::Provisioning,
+    ) -> Self {
+        Self {
+            worker: worker.clone(),
+            mem_mb,
+            cores: provisioning.trajectory_cores().unwrap_or(0),
+            state: SandboxState::Open,
+            image: None,
+        }
+    }
+
     /// True while it holds capacity on its worker.
     pub fn holds(&self) -> bool {
         self.state != SandboxState::Lost

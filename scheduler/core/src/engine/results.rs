@@ -318,17 +318,9 @@ impl Engine {
                 .find(|s| s.job == key.0 && s.trajectory == key.1)
                 .map(|s| s.mem_mb)
         });
-        self.sandboxes.insert(
-            key,
-            super::lifecycle::Sandbox {
-                worker: p.worker.clone(),
-                mem_mb: reported
-                    .unwrap_or_else(|| tangram_shared::SandboxOpen::default().memory_mb),
-                cores: self.provisioning.trajectory_cores().unwrap_or(0),
-                state: SandboxState::Open,
-                image: None,
-            },
-        );
+        let mem_mb = reported.unwrap_or_else(|| tangram_shared::SandboxOpen::default().memory_mb);
+        let s = super::lifecycle::Sandbox::known(&p.worker, mem_mb, self.provisioning);
+        self.sandboxes.insert(key, s);
         self.dirty = true;
     }
 
@@ -347,9 +339,10 @@ impl Engine {
                 if let Some(s) = self.sandboxes.get_mut(&key) {
                     s.state = SandboxState::Open;
                 } else if let Some((worker, booking)) = e.placed() {
-                    // An open an earlier leader dispatched and this one adopted: the sandbox
-                    // is recorded now (the worker's heartbeats list it, but adoption from them
-                    // happens only when a worker joins).
+                    // Its reservation is gone (a launch and an adoption both make one; a
+                    // close or a lost exec of the trajectory settled meanwhile removed it),
+                    // but the worker has the sandbox: record it (heartbeats add sandboxes
+                    // only when a worker joins).
                     self.sandboxes.insert(
                         key,
                         super::lifecycle::Sandbox {

@@ -79,16 +79,8 @@ impl Engine {
                     .get(&key)
                     .is_none_or(|x| x.state == SandboxState::Lost);
                 if adopt {
-                    self.sandboxes.insert(
-                        key,
-                        Sandbox {
-                            worker: hb.worker.clone(),
-                            mem_mb: s.mem_mb,
-                            cores: self.provisioning.trajectory_cores().unwrap_or(0),
-                            state: SandboxState::Open,
-                            image: None,
-                        },
-                    );
+                    let known = Sandbox::known(&hb.worker, s.mem_mb, self.provisioning);
+                    self.sandboxes.insert(key, known);
                 }
             }
         }

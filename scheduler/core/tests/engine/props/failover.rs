@@ -120,10 +120,8 @@ impl World {
     pub(super) fn beat_joining(&mut self, w: usize) -> Vec<Effect> {
         let name = WORKERS[w].0;
         let running: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(x, _)| x == name)
-            .map(|(_, d)| d.action.id.to_string())
+            .runs_on(name)
+            .map(|d| d.action.id.to_string())
             .collect();
         let running: Vec<&str> = running.iter().map(String::as_str).collect();
         let held: Vec<String> = self
@@ -179,12 +177,7 @@ impl World {
             .stored
             .iter()
             .filter(|((x, id), _)| x == name && !self.results.contains(id))
-            .filter(|(_, d)| {
-                !self
-                    .running
-                    .iter()
-                    .any(|(x, r)| x == name && r.action.id == d.action.id)
-            })
+            .filter(|(_, d)| !self.runs_on(name).any(|r| r.action.id == d.action.id))
             .map(|(_, d)| d.clone())
             .collect();
         let mut fx = Vec::new();

@@ -266,12 +266,7 @@ fn a_new_leader_adopts_what_runs_and_every_action_ends_once() {
             world.check_capacity().unwrap();
             // Booked as the workers hold them.
             for (w, _, _) in WORKERS {
-                let held: u32 = world
-                    .running
-                    .iter()
-                    .filter(|(x, _)| x == w)
-                    .map(|(_, d)| d.grant.cores)
-                    .sum();
+                let held: u32 = world.runs_on(w).map(|d| d.grant.cores).sum();
                 assert_eq!(booked_cores(&world.h.engine, w), held, "{policy}: {w}");
             }
             world.drain();

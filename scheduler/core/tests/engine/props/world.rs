@@ -4,6 +4,14 @@
 use super::*;
 
 impl World {
+    /// What worker `name` runs now.
+    pub(super) fn runs_on<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Dispatch> + 'a {
+        self.running
+            .iter()
+            .filter(move |(x, _)| x == name)
+            .map(|(_, d)| d)
+    }
+
     pub(super) fn new(policy: &str) -> Self {
         let config = EngineConfig {
             policy: policy.into(),
@@ -168,10 +176,8 @@ impl World {
                 }
                 let name = WORKERS[w].0;
                 let running: Vec<String> = self
-                    .running
-                    .iter()
-                    .filter(|(x, _)| x == name)
-                    .map(|(_, d)| d.action.id.to_string())
+                    .runs_on(name)
+                    .map(|d| d.action.id.to_string())
                     .collect();
                 let running: Vec<&str> = running.iter().map(String::as_str).collect();
                 self.beat(w, &running)
@@ -271,10 +277,9 @@ impl World {
         let mut hb = self.h.heartbeat_of(name, cores, mem, running, sandboxes);
         // What it runs at a re-sized width, at that width.
         hb.resized = self
-            .running
-            .iter()
-            .filter(|(x, d)| x == name && self.resized.contains(&d.action.id))
-            .map(|(_, d)| (d.action.id.clone(), d.grant.cores))
+            .runs_on(name)
+            .filter(|d| self.resized.contains(&d.action.id))
+            .map(|d| (d.action.id.clone(), d.grant.cores))
             .collect();
         if w == GPU_WORKER {
             hb.gpus = Some(tangram_shared::GpuInventory {
@@ -316,17 +321,11 @@ impl World {
         // As the workers see it: what they run, at the grants they were last told, fits, and
         // so do their sandboxes with the ones being opened (512 MiB each).
         for (name, cores, mem) in WORKERS {
-            let held: u32 = self
-                .running
-                .iter()
-                .filter(|(w, _)| w == name)
-                .map(|(_, d)| d.grant.cores)
-                .sum();
+            let held: u32 = self.runs_on(name).map(|d| d.grant.cores).sum();
             prop_assert!(held <= cores, "{name} runs {held} cores of {cores}");
             let opening = self
-                .running
-                .iter()
-                .filter(|(w, d)| w == name && matches!(d.action.spec, ActionSpec::SandboxOpen(_)))
+                .runs_on(name)
+                .filter(|d| matches!(d.action.spec, ActionSpec::SandboxOpen(_)))
                 .count() as u64;
             let open = self.sandboxes.get(name).map_or(0, |s| s.len()) as u64;
             prop_assert!(
