@@ -120,12 +120,21 @@ pub(crate) async fn scan_backlog(
     let (regrants, plain): (Vec<_>, Vec<_>) =
         subjects.into_iter().partition(|s| s.ends_with(".regrant"));
     let found = plain.len();
+    let resized: std::collections::HashSet<&str> = regrants
+        .iter()
+        .map(|r| r.trim_end_matches(".regrant"))
+        .collect();
     let adopted = futures::stream::iter(plain)
         .map(|subj| {
             let dispatches = &dispatches;
             let results = &results;
             let tx = &tx;
-            async move { one(dispatches, results, tx, &subj).await.then_some(subj) }
+            let resized = resized.contains(subj.as_str());
+            async move {
+                one(dispatches, results, tx, &subj, resized)
+                    .await
+                    .then_some(subj)
+            }
         })
         .buffer_unordered(SCAN_CONCURRENCY)
         .filter_map(|x| async move { x })
@@ -153,12 +162,14 @@ pub(crate) async fn scan_backlog(
     );
 }
 
-/// One dispatch of the backlog; true when it was handed to the engine.
+/// One dispatch of the backlog; true when it was handed to the engine. `resized`: a
+/// re-size of it is in the backlog too (not yet taken by its worker).
 async fn one(
     dispatches: &jetstream::stream::Stream,
     results: &jetstream::stream::Stream,
     tx: &tokio::sync::mpsc::Sender<crate::channels::Input>,
     subj: &str,
+    resized: bool,
 ) -> bool {
     use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
     let Some(worker) = subj
@@ -206,14 +217,50 @@ async fn one(
                 continue;
             }
         }
+        let pending_cores = if resized {
+            match pending_regrant(dispatches, subj, d.attempt).await {
+                Ok(cores) => cores,
+                Err(()) => continue,
+            }
+        } else {
+            None
+        };
         let event = tangram_core::Event::AdoptStored {
             worker,
             dispatch: Box::new(d),
             seq: m.sequence,
+            pending_cores,
         };
         return tx.send(crate::channels::Input::Engine(event)).await.is_ok();
     }
     false
+}
+
+/// The cores of the last re-size stored for the dispatch on `subj` (of its `attempt`) that
+/// its worker has not taken yet; `Err` when the server could not say.
+async fn pending_regrant(
+    dispatches: &jetstream::stream::Stream,
+    subj: &str,
+    attempt: u32,
+) -> Result<Option<u32>, ()> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let regrant = format!("{subj}.regrant");
+    match dispatches.get_last_raw_message_by_subject(&regrant).await {
+        Ok(m) => match decode::<tangram_shared::Regrant>(&m.payload, Encoding::Msgpack) {
+            Ok(r) if r.attempt == attempt => Ok(Some(r.grant.cores)),
+            Ok(_) => Ok(None),
+            Err(e) => {
+                warn!(subject = %regrant, error = %e, "a re-size of the backlog does not decode");
+                Ok(None)
+            }
+        },
+        // Taken by the worker meanwhile: its heartbeats report what it runs at.
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => {
+            warn!(subject = %regrant, error = %e, "reading a re-size of the backlog");
+            Err(())
+        }
+    }
 }
 
 /// After a result the scheduler stored on a worker's behalf: the action's dispatches (and

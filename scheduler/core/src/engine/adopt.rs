@@ -10,6 +10,21 @@ use super::lifecycle::{ActionState, Booking, Entry, Sandbox, SandboxState};
 use super::{Delivery, Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
 
+/// Where an adopted dispatch was found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Found {
+    /// Fetched for an action a heartbeat listed, or stored for a redelivered action
+    /// message: taken to have reached its worker.
+    Fetched,
+    /// In the dispatch backlog at a term's start: delivered once the worker's heartbeats
+    /// are past `seq`. `pending_cores`: a re-size stored after it that the worker had not
+    /// taken.
+    Backlog {
+        seq: u64,
+        pending_cores: Option<u32>,
+    },
+}
+
 impl Engine {
     /// Asks for the dispatch of each listed action that is neither known nor settled.
     pub(crate) fn request_adoption(&mut self, hb: &Heartbeat) {
@@ -34,20 +49,29 @@ impl Engine {
     }
 
     /// Takes over a running action from its stored dispatch. `delivery` is the action
-    /// message held for it, if any: it is acked, since the dispatch is durable. `stored_seq`:
-    /// the dispatch's stream sequence when it was found in the backlog rather than listed by
-    /// its worker, so that it counts as delivered only once the worker's heartbeats say so.
+    /// message held for it, if any: it is acked, since the dispatch is durable. One found in
+    /// the backlog rather than listed by its worker counts as delivered only once the
+    /// worker's heartbeats say so.
     pub(crate) fn adopt(
         &mut self,
         worker: WorkerId,
         dispatch: Dispatch,
         delivery: Option<Delivery>,
-        stored_seq: Option<u64>,
+        found: Found,
         now: Now,
     ) {
+        let (stored_seq, mut pending_cores) = match found {
+            Found::Fetched => (None, None),
+            Found::Backlog { seq, pending_cores } => (Some(seq), pending_cores),
+        };
         let id = dispatch.action.id.clone();
         self.adopting.remove(&id);
         if self.actions.contains_key(&id) || self.settled_set.contains(&id) {
+            // Adopted from a heartbeat's fetch first: the backlog still says what re-size
+            // is on its way.
+            if let Some(p) = pending_cores {
+                self.book_pending_resize(&id, dispatch.attempt, p);
+            }
             if let Some(d) = delivery {
                 self.out.push(Effect::Ack(d));
             }
@@ -57,12 +81,20 @@ impl Engine {
         // An exec an earlier leader re-sized holds what its worker last reported, not its
         // dispatch's grant (a worker not heard from yet corrects it with its next report).
         let mut grant = dispatch.grant;
-        if let Some(&cores) = self
+        let reported = self
             .workers
             .get(&worker)
             .and_then(|w| w.hb.resized.get(&id))
-        {
+            .copied();
+        if let Some(cores) = reported {
             grant.cores = cores;
+        }
+        // A re-size still in the backlog is what it holds (see `pending_cores`).
+        if reported.is_some() && reported == pending_cores {
+            pending_cores = None;
+        }
+        if let Some(p) = pending_cores {
+            grant.cores = p;
         }
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
@@ -106,6 +138,7 @@ impl Engine {
                     listed_once: stored_seq.is_none(),
                     unreported: 0,
                     adopted: true,
+                    pending_cores,
                 },
                 action: dispatch.action,
             },
@@ -115,6 +148,30 @@ impl Engine {
         }
         self.out.push(Effect::Observe(Observation::Adopted(kind)));
         self.dirty = true;
+    }
+
+    /// An adopted exec's re-size found in the backlog after its adoption: booked from now.
+    fn book_pending_resize(&mut self, id: &ActionId, attempt: u32, cores: u32) {
+        let Some(e) = self.actions.get_mut(id) else {
+            return;
+        };
+        if let ActionState::Running {
+            booking,
+            attempt: a,
+            adopted: true,
+            pending_cores,
+            ..
+        } = &mut e.state
+        {
+            if *a == attempt {
+                *pending_cores = Some(cores);
+                if booking.counted_cores > 0 {
+                    booking.counted_cores = cores;
+                }
+                booking.grant.cores = cores;
+                self.dirty = true;
+            }
+        }
     }
 
     /// What an adopted sandbox action means for its sandbox, as its launch would have meant:

@@ -119,6 +119,9 @@ pub enum Event {
         dispatch: Box<Dispatch>,
         /// Its stream sequence (a heartbeat's dispatch sequence past it means delivered).
         seq: u64,
+        /// The cores of the last re-size stored for it after the dispatch and not yet taken
+        /// by the worker (still in the backlog), if any.
+        pending_cores: Option<u32>,
     },
     /// The term's dispatch backlog has been read: every dispatch in it was handed over as
     /// [`Event::AdoptStored`] (see [`crate::EngineConfig::await_backlog`]).

@@ -148,7 +148,13 @@ impl Engine {
             // it, so it is taken over, never dispatched again.
             let (worker, dispatch) = *d;
             if dispatch.action.id == a.action.id {
-                self.adopt(worker, dispatch, Some(a.delivery), None, now);
+                self.adopt(
+                    worker,
+                    dispatch,
+                    Some(a.delivery),
+                    super::adopt::Found::Fetched,
+                    now,
+                );
                 return;
             }
         }

@@ -61,6 +61,14 @@ pub enum ActionState {
         /// Adopted from an earlier leader and not re-sized by this one since: the cores its
         /// worker reports for it (`Heartbeat::resized`) are what it holds.
         adopted: bool,
+        /// While adopted: the width of the last re-size the earlier leader stored and the
+        /// worker had not taken when the backlog was read. It is what the exec holds until
+        /// the worker reports running at it: the worker takes its dispatch subject in stream
+        /// order, so the re-size is applied before anything this leader sends it, and the
+        /// earlier leader's last widths fit the worker together (its bookings did). Booking
+        /// the width the worker reports instead let a widening on its way take cores given
+        /// to a new exec; booking the larger of the two booked a narrowing's cores twice.
+        pending_cores: Option<u32>,
     },
 }
 

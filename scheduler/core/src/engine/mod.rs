@@ -326,12 +326,19 @@ impl Engine {
                 self.leading = held;
             }
             Event::Shutdown => self.on_shutdown(),
-            Event::Adopt { worker, dispatch } => self.adopt(worker, *dispatch, None, None, now),
+            Event::Adopt { worker, dispatch } => {
+                let found = adopt::Found::Fetched;
+                self.adopt(worker, *dispatch, None, found, now)
+            }
             Event::AdoptStored {
                 worker,
                 dispatch,
                 seq,
-            } => self.adopt(worker, *dispatch, None, Some(seq), now),
+                pending_cores,
+            } => {
+                let found = adopt::Found::Backlog { seq, pending_cores };
+                self.adopt(worker, *dispatch, None, found, now)
+            }
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),
             Event::BacklogRead => {
                 self.backlog_pending = false;

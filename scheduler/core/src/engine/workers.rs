@@ -148,6 +148,7 @@ impl Engine {
                 listed_once,
                 unreported,
                 adopted,
+                pending_cores,
                 ..
             } = &mut e.state
             else {
@@ -156,8 +157,13 @@ impl Engine {
             if worker != &hb.worker {
                 continue;
             }
-            // An adopted exec an earlier leader re-sized: book what the worker says it holds.
-            if let Some(&cores) = hb.resized.get(id).filter(|_| *adopted) {
+            // An adopted exec an earlier leader re-sized: book what the worker says it holds,
+            // unless a re-size is still on its way to it (see `pending_cores`).
+            if let Some(&reported) = hb.resized.get(id).filter(|_| *adopted) {
+                if *pending_cores == Some(reported) {
+                    *pending_cores = None;
+                }
+                let cores = pending_cores.unwrap_or(reported);
                 if booking.counted_cores > 0 {
                     booking.counted_cores = cores;
                 }

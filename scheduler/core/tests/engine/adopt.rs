@@ -200,6 +200,7 @@ fn a_new_term_places_nothing_until_its_backlog_is_read() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(dispatch_of(exec("old", "j", "t1", 2, 2), 2)),
         seq: 4,
+        pending_cores: None,
     });
     let fx = h.step(Event::BacklogRead);
     assert!(dispatched(&fx).is_empty(), "no free core: {fx:?}");
@@ -251,5 +252,114 @@ fn a_result_that_comes_before_its_adoption_keeps_the_sandbox_and_drops_the_adopt
             .get(&WorkerId::new("w1").unwrap())
             .map_or(0, |b| b.1),
         0
+    );
+}
+
+/// Regression (found in review of the failover work): an earlier leader widened an exec and
+/// ended before its worker took the re-size from the backlog. The new leader booked the
+/// exec at its dispatch's width, placed another exec in the cores the widening takes, and
+/// the worker then applied it: more cores in use than the worker has. A re-size found in the
+/// backlog is booked with the exec until the worker reports running at it.
+#[test]
+fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    // Dispatched at one core, re-sized to two and then to three by the earlier leader; the
+    // last not applied yet.
+    let old = dispatch_of(exec("old", "j", "t1", 1, 3), 1);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old.clone()),
+        seq: 4,
+        pending_cores: Some(3),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
+    // The worker still runs it at one core: the widening stays booked.
+    let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    hb.dispatch_seq = 4;
+    h.step(Event::Heartbeat(Box::new(hb.clone())));
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
+    // An earlier re-size to two, applied, reported: still the widening's three.
+    hb.resized.insert(id("old"), 2);
+    h.step(Event::Heartbeat(Box::new(hb.clone())));
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 2, 2));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "placed in the widening's cores: {fx:?}"
+    );
+    // It applies the widening and says so; then the result frees the cores.
+    hb.resized.insert(id("old"), 3);
+    h.step(Event::Heartbeat(Box::new(hb.clone())));
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
+    let fx = h.complete(&old, "w1");
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}
+
+/// A narrowing still in the backlog is what the exec holds at once: the worker takes its
+/// subject in stream order, so it narrows before it takes anything this leader sends, and
+/// the cores it gives back can go to a new exec. (Booking the larger of the two widths
+/// booked those cores twice: 9 cores on an 8-core worker in the property test.)
+#[test]
+fn a_narrowing_still_in_the_backlog_frees_its_cores_for_the_next_exec() {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    let old = dispatch_of(exec("old", "j", "t1", 1, 4), 4);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old),
+        seq: 4,
+        pending_cores: Some(1),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    // The worker still runs it at four: the narrowing stays booked.
+    let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    hb.dispatch_seq = 4;
+    hb.resized.insert(id("old"), 4);
+    h.step(Event::Heartbeat(Box::new(hb.clone())));
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 3, 3));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}
+
+/// A heartbeat's fetch may adopt the exec before the backlog scan reaches it: the re-size
+/// the scan then finds is booked all the same.
+#[test]
+fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    let fx = h.heartbeat("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    assert_eq!(fetches(&fx), ["old"]);
+    let old = dispatch_of(exec("old", "j", "t1", 1, 3), 1);
+    h.step(Event::Adopt {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old.clone()),
+    });
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old),
+        seq: 4,
+        pending_cores: Some(3),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 2, 2));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "placed in the widening's cores: {fx:?}"
     );
 }

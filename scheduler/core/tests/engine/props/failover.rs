@@ -75,10 +75,18 @@ impl World {
             .collect();
         for (w, d) in backlog {
             self.seq += 1;
+            let pending_cores = self
+                .regrants
+                .iter()
+                .rev()
+                .find(|(x, r)| x == &w && r.id == d.action.id)
+                .filter(|(_, r)| r.attempt == d.attempt)
+                .map(|(_, r)| r.grant.cores);
             let fx = self.h.step(Event::AdoptStored {
                 worker: WorkerId::new(&w).unwrap(),
                 dispatch: Box::new(d),
                 seq: self.seq,
+                pending_cores,
             });
             self.absorb(fx);
         }
@@ -154,6 +162,7 @@ impl World {
     /// its instance (or to none) runs; one addressed to an earlier instance is answered at
     /// once with a `worker_lost` result, then acked.
     pub(super) fn take_in(&mut self, w: &str, d: Dispatch) -> Vec<Effect> {
+        self.take_regrants_of(w);
         let addressed = d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(w);
         if addressed {
             self.running.push((w.to_string(), d));

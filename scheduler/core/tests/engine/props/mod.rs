@@ -41,6 +41,8 @@ enum Step {
     /// The shell answers the `k`-th outstanding fetch of a stored dispatch (a heartbeat
     /// listed an action the engine did not know).
     Fetch { k: usize },
+    /// Worker `w` takes the oldest re-size waiting for it in the dispatch stream.
+    TakeRegrant { w: usize },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -58,6 +60,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (prop::bool::ANY, prop::bool::ANY)
             .prop_map(|(published, backlog_first)| Step::Failover { published, backlog_first }),
         2 => (0..4usize).prop_map(|k| Step::Fetch { k }),
+        2 => (0..3usize).prop_map(|w| Step::TakeRegrant { w }),
     ]
 }
 
@@ -104,6 +107,12 @@ struct World {
     terms: u32,
     /// Actions a re-size reached (their workers report their cores).
     resized: BTreeSet<ActionId>,
+    /// Re-sizes of stored dispatches in the dispatch stream, not yet taken by their workers,
+    /// in stream order. A worker takes what is addressed to it in that order, so a re-size
+    /// before any dispatch stored after it.
+    regrants: Vec<(String, tangram_shared::Regrant)>,
+    /// Worker instances started (for their names).
+    instances: u32,
     /// Actions a leader adopted.
     adoptions: u32,
     /// Fetches of stored dispatches the engine asked for, not yet answered.
@@ -275,4 +284,48 @@ fn a_new_leader_adopts_what_runs_and_every_action_ends_once() {
             }
         }
     }
+}
+
+/// Regression (found by the property test once it kept re-sizes in the stream until their
+/// workers take them): an earlier leader widened an exec on w0 and ended before the worker
+/// took the re-size; the new leader booked the exec at the width the worker reported, placed
+/// a new exec in the cores the widening takes, and the worker, taking its subject in stream
+/// order, applied the widening first: 5 cores run on a 4-core worker. A re-size found in the
+/// backlog is now what the adopted exec holds until the worker reports running at it.
+#[test]
+fn a_widening_left_in_the_backlog_is_not_given_to_a_new_exec() {
+    use Step::*;
+    let s = |t, max| Submit { t, min: 1, max };
+    let steps = vec![
+        s(1, 1),
+        s(1, 1),
+        Store { k: 0, ok: false },
+        s(1, 1),
+        Wait { ms: 3001 },
+        s(3, 1),
+        Kill { w: 2 },
+        s(3, 2),
+        s(3, 3),
+        s(0, 1),
+        Failover {
+            published: false,
+            backlog_first: false,
+        },
+        Store { k: 0, ok: true },
+        Finish { k: 0 },
+        Store { k: 0, ok: false },
+        Finish { k: 0 },
+        Failover {
+            published: true,
+            backlog_first: false,
+        },
+        Finish { k: 0 },
+        Failover {
+            published: false,
+            backlog_first: false,
+        },
+        s(3, 2),
+        Store { k: 0, ok: true },
+    ];
+    run("tangram-v2", steps).unwrap();
 }

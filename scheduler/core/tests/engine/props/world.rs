@@ -35,6 +35,8 @@ impl World {
             seq: 0,
             terms: 1,
             resized: BTreeSet::new(),
+            regrants: Vec::new(),
+            instances: 0,
             adoptions: 0,
             fetches: Vec::new(),
         }
@@ -48,6 +50,7 @@ impl World {
         }
         self.results.insert(id.clone());
         self.stored.retain(|(_, a), _| a != id);
+        self.regrants.retain(|(_, r)| &r.id != id);
     }
 
     /// Submits `a` as a new message.
@@ -58,10 +61,40 @@ impl World {
         fx
     }
 
-    /// Worker `w` loses everything it ran and held.
+    /// Worker `w` loses everything it ran and held (re-sizes waiting for it amend nothing
+    /// a new instance runs).
     pub(super) fn wipe(&mut self, name: &str) {
         self.running.retain(|(x, _)| x != name);
         self.sandboxes.remove(name);
+        self.regrants.retain(|(x, _)| x != name);
+    }
+
+    /// A name for a worker's new instance, never used before (two restarts at one instant
+    /// once had the same name, and the second instance ran what was addressed to the first).
+    pub(super) fn new_instance(&mut self) -> String {
+        self.instances += 1;
+        format!("r{}", self.instances)
+    }
+
+    /// Worker `name` takes a re-size from the stream: it applies to the dispatch it runs.
+    pub(super) fn take_regrant(&mut self, name: &str, r: &tangram_shared::Regrant) {
+        for (x, d) in self.running.iter_mut() {
+            if x == name && d.action.id == r.id && d.attempt == r.attempt {
+                d.grant = r.grant;
+                self.resized.insert(r.id.clone());
+            }
+        }
+    }
+
+    /// Worker `name` takes every re-size waiting for it (before a dispatch stored later).
+    pub(super) fn take_regrants_of(&mut self, name: &str) {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.regrants)
+            .into_iter()
+            .partition(|(x, _)| x == name);
+        self.regrants = rest;
+        for (_, r) in mine {
+            self.take_regrant(name, &r);
+        }
     }
 
     pub(super) fn absorb(&mut self, fx: Vec<Effect>) {
@@ -70,14 +103,19 @@ impl World {
                 Effect::Dispatch { worker, dispatch } => {
                     self.handed.push((worker.to_string(), *dispatch))
                 }
-                // A re-size follows its dispatch on the worker's subject: it applies to the
-                // dispatch wherever that is (still in flight, or running).
-                Effect::Regrant { regrant: r, .. } => {
-                    for (_, d) in self.handed.iter_mut().chain(self.running.iter_mut()) {
+                // A re-size follows its dispatch on the worker's subject: one still in flight
+                // is amended; a stored one's re-size waits in the stream for its worker.
+                Effect::Regrant { worker, regrant: r } => {
+                    let mut amended = false;
+                    for (_, d) in self.handed.iter_mut() {
                         if d.action.id == r.id && d.attempt == r.attempt {
                             d.grant = r.grant;
                             self.resized.insert(r.id.clone());
+                            amended = true;
                         }
+                    }
+                    if !amended {
+                        self.regrants.push((worker.to_string(), r));
                     }
                 }
                 // Every result the engine publishes counts: a second one for an action is
@@ -101,7 +139,7 @@ impl World {
                     self.stored.retain(|(x, _), d| {
                         !(x == &name && d.instance.as_deref() == Some(instance.as_str()))
                     });
-                    let inst = format!("f{}", self.h.now);
+                    let inst = self.new_instance();
                     self.h.instance.insert(name, inst);
                 }
                 Effect::FetchDispatch { worker, id } => self.fetches.push((worker, id)),
@@ -191,7 +229,7 @@ impl World {
                 self.alive[w] = true;
                 let name = WORKERS[w].0;
                 self.wipe(name);
-                let inst = format!("i{}", self.h.now);
+                let inst = self.new_instance();
                 self.h.instance.insert(name.to_string(), inst);
                 // The new instance reads what waits in its backlog (all of it addressed to
                 // earlier instances), then reports.
@@ -233,6 +271,17 @@ impl World {
                 backlog_first,
             } => return self.failover(published, backlog_first),
             Step::Fetch { k } => return self.answer_fetch(k),
+            Step::TakeRegrant { w } => {
+                let name = WORKERS[w].0;
+                if !self.alive[w] {
+                    return;
+                }
+                if let Some(i) = self.regrants.iter().position(|(x, _)| x == name) {
+                    let (_, r) = self.regrants.remove(i);
+                    self.take_regrant(name, &r);
+                }
+                return;
+            }
             Step::Cordon { w, drain_ms, off } => {
                 if off {
                     self.cordons.remove(&w);
@@ -378,6 +427,9 @@ impl World {
             }
             while !self.handed.is_empty() {
                 self.apply(Step::Store { k: 0, ok: true });
+            }
+            for w in 0..3 {
+                self.apply(Step::TakeRegrant { w });
             }
             while !self.running.is_empty() {
                 self.apply(Step::Finish { k: 0 });
