@@ -124,32 +124,35 @@ pub(crate) async fn scan_backlog(
         .iter()
         .map(|r| r.trim_end_matches(".regrant"))
         .collect();
-    let adopted = futures::stream::iter(plain)
+    let outcomes = futures::stream::iter(plain)
         .map(|subj| {
             let dispatches = &dispatches;
             let results = &results;
             let tx = &tx;
             let resized = resized.contains(subj.as_str());
             async move {
-                one(dispatches, results, tx, &subj, resized)
-                    .await
-                    .then_some(subj)
+                let outcome = one(dispatches, results, tx, &subj, resized).await;
+                (subj, outcome)
             }
         })
         .buffer_unordered(SCAN_CONCURRENCY)
-        .filter_map(|x| async move { x })
-        .collect::<std::collections::HashSet<String>>()
+        .collect::<std::collections::HashMap<String, Scanned>>()
         .await;
+    let adopted = outcomes
+        .values()
+        .filter(|o| **o == Scanned::Adopted)
+        .count();
     // Sent after every adoption, on the same channel: the engine places work from now on.
     let _ = tx
         .send(crate::channels::Input::Engine(
             tangram_core::Event::BacklogRead,
         ))
         .await;
-    // A re-size whose dispatch is gone amends nothing.
+    // A re-size whose dispatch is gone (or was, as settled, removed just now) amends nothing.
+    // One whose dispatch could not be read stays, for the worker to take.
     for r in regrants {
         let base = r.trim_end_matches(".regrant");
-        if !adopted.contains(base) {
+        if matches!(outcomes.get(base), None | Some(Scanned::Gone)) {
             if let Err(e) = dispatches.purge().filter(&r).await {
                 warn!(subject = %r, error = %e, "removing a stale re-size");
             }
@@ -157,27 +160,38 @@ pub(crate) async fn scan_backlog(
     }
     tracing::info!(
         found,
-        adopted = adopted.len(),
+        adopted,
         "dispatch backlog read: every dispatch without a result is this term's"
     );
 }
 
-/// One dispatch of the backlog; true when it was handed to the engine. `resized`: a
-/// re-size of it is in the backlog too (not yet taken by its worker).
+/// What the scan made of one dispatch of the backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scanned {
+    /// Handed to the engine to adopt.
+    Adopted,
+    /// Not there (taken meanwhile), settled (removed), or unreadable as a dispatch (removed).
+    Gone,
+    /// Not read within the tries: left to a heartbeat's fetch.
+    Unread,
+}
+
+/// One dispatch of the backlog. `resized`: a re-size of it is in the backlog too (not yet
+/// taken by its worker).
 async fn one(
     dispatches: &jetstream::stream::Stream,
     results: &jetstream::stream::Stream,
     tx: &tokio::sync::mpsc::Sender<crate::channels::Input>,
     subj: &str,
     resized: bool,
-) -> bool {
+) -> Scanned {
     use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
     let Some(worker) = subj
         .strip_prefix(&format!("{}.dispatch.", subject::PREFIX))
         .and_then(|rest| rest.split_once('.'))
         .and_then(|(w, _)| WorkerId::new(w).ok())
     else {
-        return false;
+        return Scanned::Gone;
     };
     // A failover is when a stream may be electing a new leader of its own: keep trying for
     // about half a minute (backoff capped at 2 s) before leaving this one to a heartbeat's
@@ -193,7 +207,7 @@ async fn one(
         }
         let m = match dispatches.get_last_raw_message_by_subject(subj).await {
             Ok(m) => m,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return false,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Scanned::Gone,
             Err(e) => {
                 warn!(subject = %subj, error = %e, "reading a dispatch of the backlog");
                 continue;
@@ -202,14 +216,14 @@ async fn one(
         let Ok(d) = decode::<Dispatch>(&m.payload, Encoding::Msgpack) else {
             warn!(subject = %subj, "a dispatch of the backlog does not decode; removed");
             let _ = dispatches.delete_message(m.sequence).await;
-            return false;
+            return Scanned::Gone;
         };
         let result = subject::result(&d.action.job, &d.action.id);
         match results.direct_get_last_for_subject(&result).await {
             Ok(_) => {
                 // Settled: only the ack was missing.
                 let _ = dispatches.delete_message(m.sequence).await;
-                return false;
+                return Scanned::Gone;
             }
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => {}
             Err(e) => {
@@ -217,9 +231,9 @@ async fn one(
                 continue;
             }
         }
-        let pending_cores = if resized {
+        let resize = if resized {
             match pending_regrant(dispatches, subj, d.attempt).await {
-                Ok(cores) => cores,
+                Ok(r) => r,
                 Err(()) => continue,
             }
         } else {
@@ -229,25 +243,32 @@ async fn one(
             worker,
             dispatch: Box::new(d),
             seq: m.sequence,
-            pending_cores,
+            resize,
         };
-        return tx.send(crate::channels::Input::Engine(event)).await.is_ok();
+        return match tx.send(crate::channels::Input::Engine(event)).await {
+            Ok(()) => Scanned::Adopted,
+            // The term is over: nothing to leave for anyone.
+            Err(_) => Scanned::Unread,
+        };
     }
-    false
+    Scanned::Unread
 }
 
-/// The cores of the last re-size stored for the dispatch on `subj` (of its `attempt`) that
-/// its worker has not taken yet; `Err` when the server could not say.
+/// The last re-size stored for the dispatch on `subj` (of its `attempt`) that its worker has
+/// not taken yet; `Err` when the server could not say.
 async fn pending_regrant(
     dispatches: &jetstream::stream::Stream,
     subj: &str,
     attempt: u32,
-) -> Result<Option<u32>, ()> {
+) -> Result<Option<tangram_core::PendingResize>, ()> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let regrant = format!("{subj}.regrant");
     match dispatches.get_last_raw_message_by_subject(&regrant).await {
         Ok(m) => match decode::<tangram_shared::Regrant>(&m.payload, Encoding::Msgpack) {
-            Ok(r) if r.attempt == attempt => Ok(Some(r.grant.cores)),
+            Ok(r) if r.attempt == attempt => Ok(Some(tangram_core::PendingResize {
+                cores: r.grant.cores,
+                seq: m.sequence,
+            })),
             Ok(_) => Ok(None),
             Err(e) => {
                 warn!(subject = %regrant, error = %e, "a re-size of the backlog does not decode");

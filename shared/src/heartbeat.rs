@@ -40,9 +40,10 @@ pub struct Heartbeat {
     /// while its results feed catches up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub finished: Vec<ActionId>,
-    /// The highest stream sequence of a dispatch this worker has taken in (0: none yet, or
-    /// a worker that predates it). Dispatches reach a worker in stream order, so one it
-    /// does not list although this has passed its sequence is not on its way any more.
+    /// The highest stream sequence of a dispatch or re-size this worker has taken in (0: none
+    /// yet, or a worker that predates it). They reach a worker in stream order, so a dispatch
+    /// it does not list although this has passed its sequence is not on its way any more, and
+    /// `resized` reflects every re-size up to it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dispatch_seq: u64,
     /// Sandboxes held now.

@@ -21,7 +21,7 @@ pub use sim::api as sim_api;
 pub use sim::gpu as sim_gpu;
 
 pub use elastic::{ElasticModel, Speedup};
-pub use engine::{Effect, Engine, EngineConfig, Event, Now};
+pub use engine::{Effect, Engine, EngineConfig, Event, Now, PendingResize};
 pub use gpu::{Chunk, Eoe, GpuGroup, Route, ServiceSpec, Unrouted};
 pub use model::{
     Constraint, ImageNeed, Launch, NeverReason, Pending, Plan, Policy, Provisioning, Snapshot,

@@ -38,14 +38,22 @@ pub(crate) struct Sizing {
 impl Worker {
     /// Applies one re-size message, then acks it (a re-size is advisory: one that cannot be
     /// applied is dropped with a log line).
+    /// Its stream sequence counts as taken in (`dispatch_seq` in heartbeats) under the lock
+    /// its accounting takes: a heartbeat past it reports the exec's width after it (what a
+    /// new leader that found it in the backlog waits for).
     pub(crate) async fn regrant(self: &Arc<Self>, delivery: &dyn Delivery) {
+        let seq = delivery.stream_seq();
         match codec::decode::<Regrant>(delivery.payload(), Encoding::Msgpack) {
             Ok(r) => {
-                if let Some((gate, sandbox, widening)) = self.account_regrant(&r) {
+                if let Some((gate, sandbox, widening)) = self.account_regrant(&r, seq) {
                     self.write_cores(&r.id, &gate, &sandbox, widening).await;
                 }
             }
-            Err(e) => warn!(error = %e, "undecodable re-size dropped"),
+            Err(e) => {
+                warn!(error = %e, "undecodable re-size dropped");
+                let mut st = self.state.lock().expect("state lock");
+                st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(seq);
+            }
         }
         let _ = delivery.ack().await;
     }
@@ -54,8 +62,10 @@ impl Worker {
     fn account_regrant(
         &self,
         r: &Regrant,
+        seq: u64,
     ) -> Option<(Arc<tokio::sync::Mutex<()>>, Arc<Sandbox>, bool)> {
         let mut st = self.state.lock().expect("state lock");
+        st.admissions.dispatch_seq = st.admissions.dispatch_seq.max(seq);
         if st.admissions.is_older(r.epoch) {
             debug!(action = %r.id, epoch = r.epoch, "re-size of an older epoch dropped");
             return None;

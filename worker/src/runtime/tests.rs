@@ -38,6 +38,8 @@ struct FakeDelivery {
     subject: String,
     payload: Vec<u8>,
     redelivered: bool,
+    /// Its stream sequence (0: unknown).
+    seq: u64,
     acks: AckLog,
 }
 
@@ -52,7 +54,7 @@ impl Delivery for FakeDelivery {
         self.redelivered
     }
     fn stream_seq(&self) -> u64 {
-        0
+        self.seq
     }
     fn ack(&self) -> BoxFuture<'_, Result<(), AckError>> {
         self.acks
@@ -230,6 +232,7 @@ impl Harness {
             subject: format!("tangram.v1.dispatch.w.{}", d.action.id),
             payload: codec::encode(d, Encoding::Msgpack).unwrap(),
             redelivered,
+            seq: 0,
             acks: self.acks.clone(),
         };
         self.intake
@@ -240,11 +243,17 @@ impl Harness {
 
     /// Delivers a re-size on its dispatch subject, as the worker's consumer reads it.
     async fn deliver_regrant(&self, tag: &str, r: &tangram_shared::Regrant) {
+        self.deliver_regrant_at(tag, r, 0).await;
+    }
+
+    /// Delivers a re-size at stream sequence `seq`.
+    async fn deliver_regrant_at(&self, tag: &str, r: &tangram_shared::Regrant, seq: u64) {
         let delivery = FakeDelivery {
             tag: tag.to_string(),
             subject: format!("tangram.v1.dispatch.w.{}.regrant", r.id),
             payload: codec::encode(r, Encoding::Msgpack).unwrap(),
             redelivered: false,
+            seq,
             acks: self.acks.clone(),
         };
         self.intake
@@ -613,7 +622,7 @@ async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
         },
         seq: 1,
     };
-    h.deliver_regrant("widen", &widen).await;
+    h.deliver_regrant_at("widen", &widen, 7).await;
     h.until_acked("widen").await;
     let hb = super::heartbeat::heartbeat_of(&h.worker, 2, false);
     assert_eq!(hb.running, [ActionId::new("long").unwrap()]);
@@ -622,6 +631,19 @@ async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
         Some(&2),
         "{hb:?}"
     );
+    // Taken in: a new leader that found the re-size in the backlog reads this report as
+    // the width after it.
+    assert_eq!(hb.dispatch_seq, 7, "{hb:?}");
+    // One of an older epoch is dropped, and counts as taken in all the same.
+    let mut old = widen.clone();
+    old.epoch = 0;
+    old.grant.cores = 1;
+    old.seq = 2;
+    h.deliver_regrant_at("old", &old, 9).await;
+    h.until_acked("old").await;
+    let hb = super::heartbeat::heartbeat_of(&h.worker, 3, false);
+    assert_eq!(hb.resized.get(&ActionId::new("long").unwrap()), Some(&2));
+    assert_eq!(hb.dispatch_seq, 9, "{hb:?}");
     h.stop().await;
 }
 
@@ -648,6 +670,7 @@ async fn shutdown_stops_intake_lets_short_actions_finish_and_kills_the_rest_at_t
             subject: "tangram.v1.dispatch.w.late".into(),
             payload: Vec::new(),
             redelivered: false,
+            seq: 0,
             acks: h.acks.clone(),
         }))
         .await
@@ -876,6 +899,7 @@ async fn an_open_whose_creation_outlives_its_timeout_times_out_and_leaves_nothin
         subject: "tangram.v1.dispatch.w.slow-open".into(),
         payload: codec::encode(&slow, Encoding::Msgpack).unwrap(),
         redelivered: false,
+        seq: 0,
         acks: acks.clone(),
     }))
     .await

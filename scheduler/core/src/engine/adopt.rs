@@ -6,7 +6,8 @@
 //! gone for good is settled at its deadline rather than never. Either way the action becomes `Running` on the worker that has
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
-use super::lifecycle::{ActionState, Booking, Entry, Sandbox, SandboxState};
+use super::lifecycle::{ActionState, Booking, Entry, Pending, Sandbox, SandboxState};
+use super::PendingResize;
 use super::{Delivery, Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
 
@@ -17,11 +18,10 @@ pub(crate) enum Found {
     /// message: taken to have reached its worker.
     Fetched,
     /// In the dispatch backlog at a term's start: delivered once the worker's heartbeats
-    /// are past `seq`. `pending_cores`: a re-size stored after it that the worker had not
-    /// taken.
+    /// are past `seq`. `resize`: a re-size stored after it that the worker had not taken.
     Backlog {
         seq: u64,
-        pending_cores: Option<u32>,
+        resize: Option<PendingResize>,
     },
 }
 
@@ -60,17 +60,17 @@ impl Engine {
         found: Found,
         now: Now,
     ) {
-        let (stored_seq, mut pending_cores) = match found {
+        let (stored_seq, resize) = match found {
             Found::Fetched => (None, None),
-            Found::Backlog { seq, pending_cores } => (Some(seq), pending_cores),
+            Found::Backlog { seq, resize } => (Some(seq), resize),
         };
         let id = dispatch.action.id.clone();
         self.adopting.remove(&id);
         if self.actions.contains_key(&id) || self.settled_set.contains(&id) {
             // Adopted from a heartbeat's fetch first: the backlog still says what re-size
             // is on its way.
-            if let Some(p) = pending_cores {
-                self.book_pending_resize(&id, dispatch.attempt, p);
+            if let Some(r) = resize {
+                self.book_pending_resize(&id, dispatch.attempt, r);
             }
             if let Some(d) = delivery {
                 self.out.push(Effect::Ack(d));
@@ -80,22 +80,17 @@ impl Engine {
         let kind = dispatch.action.kind();
         // An exec an earlier leader re-sized holds what its worker last reported, not its
         // dispatch's grant (a worker not heard from yet corrects it with its next report).
+        // A re-size still in the backlog is what it holds until the worker takes it in (see
+        // `Pending`).
         let mut grant = dispatch.grant;
-        let reported = self
-            .workers
-            .get(&worker)
-            .and_then(|w| w.hb.resized.get(&id))
-            .copied();
-        if let Some(cores) = reported {
-            grant.cores = cores;
-        }
-        // A re-size still in the backlog is what it holds (see `pending_cores`).
-        if reported.is_some() && reported == pending_cores {
-            pending_cores = None;
-        }
-        if let Some(p) = pending_cores {
-            grant.cores = p;
-        }
+        let (reported, dispatch_seq) = self.reported_width(&worker, &id);
+        let before = reported.unwrap_or(grant.cores);
+        let mut pending = resize.map(|r| Pending {
+            cores: r.cores,
+            seq: r.seq,
+            before,
+        });
+        grant.cores = Pending::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
         let counted_cores =
@@ -138,7 +133,7 @@ impl Engine {
                     listed_once: stored_seq.is_none(),
                     unreported: 0,
                     adopted: true,
-                    pending_cores,
+                    pending,
                 },
                 action: dispatch.action,
             },
@@ -150,8 +145,23 @@ impl Engine {
         self.dirty = true;
     }
 
-    /// An adopted exec's re-size found in the backlog after its adoption: booked from now.
-    fn book_pending_resize(&mut self, id: &ActionId, attempt: u32, cores: u32) {
+    /// What `worker` last reported of an exec's width (`resized`), and its dispatch sequence.
+    fn reported_width(&self, worker: &WorkerId, id: &ActionId) -> (Option<u32>, u64) {
+        self.workers.get(worker).map_or((None, 0), |w| {
+            (w.hb.resized.get(id).copied(), w.hb.dispatch_seq)
+        })
+    }
+
+    /// An adopted exec's re-size found in the backlog after its adoption (a heartbeat's
+    /// fetch came first): booked as at adoption.
+    fn book_pending_resize(&mut self, id: &ActionId, attempt: u32, resize: PendingResize) {
+        let Some(e) = self.actions.get(id) else {
+            return;
+        };
+        let ActionState::Running { worker, .. } = &e.state else {
+            return;
+        };
+        let (reported, dispatch_seq) = self.reported_width(&worker.clone(), id);
         let Some(e) = self.actions.get_mut(id) else {
             return;
         };
@@ -159,18 +169,25 @@ impl Engine {
             booking,
             attempt: a,
             adopted: true,
-            pending_cores,
+            pending,
             ..
         } = &mut e.state
         {
-            if *a == attempt {
-                *pending_cores = Some(cores);
-                if booking.counted_cores > 0 {
-                    booking.counted_cores = cores;
-                }
-                booking.grant.cores = cores;
-                self.dirty = true;
+            if *a != attempt {
+                return;
             }
+            *pending = Some(Pending {
+                cores: resize.cores,
+                seq: resize.seq,
+                before: booking.grant.cores,
+            });
+            let cores =
+                Pending::settle(pending, reported, dispatch_seq).unwrap_or(booking.grant.cores);
+            if booking.counted_cores > 0 {
+                booking.counted_cores = cores;
+            }
+            booking.grant.cores = cores;
+            self.dirty = true;
         }
     }
 

@@ -119,9 +119,9 @@ pub enum Event {
         dispatch: Box<Dispatch>,
         /// Its stream sequence (a heartbeat's dispatch sequence past it means delivered).
         seq: u64,
-        /// The cores of the last re-size stored for it after the dispatch and not yet taken
-        /// by the worker (still in the backlog), if any.
-        pending_cores: Option<u32>,
+        /// The last re-size stored for it after the dispatch and not yet taken by the worker
+        /// (still in the backlog), if any.
+        resize: Option<PendingResize>,
     },
     /// The term's dispatch backlog has been read: every dispatch in it was handed over as
     /// [`Event::AdoptStored`] (see [`crate::EngineConfig::await_backlog`]).
@@ -317,4 +317,16 @@ pub enum Observation {
         /// Job.
         job: String,
     },
+}
+
+/// A re-size an earlier leader stored for a dispatch, found in the backlog: its worker has not
+/// taken it yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingResize {
+    /// The width it sets.
+    pub cores: u32,
+    /// Its sequence in the dispatch stream: a heartbeat's `dispatch_seq` at or past it says
+    /// the worker has taken it in (applied it, in full or as far as its spare cores went, or
+    /// dropped it as an older epoch's).
+    pub seq: u64,
 }

@@ -61,15 +61,50 @@ pub enum ActionState {
         /// Adopted from an earlier leader and not re-sized by this one since: the cores its
         /// worker reports for it (`Heartbeat::resized`) are what it holds.
         adopted: bool,
-        /// While adopted: the width of the last re-size the earlier leader stored and the
-        /// worker had not taken when the backlog was read. It is what the exec holds until
-        /// the worker reports running at it: the worker takes its dispatch subject in stream
-        /// order, so the re-size is applied before anything this leader sends it, and the
-        /// earlier leader's last widths fit the worker together (its bookings did). Booking
-        /// the width the worker reports instead let a widening on its way take cores given
-        /// to a new exec; booking the larger of the two booked a narrowing's cores twice.
-        pending_cores: Option<u32>,
+        /// While adopted: the last re-size the earlier leader stored and the worker had not
+        /// taken when the backlog was read. Its width is what the exec holds until the worker
+        /// has taken it in; from then on, what the worker reports (see [`Pending`]).
+        pending: Option<Pending>,
     },
+}
+
+/// An adopted exec's re-size on its way to its worker. The worker takes its dispatch subject
+/// in stream order, so it applies the re-size before anything this leader sends it, and an
+/// earlier leader's last widths fit the worker together (its bookings did): the pending width
+/// is booked. Booking what the worker reported instead let a widening on its way take cores
+/// given to a new exec; booking the larger of the two booked a narrowing's cores twice. Once
+/// the worker's dispatch sequence is past the re-size (or it reports running at its width),
+/// the report decides: a widening the worker could apply only in part, or a re-size it
+/// dropped, is booked as it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    /// The width the re-size sets.
+    pub cores: u32,
+    /// Its sequence in the dispatch stream.
+    pub seq: u64,
+    /// The width the worker ran it at before (reported, or the dispatch's grant).
+    pub before: u32,
+}
+
+impl Pending {
+    /// The width an adopted exec holds after a report (`reported`: its `resized` entry), and
+    /// whether the re-size is still on its way.
+    pub(crate) fn settle(
+        pending: &mut Option<Pending>,
+        reported: Option<u32>,
+        dispatch_seq: u64,
+    ) -> Option<u32> {
+        let Some(p) = *pending else {
+            return reported;
+        };
+        let taken = (p.seq > 0 && dispatch_seq >= p.seq) || reported == Some(p.cores);
+        if taken {
+            *pending = None;
+            Some(reported.unwrap_or(p.before))
+        } else {
+            Some(p.cores)
+        }
+    }
 }
 
 impl ActionState {

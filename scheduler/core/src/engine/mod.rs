@@ -34,7 +34,9 @@ use lifecycle::{Entry, Sandbox, SandboxKey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Limits, Timing, WorkerId};
 
-pub use events::{Arrival, Delivery, Effect, Event, Now, Observation, Reject, WorkerGauge};
+pub use events::{
+    Arrival, Delivery, Effect, Event, Now, Observation, PendingResize, Reject, WorkerGauge,
+};
 pub use identity::{dispatch_msg_id, latest_dispatch};
 pub use images::prepull_targets;
 pub use intake::{check, BadMessage, RawMessage};
@@ -334,9 +336,9 @@ impl Engine {
                 worker,
                 dispatch,
                 seq,
-                pending_cores,
+                resize,
             } => {
-                let found = adopt::Found::Backlog { seq, pending_cores };
+                let found = adopt::Found::Backlog { seq, resize };
                 self.adopt(worker, *dispatch, None, found, now)
             }
             Event::AdoptFailed { id } => self.on_adopt_failed(&id),

@@ -320,14 +320,14 @@ impl Engine {
                 booking,
                 attempt,
                 adopted,
-                pending_cores,
+                pending,
                 ..
             } => {
                 // Its size is this leader's from now: a report still showing an earlier
                 // size must not undo it (and an earlier leader's re-size, of an older epoch,
                 // is dropped by the worker if it comes after this one).
                 *adopted = false;
-                *pending_cores = None;
+                *pending = None;
                 (booking, *attempt)
             }
             ActionState::Queued { .. } | ActionState::Backoff { .. } => return,

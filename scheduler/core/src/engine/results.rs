@@ -57,7 +57,7 @@ impl Engine {
             listed_once: false,
             unreported: 0,
             adopted: false,
-            pending_cores: None,
+            pending: None,
         };
         // A malleable policy may re-size an exec only once its dispatch is durable (a
         // re-size must follow it on the worker's subject): plan again now.

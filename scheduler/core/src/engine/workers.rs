@@ -1,7 +1,7 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::lifecycle::{ActionState, Sandbox, SandboxKey, SandboxState};
+use super::lifecycle::{ActionState, Pending, Sandbox, SandboxKey, SandboxState};
 use super::pools::{Pool, WorkerReport};
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
@@ -148,7 +148,7 @@ impl Engine {
                 listed_once,
                 unreported,
                 adopted,
-                pending_cores,
+                pending,
                 ..
             } = &mut e.state
             else {
@@ -158,12 +158,11 @@ impl Engine {
                 continue;
             }
             // An adopted exec an earlier leader re-sized: book what the worker says it holds,
-            // unless a re-size is still on its way to it (see `pending_cores`).
-            if let Some(&reported) = hb.resized.get(id).filter(|_| *adopted) {
-                if *pending_cores == Some(reported) {
-                    *pending_cores = None;
-                }
-                let cores = pending_cores.unwrap_or(reported);
+            // or a re-size still on its way to it (see `Pending`).
+            let width = adopted
+                .then(|| Pending::settle(pending, hb.resized.get(id).copied(), hb.dispatch_seq))
+                .flatten();
+            if let Some(cores) = width {
                 if booking.counted_cores > 0 {
                     booking.counted_cores = cores;
                 }

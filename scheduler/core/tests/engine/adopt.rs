@@ -2,6 +2,7 @@
 //! stored dispatch when an action message comes back.
 
 use super::*;
+use tangram_core::PendingResize;
 
 fn dispatch_of(action: Action, cores: u32) -> Dispatch {
     Dispatch {
@@ -200,7 +201,7 @@ fn a_new_term_places_nothing_until_its_backlog_is_read() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(dispatch_of(exec("old", "j", "t1", 2, 2), 2)),
         seq: 4,
-        pending_cores: None,
+        resize: None,
     });
     let fx = h.step(Event::BacklogRead);
     assert!(dispatched(&fx).is_empty(), "no free core: {fx:?}");
@@ -275,7 +276,7 @@ fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(old.clone()),
         seq: 4,
-        pending_cores: Some(3),
+        resize: Some(PendingResize { cores: 3, seq: 5 }),
     });
     h.step(Event::BacklogRead);
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
@@ -318,7 +319,7 @@ fn a_narrowing_still_in_the_backlog_frees_its_cores_for_the_next_exec() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(old),
         seq: 4,
-        pending_cores: Some(1),
+        resize: Some(PendingResize { cores: 1, seq: 5 }),
     });
     h.step(Event::BacklogRead);
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
@@ -353,7 +354,7 @@ fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(old),
         seq: 4,
-        pending_cores: Some(3),
+        resize: Some(PendingResize { cores: 3, seq: 5 }),
     });
     h.step(Event::BacklogRead);
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
@@ -362,4 +363,57 @@ fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
         dispatched(&fx).is_empty(),
         "placed in the widening's cores: {fx:?}"
     );
+}
+
+/// A widening the worker could apply only in part (its other cores were taken), or a re-size
+/// it dropped (of an older epoch than one it knew): once its dispatch sequence is past the
+/// re-size, the exec is booked as it runs, not at the width it was sent.
+#[test]
+fn a_re_size_the_worker_took_in_is_booked_as_it_runs_whatever_it_asked() {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    let old = dispatch_of(exec("old", "j", "t1", 1, 4), 1);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old.clone()),
+        seq: 4,
+        resize: Some(PendingResize { cores: 4, seq: 5 }),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 4);
+    // Past the re-size, running at two of the four asked.
+    let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    hb.dispatch_seq = 5;
+    hb.resized.insert(id("old"), 2);
+    h.step(Event::Heartbeat(Box::new(hb)));
+    assert_eq!(booked_cores(&h.engine, "w1"), 2);
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 2, 2));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+
+    // Dropped: never re-sized, so it runs at its dispatch's grant.
+    let mut h = Harness::with(
+        EngineConfig {
+            await_backlog: true,
+            ..cfg()
+        },
+        &[],
+    );
+    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    let old = dispatch_of(exec("old", "j", "t1", 1, 4), 3);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old),
+        seq: 4,
+        resize: Some(PendingResize { cores: 1, seq: 5 }),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    hb.dispatch_seq = 6;
+    h.step(Event::Heartbeat(Box::new(hb)));
+    assert_eq!(booked_cores(&h.engine, "w1"), 3);
 }

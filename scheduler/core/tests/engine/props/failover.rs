@@ -75,18 +75,23 @@ impl World {
             .collect();
         for (w, d) in backlog {
             self.seq += 1;
-            let pending_cores = self
+            // The stream sequence is not modelled (heartbeats report none): the worker's
+            // report of the re-size's width is what settles it here.
+            let resize = self
                 .regrants
                 .iter()
                 .rev()
                 .find(|(x, r)| x == &w && r.id == d.action.id)
                 .filter(|(_, r)| r.attempt == d.attempt)
-                .map(|(_, r)| r.grant.cores);
+                .map(|(_, r)| tangram_core::PendingResize {
+                    cores: r.grant.cores,
+                    seq: 0,
+                });
             let fx = self.h.step(Event::AdoptStored {
                 worker: WorkerId::new(&w).unwrap(),
                 dispatch: Box::new(d),
                 seq: self.seq,
-                pending_cores,
+                resize,
             });
             self.absorb(fx);
         }
