@@ -148,3 +148,116 @@ async fn a_new_leader_books_a_re_sized_exec_at_the_width_it_runs() -> anyhow::Re
     cluster.shutdown().await?;
     Ok(())
 }
+
+/// Regression (found by the engine's property test): a re-size an earlier leader stored and
+/// its worker had not taken yet was left out of the new leader's backlog scan, so the exec
+/// was booked at the width its worker reported, and a widening on its way took cores the new
+/// leader gave to new work. Here the backlog an earlier leader left is written as it would
+/// have: an exec dispatched at one core to `rs-w` and widened to two after it. The worker's
+/// heartbeats (published by the test, as the worker would) list the exec at one core, the
+/// re-size not taken in: the new leader books two. Then the heartbeats are past the re-size
+/// and report the exec at one core (the worker had no spare core for the second): one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_size_left_in_the_backlog_is_booked_by_the_next_leader() -> anyhow::Result<()> {
+    use tangram_shared::codec::{encode, Encoding};
+    use tangram_shared::{subject, Dispatch, Grant, Heartbeat, Regrant, SandboxRef};
+    let mut cluster = Cluster::start_without_scheduler(&[]).await?;
+    let nats = async_nats::connect(cluster.nats.url()).await?;
+    let js = async_nats::jetstream::new(nats.clone());
+    tangram_nats::ensure_streams(&js, &Default::default()).await?;
+    let w = tangram_tests::build::worker("rs-w");
+    let long = exec("long", "rs", "t1", &["sleep", "60"], 1, 2);
+    let dispatch = Dispatch {
+        epoch: 1,
+        attempt: 1,
+        action: long.clone(),
+        grant: Grant {
+            cores: 1,
+            mem_mb: 256,
+        },
+        submitted_at_us: 1,
+        result_encoding: Encoding::Msgpack,
+        instance: None,
+        gpu: None,
+    };
+    let body = encode(&dispatch, Encoding::Msgpack)?;
+    let d_seq = js
+        .publish(subject::dispatch(&w, &long.id), body.into())
+        .await?
+        .await?
+        .sequence;
+    let widen = Regrant {
+        epoch: 1,
+        id: long.id.clone(),
+        attempt: 1,
+        grant: Grant {
+            cores: 2,
+            mem_mb: 256,
+        },
+        seq: 1,
+    };
+    let body = encode(&widen, Encoding::Msgpack)?;
+    let r_seq = js
+        .publish(subject::regrant(&w, &long.id), body.into())
+        .await?
+        .await?
+        .sequence;
+    // The worker's report, changed by the test as it goes: (dispatch_seq, resized cores).
+    let (report, reports) = tokio::sync::watch::channel((d_seq, None::<u32>));
+    let beats = {
+        let (nats, w, id) = (nats.clone(), w.clone(), long.id.clone());
+        tokio::spawn(async move {
+            for n in 1..=600u64 {
+                let (dispatch_seq, resized) = *reports.borrow();
+                let hb = Heartbeat {
+                    worker: w.clone(),
+                    instance: "i1".into(),
+                    seq: n,
+                    interval_ms: 200,
+                    cores: 2,
+                    mem_mb: 4096,
+                    running: vec![id.clone()],
+                    finished: vec![],
+                    dispatch_seq,
+                    sandboxes: vec![SandboxRef {
+                        job: tangram_shared::JobId::new("rs").unwrap(),
+                        trajectory: tangram_shared::TrajectoryId::new("t1").unwrap(),
+                        mem_mb: 256,
+                    }],
+                    draining: false,
+                    gpus: None,
+                    services: vec![],
+                    providers: vec![],
+                    warm: None,
+                    images: vec![],
+                    resized: resized.map(|c| (id.clone(), c)).into_iter().collect(),
+                };
+                let body = encode(&hb, Encoding::Msgpack).unwrap();
+                let _ = nats.publish(subject::heartbeat(&w), body.into()).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let mut config = tangram_scheduler::Config::with_nats_url(cluster.nats.url());
+    config.policy = "tangram-v2".into();
+    cluster.start_scheduler_config(config);
+    let c = cluster.client("rs").await?;
+    let used = |s: &tangram_shared::status::Status| {
+        s.workers
+            .iter()
+            .find(|x| x.id == "rs-w")
+            .map(|x| x.cores_used)
+    };
+    // Booked at its reported width, one core, without the re-size: this waits out T.
+    c.wait_for_status(T, "the widening on its way booked", |s| {
+        s.running.get("sandbox_exec") == Some(&1) && used(s) == Some(2)
+    })
+    .await?;
+    // Taken in, applied as far as the worker could: booked as it runs.
+    report.send_replace((r_seq, Some(1)));
+    c.wait_for_status(T, "booked as the worker runs it", |s| used(s) == Some(1))
+        .await?;
+    beats.abort();
+    cluster.shutdown().await?;
+    Ok(())
+}
