@@ -6,7 +6,7 @@
 //! gone for good is settled at its deadline rather than never. Either way the action becomes `Running` on the worker that has
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
-use super::lifecycle::{ActionState, Booking, Entry, Pending, Sandbox, SandboxState};
+use super::lifecycle::{ActionState, Booking, Entry, PendingWidth, Sandbox, SandboxState};
 use super::PendingResize;
 use super::{Delivery, Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
@@ -81,16 +81,16 @@ impl Engine {
         // An exec an earlier leader re-sized holds what its worker last reported, not its
         // dispatch's grant (a worker not heard from yet corrects it with its next report).
         // A re-size still in the backlog is what it holds until the worker takes it in (see
-        // `Pending`).
+        // `PendingWidth`).
         let mut grant = dispatch.grant;
         let (reported, dispatch_seq) = self.reported_width(&worker, &id);
         let before = reported.unwrap_or(grant.cores);
-        let mut pending = resize.map(|r| Pending {
+        let mut pending = resize.map(|r| PendingWidth {
             cores: r.cores,
             seq: r.seq,
             before,
         });
-        grant.cores = Pending::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
+        grant.cores = PendingWidth::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
         let counted_cores =
@@ -176,13 +176,13 @@ impl Engine {
             if *a != attempt {
                 return;
             }
-            *pending = Some(Pending {
+            *pending = Some(PendingWidth {
                 cores: resize.cores,
                 seq: resize.seq,
                 before: booking.grant.cores,
             });
-            let cores =
-                Pending::settle(pending, reported, dispatch_seq).unwrap_or(booking.grant.cores);
+            let cores = PendingWidth::settle(pending, reported, dispatch_seq)
+                .unwrap_or(booking.grant.cores);
             if booking.counted_cores > 0 {
                 booking.counted_cores = cores;
             }

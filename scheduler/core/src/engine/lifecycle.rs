@@ -63,8 +63,8 @@ pub enum ActionState {
         adopted: bool,
         /// While adopted: the last re-size the earlier leader stored and the worker had not
         /// taken when the backlog was read. Its width is what the exec holds until the worker
-        /// has taken it in; from then on, what the worker reports (see [`Pending`]).
-        pending: Option<Pending>,
+        /// has taken it in; from then on, what the worker reports (see [`PendingWidth`]).
+        pending: Option<PendingWidth>,
     },
 }
 
@@ -77,7 +77,7 @@ pub enum ActionState {
 /// the report decides: a widening the worker could apply only in part, or a re-size it
 /// dropped, is booked as it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pending {
+pub struct PendingWidth {
     /// The width the re-size sets.
     pub cores: u32,
     /// Its sequence in the dispatch stream.
@@ -86,11 +86,12 @@ pub struct Pending {
     pub before: u32,
 }
 
-impl Pending {
-    /// The width an adopted exec holds after a report (`reported`: its `resized` entry), and
-    /// whether the re-size is still on its way.
+impl PendingWidth {
+    /// The width an adopted exec holds after a report (`reported`: its `resized` entry;
+    /// `dispatch_seq`: how far its worker has taken the stream in); `None` leaves the booking
+    /// as it is. Clears `pending` once the worker has taken the re-size in.
     pub(crate) fn settle(
-        pending: &mut Option<Pending>,
+        pending: &mut Option<PendingWidth>,
         reported: Option<u32>,
         dispatch_seq: u64,
     ) -> Option<u32> {

@@ -1,7 +1,7 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::lifecycle::{ActionState, Pending, Sandbox, SandboxKey, SandboxState};
+use super::lifecycle::{ActionState, PendingWidth, Sandbox, SandboxKey, SandboxState};
 use super::pools::{Pool, WorkerReport};
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
@@ -158,9 +158,11 @@ impl Engine {
                 continue;
             }
             // An adopted exec an earlier leader re-sized: book what the worker says it holds,
-            // or a re-size still on its way to it (see `Pending`).
+            // or a re-size still on its way to it (see `PendingWidth`).
             let width = adopted
-                .then(|| Pending::settle(pending, hb.resized.get(id).copied(), hb.dispatch_seq))
+                .then(|| {
+                    PendingWidth::settle(pending, hb.resized.get(id).copied(), hb.dispatch_seq)
+                })
                 .flatten();
             if let Some(cores) = width {
                 if booking.counted_cores > 0 {
