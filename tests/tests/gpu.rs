@@ -285,7 +285,17 @@ async fn leftover_replicas_of_an_earlier_run_are_stopped_when_the_worker_starts(
         matches!(child.try_wait(), Ok(Some(_)))
     })
     .await;
-    assert!(exited, "the leftover replica was not stopped");
+    // What the worker's sweep had to go on, for a failure: whether it took the pid file (it
+    // removes each it reads) and what the process's command line is now.
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id()))
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .unwrap_or_default();
+    assert!(
+        exited,
+        "the leftover replica was not stopped (pid file still there: {}; its command line now: {cmdline:?}; recorded: {:?})",
+        dir.path().join("replica-1.pid").exists(),
+        argv.join(" ")
+    );
     cluster.shutdown().await?;
     Ok(())
 }
