@@ -269,12 +269,18 @@ async fn leftover_replicas_of_an_earlier_run_are_stopped_when_the_worker_starts(
         dir.path().join("replica-1.pid"),
         format!("{}\n{}\n", child.id(), argv.join(" ")),
     )?;
+    // Running as the replica, as a crashed instance's leftover is: `python3` may be a shim
+    // that execs through a shell or two, and while a process execs its command line can
+    // read empty, which the sweep rightly does not match.
+    let pid = child.id();
     assert!(
-        eventually(Duration::from_secs(10), || std::fs::read(format!(
-            "/proc/{}/cmdline",
-            child.id()
-        ))
-        .is_ok_and(|c| !c.is_empty()))
+        eventually(Duration::from_secs(10), || {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            exe.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+                && !cmdline.is_empty()
+        })
         .await
     );
     let mut cluster = Cluster::start(&[]).await?;
