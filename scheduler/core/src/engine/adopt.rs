@@ -83,14 +83,8 @@ impl Engine {
         // A re-size still in the backlog is what it holds until the worker takes it in (see
         // `PendingWidth`).
         let mut grant = dispatch.grant;
-        let (reported, dispatch_seq) = self.reported_width(&worker, &id);
-        let before = reported.unwrap_or(grant.cores);
-        let mut pending = resize.map(|r| PendingWidth {
-            cores: r.cores,
-            seq: r.seq,
-            before,
-        });
-        grant.cores = PendingWidth::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
+        let (cores, pending) = self.adopted_width(&worker, &id, grant.cores, resize);
+        grant.cores = cores;
         // Cores count against the worker as a launch would count them: execs, unless the
         // sandbox holds its cores itself (`static`).
         let counted_cores =
@@ -145,44 +139,53 @@ impl Engine {
         self.dirty = true;
     }
 
-    /// What `worker` last reported of an exec's width (`resized`), and its dispatch sequence.
-    fn reported_width(&self, worker: &WorkerId, id: &ActionId) -> (Option<u32>, u64) {
-        self.workers.get(worker).map_or((None, 0), |w| {
+    /// The width an adopted exec holds on `worker`: what the worker last reported of it
+    /// (`resized`), else `ran` (what it was known to run at); a re-size of it found in the
+    /// backlog instead, while the worker has not taken it in, which is returned too.
+    fn adopted_width(
+        &self,
+        worker: &WorkerId,
+        id: &ActionId,
+        ran: u32,
+        resize: Option<PendingResize>,
+    ) -> (u32, Option<PendingWidth>) {
+        let (reported, dispatch_seq) = self.workers.get(worker).map_or((None, 0), |w| {
             (w.hb.resized.get(id).copied(), w.hb.dispatch_seq)
-        })
+        });
+        let before = reported.unwrap_or(ran);
+        let mut pending = resize.map(|r| PendingWidth {
+            cores: r.cores,
+            seq: r.seq,
+            before,
+        });
+        let cores = PendingWidth::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
+        (cores, pending)
     }
 
     /// An adopted exec's re-size found in the backlog after its adoption (a heartbeat's
     /// fetch came first): booked as at adoption.
     fn book_pending_resize(&mut self, id: &ActionId, attempt: u32, resize: PendingResize) {
-        let Some(e) = self.actions.get(id) else {
-            return;
-        };
-        let ActionState::Running { worker, .. } = &e.state else {
-            return;
-        };
-        let (reported, dispatch_seq) = self.reported_width(&worker.clone(), id);
-        let Some(e) = self.actions.get_mut(id) else {
-            return;
-        };
-        if let ActionState::Running {
+        let Some(ActionState::Running {
+            worker,
             booking,
             attempt: a,
             adopted: true,
-            pending,
             ..
-        } = &mut e.state
+        }) = self.actions.get(id).map(|e| &e.state)
+        else {
+            return;
+        };
+        if *a != attempt {
+            return;
+        }
+        let (cores, pending) = self.adopted_width(worker, id, booking.grant.cores, Some(resize));
+        if let Some(ActionState::Running {
+            booking,
+            pending: p,
+            ..
+        }) = self.actions.get_mut(id).map(|e| &mut e.state)
         {
-            if *a != attempt {
-                return;
-            }
-            *pending = Some(PendingWidth {
-                cores: resize.cores,
-                seq: resize.seq,
-                before: booking.grant.cores,
-            });
-            let cores = PendingWidth::settle(pending, reported, dispatch_seq)
-                .unwrap_or(booking.grant.cores);
+            *p = pending;
             if booking.counted_cores > 0 {
                 booking.counted_cores = cores;
             }

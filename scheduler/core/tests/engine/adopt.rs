@@ -263,22 +263,10 @@ fn a_result_that_comes_before_its_adoption_keeps_the_sandbox_and_drops_the_adopt
 /// backlog is booked with the exec until the worker reports running at it.
 #[test]
 fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
-    let config = EngineConfig {
-        await_backlog: true,
-        ..cfg()
-    };
-    let mut h = Harness::with(config, &[]);
-    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
     // Dispatched at one core, re-sized to two and then to three by the earlier leader; the
     // last not applied yet.
     let old = dispatch_of(exec("old", "j", "t1", 1, 3), 1);
-    h.step(Event::AdoptStored {
-        worker: WorkerId::new("w1").unwrap(),
-        dispatch: Box::new(old.clone()),
-        seq: 4,
-        resize: Some(PendingResize { cores: 3, seq: 5 }),
-    });
-    h.step(Event::BacklogRead);
+    let mut h = term_with_resize(&old, PendingResize { cores: 3, seq: 5 });
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
     // The worker still runs it at one core: the widening stays booked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -308,20 +296,8 @@ fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
 /// booked those cores twice: 9 cores on an 8-core worker in the property test.)
 #[test]
 fn a_narrowing_still_in_the_backlog_frees_its_cores_for_the_next_exec() {
-    let config = EngineConfig {
-        await_backlog: true,
-        ..cfg()
-    };
-    let mut h = Harness::with(config, &[]);
-    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 4);
-    h.step(Event::AdoptStored {
-        worker: WorkerId::new("w1").unwrap(),
-        dispatch: Box::new(old),
-        seq: 4,
-        resize: Some(PendingResize { cores: 1, seq: 5 }),
-    });
-    h.step(Event::BacklogRead);
+    let mut h = term_with_resize(&old, PendingResize { cores: 1, seq: 5 });
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
     // The worker still runs it at four: the narrowing stays booked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -370,20 +346,8 @@ fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
 /// re-size, the exec is booked as it runs, not at the width it was sent.
 #[test]
 fn a_re_size_the_worker_took_in_is_booked_as_it_runs_whatever_it_asked() {
-    let config = EngineConfig {
-        await_backlog: true,
-        ..cfg()
-    };
-    let mut h = Harness::with(config, &[]);
-    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 1);
-    h.step(Event::AdoptStored {
-        worker: WorkerId::new("w1").unwrap(),
-        dispatch: Box::new(old.clone()),
-        seq: 4,
-        resize: Some(PendingResize { cores: 4, seq: 5 }),
-    });
-    h.step(Event::BacklogRead);
+    let mut h = term_with_resize(&old, PendingResize { cores: 4, seq: 5 });
     assert_eq!(booked_cores(&h.engine, "w1"), 4);
     // Past the re-size, running at two of the four asked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -395,25 +359,31 @@ fn a_re_size_the_worker_took_in_is_booked_as_it_runs_whatever_it_asked() {
     assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
 
     // Dropped: never re-sized, so it runs at its dispatch's grant.
-    let mut h = Harness::with(
-        EngineConfig {
-            await_backlog: true,
-            ..cfg()
-        },
-        &[],
-    );
-    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 3);
-    h.step(Event::AdoptStored {
-        worker: WorkerId::new("w1").unwrap(),
-        dispatch: Box::new(old),
-        seq: 4,
-        resize: Some(PendingResize { cores: 1, seq: 5 }),
-    });
-    h.step(Event::BacklogRead);
+    let mut h = term_with_resize(&old, PendingResize { cores: 1, seq: 5 });
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
     hb.dispatch_seq = 6;
     h.step(Event::Heartbeat(Box::new(hb)));
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
+}
+
+/// A term that awaits its backlog, worker `w1` (4 cores, sandboxes of `t1` and `t2`) heard
+/// from, and `old` adopted from the backlog (stream sequence 4) with a re-size of it still
+/// there; the backlog read.
+fn term_with_resize(old: &Dispatch, resize: PendingResize) -> Harness {
+    let config = EngineConfig {
+        await_backlog: true,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    h.heartbeat("w1", 4, 4096, &[], &[("j", "t1"), ("j", "t2")]);
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old.clone()),
+        seq: 4,
+        resize: Some(resize),
+    });
+    h.step(Event::BacklogRead);
+    h
 }

@@ -132,10 +132,7 @@ impl World {
     /// Worker `w`'s first heartbeat to a new leader: what it runs and the sandboxes it holds.
     pub(super) fn beat_joining(&mut self, w: usize) -> Vec<Effect> {
         let name = WORKERS[w].0;
-        let running: Vec<String> = self
-            .runs_on(name)
-            .map(|d| d.action.id.to_string())
-            .collect();
+        let running = self.running_ids(name);
         let running: Vec<&str> = running.iter().map(String::as_str).collect();
         let held: Vec<String> = self
             .sandboxes

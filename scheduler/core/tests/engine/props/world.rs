@@ -12,6 +12,13 @@ impl World {
             .map(|(_, d)| d)
     }
 
+    /// The ids of what worker `name` runs now, for its heartbeat.
+    pub(super) fn running_ids(&self, name: &str) -> Vec<String> {
+        self.runs_on(name)
+            .map(|d| d.action.id.to_string())
+            .collect()
+    }
+
     pub(super) fn new(policy: &str) -> Self {
         let config = EngineConfig {
             policy: policy.into(),
@@ -212,11 +219,7 @@ impl World {
                 if !self.alive[w] {
                     return;
                 }
-                let name = WORKERS[w].0;
-                let running: Vec<String> = self
-                    .runs_on(name)
-                    .map(|d| d.action.id.to_string())
-                    .collect();
+                let running = self.running_ids(WORKERS[w].0);
                 let running: Vec<&str> = running.iter().map(String::as_str).collect();
                 self.beat(w, &running)
             }
