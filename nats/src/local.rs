@@ -1,8 +1,12 @@
-//! A nats-server on loopback for a local cluster. `tangram up`, the pipeline bench and the
-//! integration tests all start theirs through here: the command line (config, loopback
-//! address, client and monitoring ports, JetStream store), and the wait until it listens.
+//! The processes of a local cluster, as one launcher: `tangram up`, the benches (pipeline,
+//! fleet) and the integration tests all start their nats-server ([`LocalServer`]),
+//! schedulers ([`SchedulerProcess`]) and workers ([`WorkerProcess`]) through here, so a
+//! flag is spelt in one place. Each type renders its process's command line; the caller
+//! decides the binary's path, the environment (credentials, log filter) and where output
+//! goes. Also the wait until a server listens.
 
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -40,6 +44,138 @@ impl LocalServer<'_> {
         format!("nats://127.0.0.1:{}", self.port)
     }
 }
+
+/// A `tangram-scheduler` of a local cluster. Fields left `None` take the binary's own
+/// default (or its `TANGRAM_SCHEDULER_*` variable).
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerProcess {
+    /// Its id in the leader lease.
+    pub id: Option<String>,
+    /// The NATS URL.
+    pub nats_url: Option<String>,
+    /// The scheduling policy.
+    pub policy: Option<String>,
+    /// Cores per sandbox under `static`.
+    pub static_cores: Option<u32>,
+    /// Prometheus listen address.
+    pub metrics_addr: Option<String>,
+    /// Replicas of the streams it creates (3 on a NATS cluster).
+    pub stream_replicas: Option<usize>,
+}
+
+impl SchedulerProcess {
+    /// Its command-line arguments.
+    pub fn args(&self) -> Vec<OsString> {
+        let mut args = Flags::default();
+        args.opt("--id", self.id.as_ref());
+        args.opt("--nats-url", self.nats_url.as_ref());
+        args.opt("--policy", self.policy.as_ref());
+        args.opt("--static-cores", self.static_cores);
+        args.opt("--metrics-addr", self.metrics_addr.as_ref());
+        args.opt("--stream-replicas", self.stream_replicas);
+        args.0
+    }
+
+    /// The command that starts it from `bin`.
+    pub fn command(&self, bin: &Path) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.args(self.args());
+        cmd
+    }
+}
+
+/// A `tangram-worker` of a local cluster: from flags, from a config file, or both (flags
+/// win). Fields left `None` take the file's value or the binary's default.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerProcess {
+    /// A TOML config file.
+    pub config: Option<PathBuf>,
+    /// Its id in the fleet (with `bench_replicas`, the prefix of its replicas' ids).
+    pub id: Option<String>,
+    /// The NATS URL.
+    pub nats_url: Option<String>,
+    /// The cores it grants, as a cpuset list.
+    pub cores: Option<String>,
+    /// Memory for sandboxes, MiB.
+    pub mem_mb: Option<u64>,
+    /// Heartbeat period, ms.
+    pub heartbeat_ms: Option<u64>,
+    /// What runs sandboxes (`docker`, `runsc`, `noop`).
+    pub sandbox_runtime: Option<String>,
+    /// Prometheus listen address.
+    pub metrics_addr: Option<String>,
+    /// Benchmarks only: this many workers in the one process (the `noop` runtime).
+    pub bench_replicas: Option<usize>,
+    /// Benchmarks only, with `bench_replicas`: where each replica's worker seed is.
+    pub bench_creds_dir: Option<PathBuf>,
+}
+
+impl WorkerProcess {
+    /// Its command-line arguments.
+    pub fn args(&self) -> Vec<OsString> {
+        let mut args = Flags::default();
+        args.opt("--config", self.config.as_ref().map(|p| p.as_os_str()));
+        args.opt("--id", self.id.as_ref());
+        args.opt("--nats-url", self.nats_url.as_ref());
+        args.opt("--cores", self.cores.as_ref());
+        args.opt("--mem-mb", self.mem_mb);
+        args.opt("--heartbeat-ms", self.heartbeat_ms);
+        args.opt("--sandbox-runtime", self.sandbox_runtime.as_ref());
+        args.opt("--metrics-addr", self.metrics_addr.as_ref());
+        args.opt("--bench-replicas", self.bench_replicas);
+        let creds = self.bench_creds_dir.as_ref().map(|p| p.as_os_str());
+        args.opt("--bench-creds-dir", creds);
+        args.0
+    }
+
+    /// The command that starts it from `bin`.
+    pub fn command(&self, bin: &Path) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.args(self.args());
+        cmd
+    }
+}
+
+/// A command line being rendered: each flag given a value is written `--flag value`.
+#[derive(Default)]
+struct Flags(Vec<OsString>);
+
+impl Flags {
+    fn opt(&mut self, flag: &str, value: Option<impl ToOsString>) {
+        if let Some(v) = value {
+            self.0.push(flag.into());
+            self.0.push(v.to_os_string());
+        }
+    }
+}
+
+/// A flag's value as the command line carries it.
+trait ToOsString {
+    fn to_os_string(&self) -> OsString;
+}
+
+impl ToOsString for &String {
+    fn to_os_string(&self) -> OsString {
+        self.as_str().into()
+    }
+}
+
+impl ToOsString for &std::ffi::OsStr {
+    fn to_os_string(&self) -> OsString {
+        (*self).to_owned()
+    }
+}
+
+macro_rules! number_flag {
+    ($($t:ty),*) => {$(
+        impl ToOsString for $t {
+            fn to_os_string(&self) -> OsString {
+                self.to_string().into()
+            }
+        }
+    )*};
+}
+number_flag!(u32, u64, usize);
 
 /// Waits until something accepts connections on 127.0.0.1:`port`, trying every `poll`;
 /// false if `within` passes first. Blocking, on the real clock: a paused test clock would
@@ -93,6 +229,73 @@ mod tests {
             ]
         );
         assert_eq!(s.url(), "nats://127.0.0.1:4300");
+    }
+
+    fn strings(args: Vec<OsString>) -> Vec<String> {
+        args.into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_scheduler_names_only_what_it_was_given() {
+        assert!(SchedulerProcess::default().args().is_empty());
+        let s = SchedulerProcess {
+            id: Some("scheduler-1".into()),
+            nats_url: Some("nats://127.0.0.1:4300".into()),
+            policy: Some("static".into()),
+            static_cores: Some(2),
+            metrics_addr: None,
+            stream_replicas: Some(3),
+        };
+        assert_eq!(
+            strings(s.args()),
+            [
+                "--id",
+                "scheduler-1",
+                "--nats-url",
+                "nats://127.0.0.1:4300",
+                "--policy",
+                "static",
+                "--static-cores",
+                "2",
+                "--stream-replicas",
+                "3"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_worker_from_a_file_with_flags_on_top() {
+        let w = WorkerProcess {
+            config: Some("/c/gpu-0.toml".into()),
+            cores: Some("0-3".into()),
+            mem_mb: Some(4096),
+            heartbeat_ms: Some(200),
+            sandbox_runtime: Some("noop".into()),
+            bench_replicas: Some(50),
+            bench_creds_dir: Some("/c/creds".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            strings(w.args()),
+            [
+                "--config",
+                "/c/gpu-0.toml",
+                "--cores",
+                "0-3",
+                "--mem-mb",
+                "4096",
+                "--heartbeat-ms",
+                "200",
+                "--sandbox-runtime",
+                "noop",
+                "--bench-replicas",
+                "50",
+                "--bench-creds-dir",
+                "/c/creds"
+            ]
+        );
     }
 
     #[test]

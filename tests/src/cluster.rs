@@ -5,7 +5,7 @@ use crate::{
 };
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use tokio_util::sync::CancellationToken;
 
 /// Options for a worker in a test cluster.
@@ -165,8 +165,13 @@ impl Cluster {
     /// Starts a `tangram-scheduler` process with this id, so that a test can SIGKILL it.
     pub fn spawn_scheduler_process(&self, id: &str) -> anyhow::Result<ChildGuard> {
         let bin = built_binary("tangram-scheduler");
-        let child = Command::new(&bin)
-            .args(["--id", id, "--nats-url", &self.nats.url()])
+        let process = tangram_nats::local::SchedulerProcess {
+            id: Some(id.into()),
+            nats_url: Some(self.nats.url()),
+            ..Default::default()
+        };
+        let child = process
+            .command(&bin)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -340,17 +345,17 @@ impl Cluster {
     /// with SIGKILL the way a crash would.
     pub fn spawn_worker_process(&self, w: &WorkerSpec) -> anyhow::Result<ChildGuard> {
         let bin = built_binary("tangram-worker");
-        let child = Command::new(&bin)
-            .args([
-                "--id",
-                &w.id,
-                "--nats-url",
-                &self.nats.url(),
-                "--cores",
-                &w.cores,
-            ])
-            .args(["--mem-mb", &w.mem_mb.to_string(), "--heartbeat-ms", "200"])
-            .args(["--sandbox-runtime", w.sandbox_runtime.as_str()])
+        let process = tangram_nats::local::WorkerProcess {
+            id: Some(w.id.clone()),
+            nats_url: Some(self.nats.url()),
+            cores: Some(w.cores.clone()),
+            mem_mb: Some(w.mem_mb),
+            heartbeat_ms: Some(200),
+            sandbox_runtime: Some(w.sandbox_runtime.as_str().into()),
+            ..Default::default()
+        };
+        let child = process
+            .command(&bin)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

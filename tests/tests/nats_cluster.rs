@@ -150,15 +150,7 @@ async fn run(logs: &std::path::Path) -> anyhow::Result<()> {
     // The scheduler creates the streams with three replicas once the cluster has a
     // JetStream leader; it keeps trying until then (bounded by the test's wait below).
     let _scheduler = ChildGuard(
-        Command::new(built_binary("tangram-scheduler"))
-            .args([
-                "--id",
-                "sched-r3",
-                "--nats-url",
-                &urls,
-                "--stream-replicas",
-                "3",
-            ])
+        scheduler_on(&urls, "sched-r3")
             .env("RUST_LOG", filter)
             .stdout(sched_out)
             .stderr(sched_err)
@@ -183,10 +175,7 @@ async fn run(logs: &std::path::Path) -> anyhow::Result<()> {
     };
     assert_eq!(replicas, 3);
     let _worker = ChildGuard(
-        Command::new(built_binary("tangram-worker"))
-            .args(["--id", "r3-cpu", "--nats-url", &urls, "--cores", "0-1"])
-            .args(["--mem-mb", "2048", "--heartbeat-ms", "200"])
-            .args(["--sandbox-runtime", "noop"])
+        noop_worker_on(&urls, "r3-cpu")
             .env("RUST_LOG", filter)
             .stdout(worker_out)
             .stderr(worker_err)
@@ -340,9 +329,7 @@ async fn election(logs: &std::path::Path) -> anyhow::Result<()> {
     let l: usize = target.trim_start_matches('n').parse()?;
     let f = std::fs::File::create(logs.join("election-scheduler.log"))?;
     let scheduler = ChildGuard(
-        Command::new(built_binary("tangram-scheduler"))
-            .args(["--id", "sched-el", "--nats-url", &nodes[l].url()])
-            .args(["--stream-replicas", "3"])
+        scheduler_on(&nodes[l].url(), "sched-el")
             .env("RUST_LOG", "info,tangram_scheduler=debug")
             .stdout(f.try_clone()?)
             .stderr(f)
@@ -350,10 +337,7 @@ async fn election(logs: &std::path::Path) -> anyhow::Result<()> {
     );
     let w = std::fs::File::create(logs.join("election-worker.log"))?;
     let _worker = ChildGuard(
-        Command::new(built_binary("tangram-worker"))
-            .args(["--id", "el-cpu", "--nats-url", &urls, "--cores", "0-1"])
-            .args(["--mem-mb", "2048", "--heartbeat-ms", "200"])
-            .args(["--sandbox-runtime", "noop"])
+        noop_worker_on(&urls, "el-cpu")
             .env("RUST_LOG", "info,tangram_worker=debug")
             .stdout(w.try_clone()?)
             .stderr(w)
@@ -410,4 +394,29 @@ async fn election(logs: &std::path::Path) -> anyhow::Result<()> {
         "the longest wait for a result was {longest:?}"
     );
     Ok(())
+}
+
+/// A scheduler on the cluster at `urls`, its streams with three replicas.
+fn scheduler_on(urls: &str, id: &str) -> Command {
+    tangram_nats::local::SchedulerProcess {
+        id: Some(id.into()),
+        nats_url: Some(urls.into()),
+        stream_replicas: Some(3),
+        ..Default::default()
+    }
+    .command(&built_binary("tangram-scheduler"))
+}
+
+/// A worker on the cluster at `urls` with two cores whose commands never run.
+fn noop_worker_on(urls: &str, id: &str) -> Command {
+    tangram_nats::local::WorkerProcess {
+        id: Some(id.into()),
+        nats_url: Some(urls.into()),
+        cores: Some("0-1".into()),
+        mem_mb: Some(2_048),
+        heartbeat_ms: Some(200),
+        sandbox_runtime: Some("noop".into()),
+        ..Default::default()
+    }
+    .command(&built_binary("tangram-worker"))
 }

@@ -15,6 +15,7 @@ use super::{
 use anyhow::{bail, Context as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -101,12 +102,12 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    /// The `--metrics-addr` flags for component `name` (none when metrics are off). Beside
+    /// The metrics address of component `name` (none when metrics are off). Beside
     /// the default NATS port, the ports deploy/prometheus.yml scrapes: the scheduler 9464,
     /// the workers from 9476 in start order; otherwise free ones.
-    fn metrics_addr(&mut self, name: &str) -> anyhow::Result<Vec<String>> {
+    fn metrics_addr(&mut self, name: &str) -> anyhow::Result<Option<String>> {
         if !self.metrics_on {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let workers_before = self
             .metrics
@@ -120,7 +121,7 @@ impl Cluster {
         };
         let addr = format!("127.0.0.1:{port}");
         self.metrics.push((name.to_string(), addr.clone()));
-        Ok(vec!["--metrics-addr".into(), addr])
+        Ok(Some(addr))
     }
 
     fn spawn(&mut self, name: &str, cmd: &mut Command) -> anyhow::Result<()> {
@@ -182,18 +183,16 @@ impl Cluster {
             } else {
                 format!("scheduler-{i}")
             };
-            let metrics = self.metrics_addr(&name)?;
-            let mut cmd = Command::new(sibling("tangram-scheduler")?);
-            cmd.env("TANGRAM_NATS_URL", &self.url)
-                .envs(self.seed("scheduler"))
-                .args(["--id", &name])
-                .args(metrics)
-                .args([
-                    "--policy",
-                    &a.policy,
-                    "--static-cores",
-                    &a.static_cores.to_string(),
-                ]);
+            let scheduler = SchedulerProcess {
+                id: Some(name.clone()),
+                nats_url: Some(self.url.clone()),
+                policy: Some(a.policy.clone()),
+                static_cores: Some(a.static_cores),
+                metrics_addr: self.metrics_addr(&name)?,
+                ..Default::default()
+            };
+            let mut cmd = scheduler.command(&sibling("tangram-scheduler")?);
+            cmd.envs(self.seed("scheduler"));
             self.spawn(&name, &mut cmd)?;
         }
         Ok(())
@@ -205,26 +204,22 @@ impl Cluster {
             .unwrap_or(1);
         for i in 0..a.workers {
             let id = format!("cpu-{i}");
-            let metrics = self.metrics_addr(&id)?;
-            let mut cmd = Command::new(sibling("tangram-worker")?);
-            cmd.env("TANGRAM_NATS_URL", &self.url)
-                .envs(self.seed(&format!("worker-{id}")))
-                .args(metrics)
+            let worker = WorkerProcess {
+                id: Some(id.clone()),
+                nats_url: Some(self.url.clone()),
+                cores: Some(format!("0-{}", online - 1)),
+                mem_mb: Some(a.worker_mem_mb),
+                heartbeat_ms: Some(500),
+                metrics_addr: self.metrics_addr(&id)?,
+                ..Default::default()
+            };
+            let mut cmd = worker.command(&sibling("tangram-worker")?);
+            cmd.envs(self.seed(&format!("worker-{id}")))
                 .env("TANGRAM_WORKER_SANDBOX__WARM_POOL", a.warm_pool.to_string())
                 .env(
                     "TANGRAM_WORKER_SANDBOX__WARM_POOL_MIN",
                     self.warm_min.to_string(),
-                )
-                .args([
-                    "--id",
-                    &id,
-                    "--cores",
-                    &format!("0-{}", online - 1),
-                    "--mem-mb",
-                    &a.worker_mem_mb.to_string(),
-                    "--heartbeat-ms",
-                    "500",
-                ]);
+                );
             self.spawn(&id, &mut cmd)?;
             self.workers.push(id);
         }
@@ -259,7 +254,7 @@ impl Cluster {
     /// The GPU worker: the reference replica for each service on declared GPUs, and the
     /// search provider.
     fn start_gpu_worker(&mut self, a: &UpArgs, search_url: &str) -> anyhow::Result<()> {
-        let gpu_metrics = self.metrics_addr("gpu-0")?.pop();
+        let gpu_metrics = self.metrics_addr("gpu-0")?;
         let services: Vec<GpuService> = a
             .services
             .split(',')
@@ -293,10 +288,12 @@ impl Cluster {
         let toml = toml::to_string(&file).context("writing the GPU worker's config")?;
         std::fs::write(self.state.join("gpu-0.toml"), toml)?;
         let config = self.state_abs.join("gpu-0.toml");
-        let mut cmd = Command::new(sibling("tangram-worker")?);
-        cmd.envs(self.seed("worker-gpu-0"))
-            .arg("--config")
-            .arg(config);
+        let worker = WorkerProcess {
+            config: Some(config),
+            ..Default::default()
+        };
+        let mut cmd = worker.command(&sibling("tangram-worker")?);
+        cmd.envs(self.seed("worker-gpu-0"));
         self.spawn("gpu-0", &mut cmd)?;
         self.workers.push("gpu-0".into());
         Ok(())

@@ -5,6 +5,7 @@ use crate::pipeline::{server_conf, Proc};
 use anyhow::{bail, Context as _};
 use std::path::Path;
 use std::process::Command;
+use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -170,16 +171,14 @@ impl Cluster {
             let child = crate::cluster::spawn_logged(&d.join(log), name, cmd)?;
             Ok(Proc { name, child })
         };
-        let server = spawn(
-            "nats",
-            "nats.log",
-            Command::new(nats)
-                .arg("-c")
-                .arg(d.join("server.conf"))
-                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-                .args(["-m", &crate::cluster::free_port()?.to_string(), "-sd"])
-                .arg(d.join("store")),
-        )
+        let local = tangram_nats::local::LocalServer {
+            bin: nats,
+            conf: &d.join("server.conf"),
+            store: &d.join("store"),
+            port,
+            monitor_port: crate::cluster::free_port()?,
+        };
+        let server = spawn("nats", "nats.log", &mut local.command())
         .with_context(|| {
             format!(
                 "nats-server ({}); install it with deploy/install-tools.sh",
@@ -226,27 +225,32 @@ impl Cluster {
                 let p = spawn(
                     "scheduler",
                     &format!("{id}.log"),
-                    Command::new(crate::cluster::sibling("tangram-scheduler")?)
-                        .args(["--nats-url", &url, "--id", &id])
-                        .envs(seed("scheduler"))
+                    SchedulerProcess {
+                        id: Some(id.clone()),
+                        nats_url: Some(url.clone()),
+                        ..Default::default()
+                    }
+                    .command(&crate::cluster::sibling("tangram-scheduler")?)
+                    .envs(seed("scheduler"))
                         .env("RUST_LOG", "warn"),
                 )?;
                 c.schedulers.push((id.clone(), Some(p)));
                 group.schedulers.push(id);
             }
             for (prefix, ids) in processes {
-                let mut cmd = Command::new(crate::cluster::sibling("tangram-worker")?);
-                cmd.args(["--id", &prefix, "--nats-url", &url])
-                    .args(["--sandbox-runtime", "noop"])
-                    .args(["--cores", &format!("0-{}", shape.cores.max(1) - 1)])
-                    .args(["--mem-mb", &shape.mem_mb.to_string()])
-                    .args(["--heartbeat-ms", &shape.heartbeat_ms.to_string()])
-                    .args(["--bench-replicas", &ids.len().to_string()])
-                    .env("RUST_LOG", "warn")
-                    .env("TMPDIR", &d);
-                if let Some(creds) = &creds {
-                    cmd.arg("--bench-creds-dir").arg(creds);
-                }
+                let replicas = WorkerProcess {
+                    id: Some(prefix.clone()),
+                    nats_url: Some(url.clone()),
+                    sandbox_runtime: Some("noop".into()),
+                    cores: Some(format!("0-{}", shape.cores.max(1) - 1)),
+                    mem_mb: Some(shape.mem_mb),
+                    heartbeat_ms: Some(shape.heartbeat_ms),
+                    bench_replicas: Some(ids.len()),
+                    bench_creds_dir: creds.clone(),
+                    ..Default::default()
+                };
+                let mut cmd = replicas.command(&crate::cluster::sibling("tangram-worker")?);
+                cmd.env("RUST_LOG", "warn").env("TMPDIR", &d);
                 let p = spawn("workers", &format!("{prefix}.log"), &mut cmd)?;
                 group.worker_pids.push(p.child.id());
                 c.workers.push(p);
@@ -265,10 +269,12 @@ impl Cluster {
                 let p = spawn(
                     "worker",
                     &format!("{id}.log"),
-                    Command::new(crate::cluster::sibling("tangram-worker")?)
-                        .arg("--config")
-                        .arg(config)
-                        .envs(seed(&format!("worker-{id}")))
+                    WorkerProcess {
+                        config: Some(config),
+                        ..Default::default()
+                    }
+                    .command(&crate::cluster::sibling("tangram-worker")?)
+                    .envs(seed(&format!("worker-{id}")))
                         .env("RUST_LOG", "warn"),
                 )?;
                 group.worker_pids.push(p.child.id());
@@ -365,17 +371,17 @@ impl Cluster {
     /// and environment (the opens bench: one real Docker worker with a warm pool).
     pub fn add_worker(
         &mut self,
-        id: &str,
-        args: &[String],
+        mut worker: tangram_nats::local::WorkerProcess,
         env: &[(&str, String)],
     ) -> anyhow::Result<()> {
+        let id = worker.id.clone().context("a worker added needs an id")?;
+        worker.nats_url = Some(self.url.clone());
         let log = self.dir.path().join(format!("{id}.log"));
         let child = crate::cluster::spawn_logged(
             &log,
             "worker",
-            Command::new(crate::cluster::sibling("tangram-worker")?)
-                .args(["--id", id, "--nats-url", &self.url])
-                .args(args)
+            worker
+                .command(&crate::cluster::sibling("tangram-worker")?)
                 .envs(env.iter().map(|(k, v)| (*k, v)))
                 .env("RUST_LOG", "warn"),
         )?;

@@ -113,15 +113,13 @@ fn start(nats: &std::path::Path, a: &DensityArgs, pool: u32) -> anyhow::Result<C
     let online = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mem_mb = (u64::from(a.sandboxes.max(pool)) + 1) * SandboxOpen::default().memory_mb;
     c.add_worker(
-        WORKER,
-        &[
-            "--cores".into(),
-            format!("0-{}", online - 1),
-            "--mem-mb".into(),
-            mem_mb.to_string(),
-            "--heartbeat-ms".into(),
-            "1000".into(),
-        ],
+        tangram_nats::local::WorkerProcess {
+            id: Some(WORKER.into()),
+            cores: Some(format!("0-{}", online - 1)),
+            mem_mb: Some(mem_mb),
+            heartbeat_ms: Some(1_000),
+            ..Default::default()
+        },
         &[
             ("TANGRAM_WORKER_SANDBOX__IMAGE", a.image.clone()),
             ("TANGRAM_WORKER_SANDBOX__WARM_POOL", pool.to_string()),

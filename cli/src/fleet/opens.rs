@@ -135,15 +135,13 @@ fn start(nats: &std::path::Path, pool: u32, image: &str) -> anyhow::Result<Clust
     )?;
     let online = std::thread::available_parallelism().map_or(1, |n| n.get());
     c.add_worker(
-        "opens-w",
-        &[
-            "--cores".into(),
-            format!("0-{}", online - 1),
-            "--mem-mb".into(),
-            "16384".into(),
-            "--heartbeat-ms".into(),
-            "500".into(),
-        ],
+        tangram_nats::local::WorkerProcess {
+            id: Some("opens-w".into()),
+            cores: Some(format!("0-{}", online - 1)),
+            mem_mb: Some(16_384),
+            heartbeat_ms: Some(500),
+            ..Default::default()
+        },
         &[
             ("TANGRAM_WORKER_SANDBOX__IMAGE", image.to_string()),
             ("TANGRAM_WORKER_SANDBOX__WARM_POOL", pool.to_string()),

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use table::print_table;
 use tangram_shared::codec::{self, Encoding};
+use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use tangram_shared::stats::quantile;
 use tangram_shared::{
     subject, Action, ActionId, ActionResult, ActionSpec, CpuRange, JobId, Outcome, SandboxExec,
@@ -276,19 +277,23 @@ impl LocalCluster {
         if !listening {
             bail!("nats-server did not start\n{}", c.log_tails());
         }
-        c.spawn(
-            "scheduler",
-            Command::new(crate::cluster::sibling("tangram-scheduler")?).args(["--nats-url", &url]),
-        )?;
-        let mem_mb = (plan.concurrency as u64 + 2) * SANDBOX_MB;
-        let mut w = Command::new(crate::cluster::sibling("tangram-worker")?);
-        w.args(["--id", &worker, "--nats-url", &url])
-            .args(["--cores", &plan.worker_cores])
-            .args(["--mem-mb", &mem_mb.to_string(), "--heartbeat-ms", "200"]);
-        if plan.runtime != "docker" {
-            w.args(["--sandbox-runtime", &plan.runtime]);
-        }
-        c.spawn("worker", &mut w)?;
+        let scheduler = SchedulerProcess {
+            nats_url: Some(url.clone()),
+            ..Default::default()
+        };
+        let bin = crate::cluster::sibling("tangram-scheduler")?;
+        c.spawn("scheduler", &mut scheduler.command(&bin))?;
+        let w = WorkerProcess {
+            id: Some(worker.clone()),
+            nats_url: Some(url.clone()),
+            cores: Some(plan.worker_cores.clone()),
+            mem_mb: Some((plan.concurrency as u64 + 2) * SANDBOX_MB),
+            heartbeat_ms: Some(200),
+            sandbox_runtime: (plan.runtime != "docker").then(|| plan.runtime.clone()),
+            ..Default::default()
+        };
+        let bin = crate::cluster::sibling("tangram-worker")?;
+        c.spawn("worker", &mut w.command(&bin))?;
         // The worker goes first when the cluster drops.
         c.procs.reverse();
         Ok(c)

@@ -14,7 +14,7 @@ use crate::{built_binary, repo_root, ChildGuard, NatsServer, Signal};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 /// What the fleet's processes log: every action's dispatch, admission and result too, so
@@ -203,10 +203,13 @@ impl Fleet {
         let bin = built_binary("tangram-worker");
         let (out, err) = self.process_output(id)?;
         let w = self.workers.get_mut(id).context("no such worker")?;
-        let child = Command::new(&bin)
+        let process = tangram_nats::local::WorkerProcess {
+            config: Some(w.config.clone()),
+            ..Default::default()
+        };
+        let child = process
+            .command(&bin)
             .env("RUST_LOG", self.log_filter)
-            .arg("--config")
-            .arg(&w.config)
             .stdout(out)
             .stderr(err)
             .spawn()
@@ -256,9 +259,14 @@ impl Fleet {
         let id = format!("sched-{}", self.next_scheduler);
         let bin = built_binary("tangram-scheduler");
         let (out, err) = self.process_output(&id)?;
-        let child = Command::new(&bin)
+        let process = tangram_nats::local::SchedulerProcess {
+            id: Some(id.clone()),
+            nats_url: Some(self.nats.url()),
+            ..Default::default()
+        };
+        let child = process
+            .command(&bin)
             .env("RUST_LOG", self.log_filter)
-            .args(["--id", &id, "--nats-url", &self.nats.url()])
             .stdout(out)
             .stderr(err)
             .spawn()
