@@ -6,7 +6,9 @@
 //! gone for good is settled at its deadline rather than never. Either way the action becomes `Running` on the worker that has
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
-use super::lifecycle::{ActionState, Booking, Entry, PendingWidth, Sandbox, SandboxState};
+use super::lifecycle::{
+    ActionState, Booking, CpuBooking, Entry, PendingWidth, Sandbox, SandboxState,
+};
 use super::PendingResize;
 use super::{Delivery, Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, Dispatch, Heartbeat, WorkerId};
@@ -113,11 +115,12 @@ impl Engine {
                     worker,
                     // The replica slot and the provider's quota are not booked again: the
                     // earlier leader booked them, and the result gives back nothing here.
-                    booking: Booking {
-                        grant,
-                        counted_cores,
-                        gpu: None,
-                        api: None,
+                    booking: match kind {
+                        ActionKind::Reward | ActionKind::Api => Booking::Nothing,
+                        _ => Booking::Cpu(CpuBooking {
+                            grant,
+                            counted_cores,
+                        }),
                     },
                     attempt: dispatch.attempt,
                     stored_ms: now.ms,
@@ -178,7 +181,10 @@ impl Engine {
         if *a != attempt {
             return;
         }
-        let (cores, pending) = self.adopted_width(worker, id, booking.grant.cores, Some(resize));
+        let Some(before) = booking.cpu().map(|c| c.grant.cores) else {
+            return;
+        };
+        let (cores, pending) = self.adopted_width(worker, id, before, Some(resize));
         if let Some(ActionState::Running {
             booking,
             pending: p,
@@ -186,10 +192,9 @@ impl Engine {
         }) = self.actions.get_mut(id).map(|e| &mut e.state)
         {
             *p = pending;
-            if booking.counted_cores > 0 {
-                booking.counted_cores = cores;
+            if let Some(cpu) = booking.cpu_mut() {
+                cpu.set_cores(cores);
             }
-            booking.grant.cores = cores;
             self.dirty = true;
         }
     }

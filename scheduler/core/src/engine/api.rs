@@ -1,6 +1,7 @@
 //! API admission: the cycle hands the api calls waiting in the queue to the API quota pool
 //! (`pools/api.rs`) and carries out what it decides.
 
+use super::lifecycle::Booking;
 use super::pools::Pool;
 use super::{ApiBooking, Engine, Now};
 use tangram_shared::{ActionId, ActionSpec, Rejection, WorkerId};
@@ -20,7 +21,10 @@ impl Engine {
             .actions
             .values()
             .filter_map(|e| e.placed())
-            .filter_map(|(w, b)| b.api.as_ref().map(|a| (w, a)))
+            .filter_map(|(w, b)| match b {
+                Booking::Api(a) => Some((w, a)),
+                _ => None,
+            })
             .collect();
         let accepting = |w: &WorkerId| self.takes_work(w);
         let fleet = self.fleet(&accepting);

@@ -1,7 +1,7 @@
 //! One planning cycle: GPU routes, API admission, sandbox constraints, the CPU policy, and
 //! launches booked at once (assumed) and handed out as dispatches.
 
-use super::lifecycle::{ActionState, Booking, SandboxKey, SandboxState};
+use super::lifecycle::{ActionState, Booking, CpuBooking, SandboxKey, SandboxState};
 use super::pools::gpu::GpuPool;
 use super::pools::{Fleet, Pool, Waiting};
 use super::{Effect, Engine, Now, Observation};
@@ -34,7 +34,7 @@ impl Engine {
         let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
         for e in self.actions.values() {
             if let Some((w, b)) = e.placed() {
-                used.entry(w).or_default().0 += b.counted_cores;
+                used.entry(w).or_default().0 += b.counted_cores();
             }
         }
         for s in self.sandboxes.values().filter(|s| s.holds()) {
@@ -117,26 +117,37 @@ impl Engine {
                 .actions
                 .get(&launch.id)
                 .is_some_and(|e| e.action.kind() == ActionKind::SandboxOpen);
-            let counted = if open { 0 } else { launch.grant.cores };
-            self.launch(launch, counted, None, None, now);
+            let counted_cores = if open { 0 } else { launch.grant.cores };
+            let grant = launch.grant;
+            let ticket = Ticket::Cpu(CpuBooking {
+                grant,
+                counted_cores,
+            });
+            self.launch(launch.id, launch.worker, ticket, now);
         }
         for (id, worker, cores) in direct {
             let grant = Grant { cores, mem_mb: 0 };
-            self.launch(Launch { id, worker, grant }, 0, None, None, now);
+            let ticket = Ticket::Cpu(CpuBooking {
+                grant,
+                counted_cores: 0,
+            });
+            self.launch(id, worker, ticket, now);
         }
         for (id, worker, route) in routes {
-            let grant = Grant::default();
-            self.launch(Launch { id, worker, grant }, 0, Some(route), None, now);
+            self.launch(id, worker, Ticket::Gpu(route), now);
         }
         for (id, worker, booking) in api {
-            let grant = Grant::default();
-            self.launch(Launch { id, worker, grant }, 0, None, Some(booking), now);
+            self.launch(id, worker, Ticket::Api(booking), now);
         }
         if self.provisioning.malleable() {
             for (id, worker, grant) in self.resize(now) {
                 booked_on.insert(worker.clone());
-                let counted = grant.cores;
-                self.launch(Launch { id, worker, grant }, counted, None, None, now);
+                let counted_cores = grant.cores;
+                let ticket = Ticket::Cpu(CpuBooking {
+                    grant,
+                    counted_cores,
+                });
+                self.launch(id, worker, ticket, now);
             }
         }
         // Launched and rejected actions leave the queue (once per cycle, not once each).
@@ -221,7 +232,10 @@ impl Engine {
             self.actions
                 .values()
                 .filter_map(|e| e.placed())
-                .filter_map(|(w, b)| b.gpu.as_ref().map(|g| (w, g)))
+                .filter_map(|(w, b)| match b {
+                Booking::Gpu(g) => Some((w, g)),
+                _ => None,
+            })
                 .collect()
         };
         let accepting = |w: &WorkerId| self.takes_work(w);
@@ -388,21 +402,21 @@ impl Engine {
         (pending, direct)
     }
 
-    /// Books a launch and hands out its dispatch: the action becomes `Dispatching`.
-    fn launch(
-        &mut self,
-        launch: Launch,
-        counted_cores: u32,
-        gpu: Option<GpuRoute>,
-        api: Option<super::ApiBooking>,
-        now: Now,
-    ) {
+    /// Books a launch on `worker` with what a pool's plan gave it, and hands out its
+    /// dispatch: the action becomes `Dispatching`.
+    fn launch(&mut self, id: ActionId, worker: WorkerId, ticket: Ticket, now: Now) {
         // Addressed to the instance the worker last reported, so that one fenced meanwhile
         // (declared lost) refuses it instead of running an action already settled.
-        let instance = self
-            .workers
-            .get(&launch.worker)
-            .map(|w| w.hb.instance.clone());
+        let instance = self.workers.get(&worker).map(|w| w.hb.instance.clone());
+        let (grant, gpu, booking) = match ticket {
+            Ticket::Cpu(cpu) => (cpu.grant, None, Booking::Cpu(cpu)),
+            Ticket::Gpu(route) => {
+                let booking = Booking::Gpu(GpuPool::booking_of(&route));
+                (Grant::default(), Some(route), booking)
+            }
+            Ticket::Api(api) => (Grant::default(), None, Booking::Api(api)),
+        };
+        let launch = Launch { id, worker, grant };
         let Some(e) = self.actions.get_mut(&launch.id) else {
             return;
         };
@@ -425,14 +439,13 @@ impl Engine {
         if kind == ActionKind::SandboxExec && self.provisioning.malleable() {
             self.touched.insert(launch.worker.clone());
         }
+        let api = match &booking {
+            Booking::Api(a) => Some(a.provider.clone()),
+            _ => None,
+        };
         e.state = ActionState::Dispatching {
             worker: launch.worker.clone(),
-            booking: Booking {
-                grant: launch.grant,
-                counted_cores,
-                gpu: gpu.as_ref().map(GpuPool::booking_of),
-                api: api.clone(),
-            },
+            booking,
             attempt,
             since_ms: now.ms,
         };
@@ -462,17 +475,26 @@ impl Engine {
                 evictions: r.evict.len(),
             }));
         }
-        if let Some(a) = api {
-            self.out.push(Effect::Observe(Observation::ApiAdmitted {
-                provider: a.provider,
-                job,
-            }));
+        if let Some(provider) = api {
+            self.out
+                .push(Effect::Observe(Observation::ApiAdmitted { provider, job }));
         }
         self.out.push(Effect::Dispatch {
             worker: launch.worker,
             dispatch: Box::new(dispatch),
         });
     }
+}
+
+/// What a pool's plan hands a launch: what the worker is told, from which its booking is
+/// made.
+enum Ticket {
+    /// Cores and memory (a sandbox action).
+    Cpu(CpuBooking),
+    /// A route to a replica (a reward action).
+    Gpu(GpuRoute),
+    /// Admitted against a provider's quota (an api action).
+    Api(super::ApiBooking),
 }
 
 /// Spreads `n` items over `workers` least loaded first (ties by id): the worker for the next.

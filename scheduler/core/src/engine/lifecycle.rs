@@ -118,18 +118,63 @@ impl ActionState {
     }
 }
 
-/// What a launched action holds until it settles.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Booking {
-    /// Cores and memory on the worker.
-    pub grant: Grant,
-    /// Cores counted against the worker (0 for an exec under `static`, which runs on its
-    /// sandbox's cores).
-    pub counted_cores: u32,
+/// What a launched action holds until it settles: its part of one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Booking {
+    /// A sandbox action's cores and memory on its worker.
+    Cpu(CpuBooking),
     /// A reward action's replica: service and chunk.
-    pub gpu: Option<super::GpuBooking>,
+    Gpu(super::GpuBooking),
     /// An api action's provider quota.
-    pub api: Option<super::ApiBooking>,
+    Api(super::ApiBooking),
+    /// Nothing this engine gives back: a reward or api action adopted from an earlier
+    /// leader (which booked its slot or quota), or a replica slot whose replica is gone.
+    Nothing,
+}
+
+/// What a sandbox action holds of the CPU pool.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CpuBooking {
+    /// Cores and memory on the worker, as its dispatch grants them.
+    pub grant: Grant,
+    /// Cores counted against the worker (0 for an open, whose sandbox holds what it takes,
+    /// and for an exec under `static`, which runs on its sandbox's cores).
+    pub counted_cores: u32,
+}
+
+impl CpuBooking {
+    /// Re-sized (or corrected by its worker's report) to `cores`; the counted cores follow
+    /// unless none are counted. Whether the grant changed.
+    pub(crate) fn set_cores(&mut self, cores: u32) -> bool {
+        if self.counted_cores > 0 {
+            self.counted_cores = cores;
+        }
+        let changed = self.grant.cores != cores;
+        self.grant.cores = cores;
+        changed
+    }
+}
+
+impl Booking {
+    /// Its cores and memory, for a sandbox action.
+    pub fn cpu(&self) -> Option<&CpuBooking> {
+        match self {
+            Booking::Cpu(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn cpu_mut(&mut self) -> Option<&mut CpuBooking> {
+        match self {
+            Booking::Cpu(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Cores counted against its worker.
+    pub fn counted_cores(&self) -> u32 {
+        self.cpu().map_or(0, |c| c.counted_cores)
+    }
 }
 
 /// One action the engine has not settled.

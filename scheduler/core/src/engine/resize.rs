@@ -122,7 +122,7 @@ impl Engine {
             let Some(range) = e.action.demand().cores else {
                 continue;
             };
-            if range.max <= range.min || booking.counted_cores == 0 {
+            if range.max <= range.min || booking.counted_cores() == 0 {
                 continue;
             }
             let since = match &e.state {
@@ -142,7 +142,7 @@ impl Engine {
             };
             let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
             let p = *self.progress.entry(id.clone()).or_insert(Progress {
-                cores: booking.counted_cores,
+                cores: booking.counted_cores(),
                 since_ms: since,
                 done: 0.0,
                 core_ms: 0.0,
@@ -151,7 +151,7 @@ impl Engine {
             let done = p.done_at(&model, now.ms);
             by_worker.entry(worker.clone()).or_default().push(Sized {
                 id: id.clone(),
-                cores: booking.counted_cores,
+                cores: booking.counted_cores(),
                 mem_mb: 0,
                 min: range.min,
                 max: range.max,
@@ -332,9 +332,11 @@ impl Engine {
             }
             ActionState::Queued { .. } | ActionState::Backoff { .. } => return,
         };
-        booking.grant.cores = cores;
-        booking.counted_cores = cores;
-        let grant = booking.grant;
+        let Some(cpu) = booking.cpu_mut() else {
+            return;
+        };
+        cpu.set_cores(cores);
+        let grant = cpu.grant;
         let old = self.progress.get(&s.id).copied();
         self.progress.insert(
             s.id.clone(),

@@ -348,7 +348,10 @@ impl Engine {
                         key,
                         super::lifecycle::Sandbox {
                             worker: worker.clone(),
-                            mem_mb: booking.grant.mem_mb.max(e.action.demand().mem_mb),
+                            mem_mb: booking
+                                .cpu()
+                                .map_or(0, |c| c.grant.mem_mb)
+                                .max(e.action.demand().mem_mb),
                             cores: self.provisioning.trajectory_cores().unwrap_or(0),
                             state: SandboxState::Open,
                             image: super::lifecycle::open_image(&e.action),
@@ -395,13 +398,14 @@ impl Engine {
         release: Release,
         now: Now,
     ) {
-        if let Some(api) = &booking.api {
-            self.api
-                .release(worker, job, trajectory, api, &release, now);
-        }
-        if let Some(gpu) = &booking.gpu {
-            self.gpu
-                .release(worker, job, trajectory, gpu, &release, now);
+        match booking {
+            Booking::Api(api) => self
+                .api
+                .release(worker, job, trajectory, api, &release, now),
+            Booking::Gpu(gpu) => self
+                .gpu
+                .release(worker, job, trajectory, gpu, &release, now),
+            Booking::Cpu(_) | Booking::Nothing => {}
         }
     }
 

@@ -1,6 +1,6 @@
 //! The status report (`tangram status`): a read of the engine's state, no decisions.
 
-use super::lifecycle::{ActionState, SandboxState};
+use super::lifecycle::{ActionState, Booking, SandboxState};
 use super::pools::Pool;
 use super::{Engine, Now};
 use crate::model::{Unplaced, WaitReason};
@@ -86,14 +86,20 @@ impl Engine {
             .actions
             .values()
             .filter_map(|e| e.placed())
-            .filter_map(|(w, b)| b.gpu.as_ref().map(|g| (w, g)))
+            .filter_map(|(w, b)| match b {
+                Booking::Gpu(g) => Some((w, g)),
+                _ => None,
+            })
             .collect();
         self.gpu.report(&held_gpus, &mut st);
         let held: Vec<_> = self
             .actions
             .values()
             .filter_map(|e| e.placed())
-            .filter_map(|(w, b)| b.api.as_ref().map(|a| (w, a)))
+            .filter_map(|(w, b)| match b {
+                Booking::Api(a) => Some((w, a)),
+                _ => None,
+            })
             .collect();
         self.api.report(&held, &mut st);
         let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();

@@ -1,7 +1,9 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::lifecycle::{ActionState, PendingWidth, Sandbox, SandboxKey, SandboxState};
+use super::lifecycle::{
+    ActionState, Booking, PendingWidth, Sandbox, SandboxKey, SandboxState,
+};
 use super::pools::{Pool, WorkerReport};
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
@@ -164,14 +166,8 @@ impl Engine {
                     PendingWidth::settle(pending, hb.resized.get(id).copied(), hb.dispatch_seq)
                 })
                 .flatten();
-            if let Some(cores) = width {
-                if booking.counted_cores > 0 {
-                    booking.counted_cores = cores;
-                }
-                if booking.grant.cores != cores {
-                    booking.grant.cores = cores;
-                    resized = true;
-                }
+            if let (Some(cores), Some(cpu)) = (width, booking.cpu_mut()) {
+                resized |= cpu.set_cores(cores);
             }
             // Evidence that the dispatch reached the worker: its sequence is behind what the
             // worker has taken in. Without sequences, a grace after the store stands in.
@@ -246,8 +242,8 @@ impl Engine {
                 }
                 | ActionState::Running {
                     worker: w, booking, ..
-                } if w == worker => {
-                    booking.gpu = None;
+                } if w == worker && matches!(booking, Booking::Gpu(_)) => {
+                    *booking = Booking::Nothing;
                 }
                 _ => {}
             }
