@@ -53,7 +53,7 @@ impl Engine {
         }
         self.out
             .push(Effect::Observe(Observation::Cordons(self.cordons.len())));
-        self.refresh_gpu_node(&worker);
+        self.refresh_node(&worker);
         self.on_drain_deadlines(now);
         self.dirty = true;
     }

@@ -3,12 +3,13 @@
 
 use super::lifecycle::{ActionState, Booking, CpuBooking, SandboxKey, SandboxState};
 use super::pools::gpu::GpuPool;
-use super::pools::{Fleet, Pool, Waiting};
+use super::pools::cpu::{CpuHold, CpuPool};
+use super::pools::{Fleet, Planned, Pool, Waiting};
 use super::{Effect, Engine, Now, Observation};
-use crate::model::{Constraint, Launch, Pending, Snapshot, Unplaced, WorkerView};
+use crate::model::{Constraint, Launch, Pending, Snapshot};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tangram_shared::{
-    ActionId, ActionKind, ActionSpec, ChunkRef, CpuRange, Dispatch, GpuRoute, Grant, RejectCode,
+    ActionId, ActionKind, ActionSpec, ChunkRef, Dispatch, GpuRoute, Grant, RejectCode,
     Rejection, WorkerId,
 };
 
@@ -45,31 +46,33 @@ impl Engine {
         used
     }
 
+    /// What is held of the CPU pool, from the ledger: launched actions' counted cores and
+    /// held sandboxes' cores and memory.
+    pub(crate) fn cpu_held(&self) -> Vec<(&WorkerId, CpuHold)> {
+        let actions = self.actions.values().filter_map(|e| e.placed()).map(|(w, b)| {
+            let hold = CpuHold {
+                cores: b.counted_cores(),
+                mem_mb: 0,
+                sandbox: false,
+            };
+            (w, hold)
+        });
+        let sandboxes = self.sandboxes.values().filter(|s| s.holds()).map(|s| {
+            let hold = CpuHold {
+                cores: s.cores,
+                mem_mb: s.mem_mb,
+                sandbox: true,
+            };
+            (&s.worker, hold)
+        });
+        actions.chain(sandboxes).collect()
+    }
+
     /// The cluster as the policy sees it: capacity minus what is booked.
     pub fn snapshot(&self) -> Snapshot {
-        let used = self.used();
-        let mut sandboxes: HashMap<&WorkerId, u32> = HashMap::new();
-        for s in self.sandboxes.values().filter(|s| s.holds()) {
-            *sandboxes.entry(&s.worker).or_default() += 1;
-        }
-        Snapshot::new(
-            self.workers
-                .iter()
-                .map(|(id, w)| {
-                    let (cores, mem) = used.get(id).copied().unwrap_or_default();
-                    WorkerView {
-                        id: id.clone(),
-                        total_cores: w.hb.cores,
-                        free_cores: w.hb.cores.saturating_sub(cores),
-                        total_mem_mb: w.hb.mem_mb,
-                        free_mem_mb: w.hb.mem_mb.saturating_sub(mem),
-                        accepting: !w.hb.draining,
-                        cordoned: self.cordons.contains_key(id),
-                        sandboxes: sandboxes.get(id).copied().unwrap_or(0),
-                    }
-                })
-                .collect(),
-        )
+        let held = self.cpu_held();
+        let held: Vec<_> = held.iter().map(|(w, h)| (*w, h)).collect();
+        self.cpu.snapshot(&held)
     }
 
     pub(crate) fn cycle(&mut self, now: Now) {
@@ -82,56 +85,29 @@ impl Engine {
         let routes = self.plan_gpu(now, &mut rejections);
         let api = self.plan_api(now, &mut rejections);
         let mut forget = Vec::new();
-        let (pending, direct) = self.plan_sandboxes(&mut rejections, &mut forget);
+        let pending = self.plan_sandboxes(&mut rejections, &mut forget);
         // A lost sandbox's close is answered (rejected: nothing to close) and forgets it.
         for key in forget {
             self.sandboxes.remove(&key);
         }
-        let plan = if pending.is_empty() {
-            Default::default()
-        } else {
-            self.policy.schedule(&self.snapshot(), &pending, now.ms)
-        };
+        let cpu = self.plan_cpu(&pending, now);
+        rejections.extend(cpu.rejections);
         for (id, rejection) in rejections {
             self.reject_queued(&id, rejection, now);
         }
-        for (id, why) in &plan.unplaced {
-            // Just started: a worker large enough may not have reported yet.
-            if matches!(why, Unplaced::NeverFits(_)) && self.judges_capacity() {
-                self.reject_queued(
-                    id,
-                    Rejection::new(RejectCode::Unsatisfiable, why.to_string()),
-                    now,
-                );
-            }
-        }
-        self.unplaced = plan.unplaced;
         // Workers this cycle booked cores or memory on: none may end it over capacity.
         let mut booked_on: HashSet<WorkerId> = HashSet::new();
-        for launch in plan.launches {
-            booked_on.insert(launch.worker.clone());
-            // An open's cores (under `static`) are held by its sandbox from the launch on,
-            // as an adopted open's are: counting them on the open too booked them twice
-            // until its result.
+        for (id, worker, booking) in cpu.launches {
+            // What adds to its worker: counted cores, or an open's sandbox (an exec on a
+            // `static` sandbox's own cores adds nothing).
             let open = self
                 .actions
-                .get(&launch.id)
+                .get(&id)
                 .is_some_and(|e| e.action.kind() == ActionKind::SandboxOpen);
-            let counted_cores = if open { 0 } else { launch.grant.cores };
-            let grant = launch.grant;
-            let ticket = Ticket::Cpu(CpuBooking {
-                grant,
-                counted_cores,
-            });
-            self.launch(launch.id, launch.worker, ticket, now);
-        }
-        for (id, worker, cores) in direct {
-            let grant = Grant { cores, mem_mb: 0 };
-            let ticket = Ticket::Cpu(CpuBooking {
-                grant,
-                counted_cores: 0,
-            });
-            self.launch(id, worker, ticket, now);
+            if booking.counted_cores > 0 || open {
+                booked_on.insert(worker.clone());
+            }
+            self.launch(id, worker, Ticket::Cpu(booking), now);
         }
         for (id, worker, route) in routes {
             self.launch(id, worker, Ticket::Gpu(route), now);
@@ -262,6 +238,7 @@ impl Engine {
                     spec: &e.action.spec,
                     pin: e.pin.as_ref(),
                     arrived_ms: e.arrived_ms,
+                    cpu: None,
                 })
             })
             .collect()
@@ -287,17 +264,14 @@ impl Engine {
         }
     }
 
-    /// Sandbox actions: resolve each to a constraint (or a rejection, or a wait), apply the
-    /// `static` baseline's rules, and return what the CPU policy plans plus the execs that
-    /// run at once on a `static` sandbox's own cores.
-    #[allow(clippy::type_complexity)]
+    /// Sandbox actions: resolve each to a constraint from its trajectory's sandbox (or a
+    /// rejection, or a wait), in queue order, for the CPU pool.
     fn plan_sandboxes(
         &self,
         rejections: &mut Vec<(ActionId, Rejection)>,
         forget: &mut Vec<SandboxKey>,
-    ) -> (Vec<Pending>, Vec<(ActionId, WorkerId, u32)>) {
+    ) -> Vec<Pending> {
         let mut pending = Vec::with_capacity(self.queue.len());
-        let mut direct = Vec::new();
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
         let mut images: Option<super::images::ImageIndex> = None;
         for id in &self.queue {
@@ -364,22 +338,7 @@ impl Engine {
                     }
                 },
             };
-            let mut demand = a.demand();
-            if let Some(c) = self.provisioning.trajectory_cores() {
-                match a.kind() {
-                    // The trajectory's sandbox takes its fixed cores for its whole life.
-                    ActionKind::SandboxOpen => demand.cores = Some(CpuRange { min: c, max: c }),
-                    // Its commands run at once on those cores.
-                    ActionKind::SandboxExec => {
-                        let max = demand.cores.map_or(1, |r| r.max);
-                        if let Constraint::OnWorker(w) = &constraint {
-                            direct.push((a.id.clone(), w.clone(), c.min(max).max(1)));
-                        }
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
+            let demand = a.demand();
             let model = self.model_of(e);
             let image = match super::lifecycle::open_image(a) {
                 Some(key)
@@ -399,7 +358,32 @@ impl Engine {
                 image,
             });
         }
-        (pending, direct)
+        pending
+    }
+
+    /// The sandbox actions, with their constraints, to the CPU pool.
+    fn plan_cpu(&mut self, pending: &[Pending], now: Now) -> Planned<CpuBooking> {
+        // The pool is out of the engine while it plans on a read of the ledger.
+        let mut pool = std::mem::replace(&mut self.cpu, CpuPool::placeholder());
+        let by_id: HashMap<&ActionId, &Pending> = pending.iter().map(|p| (&p.id, p)).collect();
+        let mut waiting = self.waiting_for(|s| {
+            matches!(
+                s,
+                ActionSpec::SandboxOpen(_) | ActionSpec::SandboxExec(_) | ActionSpec::SandboxClose(_)
+            )
+        });
+        waiting.retain_mut(|w| {
+            w.cpu = by_id.get(w.id).copied();
+            w.cpu.is_some()
+        });
+        let held = self.cpu_held();
+        let held: Vec<_> = held.iter().map(|(w, h)| (*w, h)).collect();
+        let accepting = |w: &WorkerId| self.takes_work(w);
+        let fleet = self.fleet(&accepting);
+        let planned = pool.plan(&waiting, &held, &fleet, now);
+        drop((waiting, held, fleet));
+        self.cpu = pool;
+        planned
     }
 
     /// Books a launch on `worker` with what a pool's plan gave it, and hands out its

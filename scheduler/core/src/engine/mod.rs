@@ -150,8 +150,7 @@ const RECENT: usize = 2_000;
 #[derive(Debug)]
 pub struct Engine {
     pub(crate) config: EngineConfig,
-    pub(crate) policy: Box<dyn Policy>,
-    /// How the policy provisions cores.
+    /// How the policy provisions cores (the CPU pool's policy's).
     pub(crate) provisioning: crate::model::Provisioning,
     pub(crate) learner: crate::learn::Learner,
     pub(crate) started_ms: Option<u64>,
@@ -166,13 +165,12 @@ pub struct Engine {
     pub(crate) settled: VecDeque<ActionId>,
     pub(crate) settled_set: std::collections::HashSet<ActionId>,
     pub(crate) sandboxes: HashMap<SandboxKey, Sandbox>,
+    /// CPU cores and memory: the workers' capacity, the CPU policy, its wait reasons.
+    pub(crate) cpu: pools::cpu::CpuPool,
     /// GPU services: residency, routing, LRU eviction.
     pub(crate) gpu: pools::gpu::GpuPool,
     /// API quota: providers, their pooled quotas and per-trajectory slices.
     pub(crate) api: pools::api::ApiPool,
-    /// What the CPU policy's last plan said of the actions it did not launch, for the status
-    /// report's wait reasons (kept as the plan gave it: no work per cycle beyond a move).
-    pub(crate) unplaced: Vec<(ActionId, crate::model::Unplaced)>,
     /// Recent completed results, by kind, for the status report.
     pub(crate) recent: VecDeque<(ActionKind, Timing, u64)>,
     /// Something changed since the last plan.
@@ -223,11 +221,11 @@ impl Engine {
 
     /// An engine running `policy` (its name in `config` is then only informative).
     pub fn with_policy(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
-        let provisioning = policy.provisioning();
+        let cpu = pools::cpu::CpuPool::new(policy);
+        let provisioning = cpu.provisioning();
         let backlog_pending = config.await_backlog;
         Self {
             config,
-            policy,
             provisioning,
             learner: crate::learn::Learner::new(),
             started_ms: None,
@@ -238,9 +236,9 @@ impl Engine {
             settled: VecDeque::new(),
             settled_set: Default::default(),
             sandboxes: HashMap::new(),
+            cpu,
             gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
             api: Default::default(),
-            unplaced: Vec::new(),
             recent: VecDeque::new(),
             dirty: false,
             queues_observed_ms: None,
@@ -399,7 +397,7 @@ impl Engine {
 
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
-        self.policy.name()
+        self.cpu.policy_name()
     }
 
     /// Actions not yet settled (queued, dispatching or running).

@@ -41,15 +41,14 @@ impl Engine {
             queues: self.queues(now),
             ..Default::default()
         };
-        let snapshot = self.snapshot();
         for (id, w) in &self.workers {
-            let view = snapshot.worker(id);
             st.workers.push(WorkerStatus {
                 id: id.to_string(),
                 cores: w.hb.cores,
-                cores_used: view.map_or(0, |v| v.total_cores - v.free_cores),
+                // The CPU pool's report fills in what is used.
+                cores_used: 0,
                 mem_mb: w.hb.mem_mb,
-                mem_used_mb: view.map_or(0, |v| v.total_mem_mb - v.free_mem_mb),
+                mem_used_mb: 0,
                 gpus: w
                     .hb
                     .gpus
@@ -82,6 +81,9 @@ impl Engine {
             }
         }
         st.waiting = self.waiting();
+        let held_cpu = self.cpu_held();
+        let held_cpu: Vec<_> = held_cpu.iter().map(|(w, h)| (*w, h)).collect();
+        self.cpu.report(&held_cpu, &mut st);
         let held_gpus: Vec<_> = self
             .actions
             .values()
@@ -136,7 +138,7 @@ impl Engine {
     /// sandbox, a retry).
     fn waiting(&self) -> BTreeMap<String, usize> {
         let cpu: HashMap<&ActionId, &Unplaced> =
-            self.unplaced.iter().map(|(i, u)| (i, u)).collect();
+            self.cpu.unplaced().iter().map(|(i, u)| (i, u)).collect();
         let mut out: BTreeMap<String, usize> = BTreeMap::new();
         for (id, e) in &self.actions {
             let why = match &e.state {

@@ -72,6 +72,8 @@ impl Engine {
         };
         let seen = self.api.ingest(&report, now);
         self.out.extend(seen.into_iter().map(Effect::Observe));
+        let seen = self.cpu.ingest(&report, now);
+        self.out.extend(seen.into_iter().map(Effect::Observe));
         if joined {
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
             for s in &hb.sandboxes {
@@ -219,8 +221,8 @@ impl Engine {
         self.out.extend(seen.into_iter().map(Effect::Observe));
     }
 
-    /// Whether a worker's GPUs take new routes, after a cordon changed.
-    pub(crate) fn refresh_gpu_node(&mut self, worker: &WorkerId) {
+    /// Whether a worker's cores and GPUs take new work, after a cordon changed.
+    pub(crate) fn refresh_node(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.get(worker) else {
             return;
         };
@@ -230,6 +232,7 @@ impl Engine {
             accepting: !w.hb.draining && !self.cordons.contains_key(worker),
         };
         self.gpu.accepting(&report);
+        self.cpu.accepting(&report);
     }
 
     /// A new instance's replicas replace the old ones: slots booked by actions of the old
@@ -364,6 +367,7 @@ impl Engine {
                 s.state = SandboxState::Lost;
             }
         }
+        self.cpu.forget_worker(worker);
         self.gpu.forget_worker(worker);
         self.api.forget_worker(worker);
         let mut ids: Vec<ActionId> = self

@@ -7,12 +7,13 @@
 //! and the status report is written ([`Pool::report`]). What a launched action holds of a
 //! pool is that pool's `Booking`, one field of the ledger's [`super::lifecycle::Booking`].
 //!
-//! Pools: API quota (`api.rs`), GPU chunks and replicas under Evict-on-Execution (`gpu.rs`).
-//! CPU cores and memory (the policy's snapshot) are driven by the engine directly for now;
-//! they move behind this interface next, and per-job shares and caps hang on it. Adding a
-//! resource kind: `scheduler/core/README.md`, "Adding a resource kind".
+//! Pools: CPU cores and memory under the CPU policy (`cpu.rs`), API quota (`api.rs`), GPU
+//! chunks and replicas under Evict-on-Execution (`gpu.rs`). Per-job shares and caps hang on
+//! this interface next. Adding a resource kind: `scheduler/core/README.md`, "Adding a
+//! resource kind".
 
 pub(crate) mod api;
+pub(crate) mod cpu;
 pub(crate) mod gpu;
 
 use super::{Now, Observation};
@@ -31,6 +32,9 @@ pub(crate) struct Waiting<'a> {
     pub(crate) pin: Option<&'a WorkerId>,
     /// When it arrived (engine clock).
     pub(crate) arrived_ms: u64,
+    /// A sandbox action: what the CPU pool plans it with (its constraint resolved from the
+    /// trajectory's sandbox); `None` for every other action.
+    pub(crate) cpu: Option<&'a crate::model::Pending>,
 }
 
 /// A worker's report, as a pool takes it in.
