@@ -7,10 +7,15 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn tangram(state: &std::path::Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tangram"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tangram"));
+    cmd.env_remove("TANGRAM_NATS_URL");
+    run(cmd, state, args)
+}
+
+fn run(mut cmd: Command, state: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = cmd
         .args(args)
         .env("TANGRAM_STATE_DIR", state)
-        .env_remove("TANGRAM_NATS_URL")
         .env_remove("TANGRAM_NKEY_FILE")
         .output()
         .unwrap();
@@ -45,7 +50,12 @@ fn up_submit_status_down_on_a_real_local_cluster() {
         .unwrap()
         .port();
     let nats = repo().join("tools/bin/nats-server");
-    let (code, out, err) = tangram(
+    // A NATS URL left in the shell (say, of a compose fleet) must not send any of this
+    // cluster's processes elsewhere: the GPU worker, configured by file, once followed it.
+    let mut up = Command::new(env!("CARGO_BIN_EXE_tangram"));
+    up.env("TANGRAM_NATS_URL", "nats://127.0.0.1:1");
+    let (code, out, err) = run(
+        up,
         &state,
         &[
             "up",

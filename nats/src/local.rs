@@ -1,7 +1,9 @@
 //! The processes of a local cluster, as one launcher: `tangram up`, the benches (pipeline,
-//! fleet) and the integration tests all start their nats-server ([`LocalServer`]),
-//! schedulers ([`SchedulerProcess`]) and workers ([`WorkerProcess`]) through here, so a
-//! flag is spelt in one place. Each type renders its process's command line; the caller
+//! fleet, opens, density) and the test support (its cluster's processes, the fault fleet,
+//! the NATS-cluster tests) start their nats-server ([`LocalServer`]), schedulers
+//! ([`SchedulerProcess`]) and workers ([`WorkerProcess`]) through here, so a flag is spelt
+//! in one place. (The suites that test a binary's own flags, health and metrics addresses
+//! among them, spell those out.) Each type renders its process's command line; the caller
 //! decides the binary's path, the environment (credentials, log filter) and where output
 //! goes. Also the wait until a server listens.
 
@@ -85,7 +87,9 @@ impl SchedulerProcess {
 }
 
 /// A `tangram-worker` of a local cluster: from flags, from a config file, or both (flags
-/// win). Fields left `None` take the file's value or the binary's default.
+/// win). Fields left `None` take the inherited `TANGRAM_WORKER_*` variable, else the file's
+/// value, else the binary's default: a launcher that must not be redirected by its caller's
+/// environment names the NATS URL here even when the file has it.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerProcess {
     /// A TOML config file.

@@ -1,7 +1,8 @@
 //! The local-cluster launcher (`tangram_nats::local`) that `tangram up`, the benches and the
 //! tests start their processes with: every flag it renders is one the binaries take, with
 //! the meaning it was given. Each binary is asked (`--check-config`) for its configuration as
-//! it takes effect from the rendered command line alone.
+//! it takes effect from the rendered command line alone. (The worker's benchmark-only replica
+//! flags are not part of its configuration; the fleet bench's bounded run starts them.)
 
 use std::process::Command;
 use tangram_nats::local::{SchedulerProcess, WorkerProcess};

@@ -288,8 +288,11 @@ impl Cluster {
         let toml = toml::to_string(&file).context("writing the GPU worker's config")?;
         std::fs::write(self.state.join("gpu-0.toml"), toml)?;
         let config = self.state_abs.join("gpu-0.toml");
+        // The URL as a flag too: a `TANGRAM_NATS_URL` left in the caller's shell beats the
+        // file and would send this worker to another server.
         let worker = WorkerProcess {
             config: Some(config),
+            nats_url: Some(self.url.clone()),
             ..Default::default()
         };
         let mut cmd = worker.command(&sibling("tangram-worker")?);

@@ -271,6 +271,7 @@ impl Cluster {
                     &format!("{id}.log"),
                     WorkerProcess {
                         config: Some(config),
+                        nats_url: Some(url.clone()),
                         ..Default::default()
                     }
                     .command(&crate::cluster::sibling("tangram-worker")?)

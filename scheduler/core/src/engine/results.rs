@@ -300,7 +300,7 @@ impl Engine {
         // sandbox is gone, as `settle_sandbox` has it.
         if r.kind == Some(ActionKind::SandboxClose) {
             if self.sandboxes.remove(&key).is_some() {
-                self.api.forget_trajectory(&key.0, &key.1);
+                self.forget_trajectory(&key.0, &key.1);
                 self.dirty = true;
             }
             return;
@@ -361,7 +361,7 @@ impl Engine {
             }
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
                 self.sandboxes.remove(&key);
-                self.api.forget_trajectory(&key.0, &key.1);
+                self.forget_trajectory(&key.0, &key.1);
             }
             (
                 ActionKind::SandboxExec,
@@ -385,6 +385,17 @@ impl Engine {
         }
         self.remember_settled(id.clone());
         Some(e)
+    }
+
+    /// A trajectory's sandbox is gone: every pool drops what it held for the trajectory.
+    fn forget_trajectory(
+        &mut self,
+        job: &tangram_shared::JobId,
+        trajectory: &tangram_shared::TrajectoryId,
+    ) {
+        self.cpu.forget_trajectory(job, trajectory);
+        self.gpu.forget_trajectory(job, trajectory);
+        self.api.forget_trajectory(job, trajectory);
     }
 
     /// Gives a booking back: GPU slot and API quota. Cores and memory need nothing: they are

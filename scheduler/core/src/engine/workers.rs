@@ -221,7 +221,7 @@ impl Engine {
         self.out.extend(seen.into_iter().map(Effect::Observe));
     }
 
-    /// Whether a worker's cores and GPUs take new work, after a cordon changed.
+    /// Every pool is told whether a worker takes new work, after a cordon changed.
     pub(crate) fn refresh_node(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.get(worker) else {
             return;
@@ -231,8 +231,9 @@ impl Engine {
             fresh: false,
             accepting: !w.hb.draining && !self.cordons.contains_key(worker),
         };
-        self.gpu.accepting(&report);
         self.cpu.accepting(&report);
+        self.gpu.accepting(&report);
+        self.api.accepting(&report);
     }
 
     /// A new instance's replicas replace the old ones: slots booked by actions of the old

@@ -4,8 +4,10 @@
 //! a heartbeat comes in ([`Pool::ingest`]), a worker leaves ([`Pool::forget_worker`]), a
 //! trajectory's sandbox goes ([`Pool::forget_trajectory`]), the cycle plans its waiting
 //! actions ([`Pool::plan`]), a settled action gives its booking back ([`Pool::release`]),
-//! and the status report is written ([`Pool::report`]). What a launched action holds of a
-//! pool is that pool's `Booking`, one field of the ledger's [`super::lifecycle::Booking`].
+//! a cordon is set or lifted ([`Pool::accepting`]), and the status report is written
+//! ([`Pool::report`]). What a launched action holds of a pool is one variant of the
+//! ledger's [`super::lifecycle::Booking`], made from the pool's `Ticket`; the pool sees it
+//! again as its own `Booking` type when it plans, releases and reports.
 //!
 //! Pools: CPU cores and memory under the CPU policy (`cpu.rs`), API quota (`api.rs`), GPU
 //! chunks and replicas under Evict-on-Execution (`gpu.rs`). Per-job shares and caps hang on
