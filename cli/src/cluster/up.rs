@@ -15,8 +15,8 @@ use super::{
 use anyhow::{bail, Context as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use std::time::Duration;
+use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use tokio::time::Instant;
 
 /// `tangram up`.

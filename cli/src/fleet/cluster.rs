@@ -5,8 +5,8 @@ use crate::pipeline::{server_conf, Proc};
 use anyhow::{bail, Context as _};
 use std::path::Path;
 use std::process::Command;
-use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use std::time::Duration;
+use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use tokio::time::Instant;
 
 /// Workers one worker process hosts, at most.
@@ -178,8 +178,7 @@ impl Cluster {
             port,
             monitor_port: crate::cluster::free_port()?,
         };
-        let server = spawn("nats", "nats.log", &mut local.command())
-        .with_context(|| {
+        let server = spawn("nats", "nats.log", &mut local.command()).with_context(|| {
             format!(
                 "nats-server ({}); install it with deploy/install-tools.sh",
                 nats.display()
@@ -232,7 +231,7 @@ impl Cluster {
                     }
                     .command(&crate::cluster::sibling("tangram-scheduler")?)
                     .envs(seed("scheduler"))
-                        .env("RUST_LOG", "warn"),
+                    .env("RUST_LOG", "warn"),
                 )?;
                 c.schedulers.push((id.clone(), Some(p)));
                 group.schedulers.push(id);
@@ -276,7 +275,7 @@ impl Cluster {
                     }
                     .command(&crate::cluster::sibling("tangram-worker")?)
                     .envs(seed(&format!("worker-{id}")))
-                        .env("RUST_LOG", "warn"),
+                    .env("RUST_LOG", "warn"),
                 )?;
                 group.worker_pids.push(p.child.id());
                 c.workers.push(p);

@@ -28,8 +28,8 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use table::print_table;
-use tangram_shared::codec::{self, Encoding};
 use tangram_nats::local::{SchedulerProcess, WorkerProcess};
+use tangram_shared::codec::{self, Encoding};
 use tangram_shared::stats::quantile;
 use tangram_shared::{
     subject, Action, ActionId, ActionResult, ActionSpec, CpuRange, JobId, Outcome, SandboxExec,

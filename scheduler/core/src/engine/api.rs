@@ -15,7 +15,7 @@ impl Engine {
         rejections: &mut Vec<(ActionId, Rejection)>,
     ) -> Vec<(ActionId, WorkerId, ApiBooking)> {
         // The pool is out of the engine while it plans on a read of the ledger.
-        let mut pool = std::mem::take(&mut self.api);
+        let mut pool = std::mem::take(&mut self.pools.api);
         let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Api(_)));
         let held: Vec<(&WorkerId, &ApiBooking)> = self
             .actions
@@ -34,7 +34,7 @@ impl Engine {
             pool.plan(&waiting, &held, &fleet, now)
         };
         drop((waiting, held, fleet));
-        self.api = pool;
+        self.pools.api = pool;
         rejections.extend(planned.rejections);
         self.out
             .extend(planned.observations.into_iter().map(super::Effect::Observe));

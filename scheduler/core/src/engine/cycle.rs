@@ -2,15 +2,15 @@
 //! launches booked at once (assumed) and handed out as dispatches.
 
 use super::lifecycle::{ActionState, Booking, CpuBooking, SandboxKey, SandboxState};
-use super::pools::gpu::GpuPool;
 use super::pools::cpu::{CpuHold, CpuPool};
+use super::pools::gpu::GpuPool;
 use super::pools::{Fleet, Planned, Pool, Waiting};
 use super::{Effect, Engine, Now, Observation};
 use crate::model::{Constraint, Launch, Pending, Snapshot};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tangram_shared::{
-    ActionId, ActionKind, ActionSpec, ChunkRef, Dispatch, GpuRoute, Grant, RejectCode,
-    Rejection, WorkerId,
+    ActionId, ActionKind, ActionSpec, ChunkRef, Dispatch, GpuRoute, Grant, RejectCode, Rejection,
+    WorkerId,
 };
 
 pub(crate) fn chunk_ref(c: crate::gpu::Chunk) -> ChunkRef {
@@ -49,14 +49,18 @@ impl Engine {
     /// What is held of the CPU pool, from the ledger: launched actions' counted cores and
     /// held sandboxes' cores and memory.
     pub(crate) fn cpu_held(&self) -> Vec<(&WorkerId, CpuHold)> {
-        let actions = self.actions.values().filter_map(|e| e.placed()).map(|(w, b)| {
-            let hold = CpuHold {
-                cores: b.counted_cores(),
-                mem_mb: 0,
-                sandbox: false,
-            };
-            (w, hold)
-        });
+        let actions = self
+            .actions
+            .values()
+            .filter_map(|e| e.placed())
+            .map(|(w, b)| {
+                let hold = CpuHold {
+                    cores: b.counted_cores(),
+                    mem_mb: 0,
+                    sandbox: false,
+                };
+                (w, hold)
+            });
         let sandboxes = self.sandboxes.values().filter(|s| s.holds()).map(|s| {
             let hold = CpuHold {
                 cores: s.cores,
@@ -72,7 +76,7 @@ impl Engine {
     pub fn snapshot(&self) -> Snapshot {
         let held = self.cpu_held();
         let held: Vec<_> = held.iter().map(|(w, h)| (*w, h)).collect();
-        self.cpu.snapshot(&held)
+        self.pools.cpu.snapshot(&held)
     }
 
     pub(crate) fn cycle(&mut self, now: Now) {
@@ -198,7 +202,7 @@ impl Engine {
         rejections: &mut Vec<(ActionId, Rejection)>,
     ) -> Vec<(ActionId, WorkerId, GpuRoute)> {
         // The pool is out of the engine while it plans on a read of the ledger.
-        let mut pool = std::mem::replace(&mut self.gpu, GpuPool::new(false));
+        let mut pool = std::mem::replace(&mut self.pools.gpu, GpuPool::new(false));
         let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Reward(_)));
         // Planned even with nothing waiting: under `static` the pool pins the services at
         // the first cycle after settling in.
@@ -209,16 +213,16 @@ impl Engine {
                 .values()
                 .filter_map(|e| e.placed())
                 .filter_map(|(w, b)| match b {
-                Booking::Gpu(g) => Some((w, g)),
-                _ => None,
-            })
+                    Booking::Gpu(g) => Some((w, g)),
+                    _ => None,
+                })
                 .collect()
         };
         let accepting = |w: &WorkerId| self.takes_work(w);
         let fleet = self.fleet(&accepting);
         let planned = pool.plan(&waiting, &held, &fleet, now);
         drop((waiting, held, fleet));
-        self.gpu = pool;
+        self.pools.gpu = pool;
         rejections.extend(planned.rejections);
         self.out
             .extend(planned.observations.into_iter().map(Effect::Observe));
@@ -364,12 +368,14 @@ impl Engine {
     /// The sandbox actions, with their constraints, to the CPU pool.
     fn plan_cpu(&mut self, pending: &[Pending], now: Now) -> Planned<CpuBooking> {
         // The pool is out of the engine while it plans on a read of the ledger.
-        let mut pool = std::mem::replace(&mut self.cpu, CpuPool::placeholder());
+        let mut pool = std::mem::replace(&mut self.pools.cpu, CpuPool::placeholder());
         let by_id: HashMap<&ActionId, &Pending> = pending.iter().map(|p| (&p.id, p)).collect();
         let mut waiting = self.waiting_for(|s| {
             matches!(
                 s,
-                ActionSpec::SandboxOpen(_) | ActionSpec::SandboxExec(_) | ActionSpec::SandboxClose(_)
+                ActionSpec::SandboxOpen(_)
+                    | ActionSpec::SandboxExec(_)
+                    | ActionSpec::SandboxClose(_)
             )
         });
         waiting.retain_mut(|w| {
@@ -382,7 +388,7 @@ impl Engine {
         let fleet = self.fleet(&accepting);
         let planned = pool.plan(&waiting, &held, &fleet, now);
         drop((waiting, held, fleet));
-        self.cpu = pool;
+        self.pools.cpu = pool;
         planned
     }
 

@@ -7,11 +7,12 @@
 //! messages into events and effects into NATS messages; the simulator drives the same engine
 //! on a virtual clock. Time is an argument, never read here.
 //!
-//! The engine owns the cluster view (workers, cores, memory, GPU chunks, services,
-//! providers), the queue and the running set (each action's lifecycle in
-//! [`lifecycle::ActionState`]), sandboxes ([`lifecycle::SandboxState`]), Evict-on-Execution,
-//! API quotas, the learner and every policy, the live `static` baseline included. See
-//! `scheduler/README.md` for the lifecycle diagrams.
+//! The engine owns the action ledger (each action's lifecycle in
+//! [`lifecycle::ActionState`], and what it holds), the queue, sandboxes
+//! ([`lifecycle::SandboxState`]), the worker fleet, the learner and the cycle; the resources
+//! are its pools (`pools/`: CPU cores and memory under the CPU policy, GPU chunks and
+//! replicas under Evict-on-Execution, API quotas), each with its own state. See
+//! `scheduler/core/README.md` for the pool interface and the lifecycle diagrams.
 
 mod adopt;
 mod api;
@@ -165,12 +166,8 @@ pub struct Engine {
     pub(crate) settled: VecDeque<ActionId>,
     pub(crate) settled_set: std::collections::HashSet<ActionId>,
     pub(crate) sandboxes: HashMap<SandboxKey, Sandbox>,
-    /// CPU cores and memory: the workers' capacity, the CPU policy, its wait reasons.
-    pub(crate) cpu: pools::cpu::CpuPool,
-    /// GPU services: residency, routing, LRU eviction.
-    pub(crate) gpu: pools::gpu::GpuPool,
-    /// API quota: providers, their pooled quotas and per-trajectory slices.
-    pub(crate) api: pools::api::ApiPool,
+    /// The resource pools: CPU, GPU, API quota.
+    pub(crate) pools: pools::Pools,
     /// Recent completed results, by kind, for the status report.
     pub(crate) recent: VecDeque<(ActionKind, Timing, u64)>,
     /// Something changed since the last plan.
@@ -236,9 +233,11 @@ impl Engine {
             settled: VecDeque::new(),
             settled_set: Default::default(),
             sandboxes: HashMap::new(),
-            cpu,
-            gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
-            api: Default::default(),
+            pools: pools::Pools {
+                cpu,
+                gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
+                api: Default::default(),
+            },
             recent: VecDeque::new(),
             dirty: false,
             queues_observed_ms: None,
@@ -397,7 +396,7 @@ impl Engine {
 
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
-        self.cpu.policy_name()
+        self.pools.cpu.policy_name()
     }
 
     /// Actions not yet settled (queued, dispatching or running).
@@ -459,7 +458,7 @@ impl Engine {
 
     /// The GPU manager (read only).
     pub fn gpus(&self) -> &crate::gpu::Eoe {
-        self.gpu.eoe()
+        self.pools.gpu.eoe()
     }
 
     /// Marks an id settled: remembered for late results and resubmissions.

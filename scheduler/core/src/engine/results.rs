@@ -393,9 +393,7 @@ impl Engine {
         job: &tangram_shared::JobId,
         trajectory: &tangram_shared::TrajectoryId,
     ) {
-        self.cpu.forget_trajectory(job, trajectory);
-        self.gpu.forget_trajectory(job, trajectory);
-        self.api.forget_trajectory(job, trajectory);
+        self.pools.forget_trajectory(job, trajectory);
     }
 
     /// Gives a booking back: GPU slot and API quota. Cores and memory need nothing: they are
@@ -410,12 +408,14 @@ impl Engine {
         now: Now,
     ) {
         match booking {
-            Booking::Api(api) => self
-                .api
-                .release(worker, job, trajectory, api, &release, now),
-            Booking::Gpu(gpu) => self
-                .gpu
-                .release(worker, job, trajectory, gpu, &release, now),
+            Booking::Api(api) => {
+                let pool = &mut self.pools.api;
+                pool.release(worker, job, trajectory, api, &release, now)
+            }
+            Booking::Gpu(gpu) => {
+                let pool = &mut self.pools.gpu;
+                pool.release(worker, job, trajectory, gpu, &release, now)
+            }
             Booking::Cpu(_) | Booking::Nothing => {}
         }
     }

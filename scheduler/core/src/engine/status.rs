@@ -83,7 +83,7 @@ impl Engine {
         st.waiting = self.waiting();
         let held_cpu = self.cpu_held();
         let held_cpu: Vec<_> = held_cpu.iter().map(|(w, h)| (*w, h)).collect();
-        self.cpu.report(&held_cpu, &mut st);
+        self.pools.cpu.report(&held_cpu, &mut st);
         let held_gpus: Vec<_> = self
             .actions
             .values()
@@ -93,7 +93,7 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        self.gpu.report(&held_gpus, &mut st);
+        self.pools.gpu.report(&held_gpus, &mut st);
         let held: Vec<_> = self
             .actions
             .values()
@@ -103,7 +103,7 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        self.api.report(&held, &mut st);
+        self.pools.api.report(&held, &mut st);
         let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();
         for (k, t, _) in &self.recent {
             by_kind.entry(k.as_str()).or_default().push(t);
@@ -137,8 +137,13 @@ impl Engine {
     /// one the CPU policy saw, and for the others what they wait on (a GPU, a quota, their
     /// sandbox, a retry).
     fn waiting(&self) -> BTreeMap<String, usize> {
-        let cpu: HashMap<&ActionId, &Unplaced> =
-            self.cpu.unplaced().iter().map(|(i, u)| (i, u)).collect();
+        let cpu: HashMap<&ActionId, &Unplaced> = self
+            .pools
+            .cpu
+            .unplaced()
+            .iter()
+            .map(|(i, u)| (i, u))
+            .collect();
         let mut out: BTreeMap<String, usize> = BTreeMap::new();
         for (id, e) in &self.actions {
             let why = match &e.state {

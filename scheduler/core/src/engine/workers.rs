@@ -1,10 +1,8 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::lifecycle::{
-    ActionState, Booking, PendingWidth, Sandbox, SandboxKey, SandboxState,
-};
-use super::pools::{Pool, WorkerReport};
+use super::lifecycle::{ActionState, Booking, PendingWidth, Sandbox, SandboxKey, SandboxState};
+use super::pools::WorkerReport;
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
 use tangram_shared::{ActionId, Heartbeat, InfraCode, WorkerId};
@@ -64,15 +62,18 @@ impl Engine {
             }
         }
         let fresh = restarted || joined;
-        self.on_gpu_report(&hb, fresh, now);
+        // The engine's view of GPU residency is authoritative while a worker instance lives;
+        // a new instance's report replaces it, and the slots its predecessor's actions booked
+        // are forgotten.
+        if fresh && hb.gpus.is_some() {
+            self.forget_gpu_bookings(&hb.worker);
+        }
         let report = WorkerReport {
             hb: &hb,
             fresh,
             accepting: !hb.draining && !self.cordons.contains_key(&hb.worker),
         };
-        let seen = self.api.ingest(&report, now);
-        self.out.extend(seen.into_iter().map(Effect::Observe));
-        let seen = self.cpu.ingest(&report, now);
+        let seen = self.pools.ingest(&report, now);
         self.out.extend(seen.into_iter().map(Effect::Observe));
         if joined {
             // Sandboxes a worker reports (after a scheduler restart) are adopted.
@@ -205,22 +206,6 @@ impl Engine {
         }
     }
 
-    /// GPU inventory and services from a heartbeat, to the GPU pool. The engine's view of
-    /// residency is authoritative while a worker instance lives; a new instance's report
-    /// replaces it, and the slots its predecessor's actions booked are forgotten.
-    fn on_gpu_report(&mut self, hb: &Heartbeat, fresh: bool, now: Now) {
-        if fresh && hb.gpus.is_some() {
-            self.forget_gpu_bookings(&hb.worker);
-        }
-        let report = WorkerReport {
-            hb,
-            fresh,
-            accepting: !hb.draining && !self.cordons.contains_key(&hb.worker),
-        };
-        let seen = self.gpu.ingest(&report, now);
-        self.out.extend(seen.into_iter().map(Effect::Observe));
-    }
-
     /// Every pool is told whether a worker takes new work, after a cordon changed.
     pub(crate) fn refresh_node(&mut self, worker: &WorkerId) {
         let Some(w) = self.workers.get(worker) else {
@@ -231,9 +216,7 @@ impl Engine {
             fresh: false,
             accepting: !w.hb.draining && !self.cordons.contains_key(worker),
         };
-        self.cpu.accepting(&report);
-        self.gpu.accepting(&report);
-        self.api.accepting(&report);
+        self.pools.accepting(&report);
     }
 
     /// A new instance's replicas replace the old ones: slots booked by actions of the old
@@ -368,9 +351,7 @@ impl Engine {
                 s.state = SandboxState::Lost;
             }
         }
-        self.cpu.forget_worker(worker);
-        self.gpu.forget_worker(worker);
-        self.api.forget_worker(worker);
+        self.pools.forget_worker(worker);
         let mut ids: Vec<ActionId> = self
             .actions
             .iter()

@@ -166,7 +166,9 @@ impl Pool for CpuPool {
             if let Some(c) = self.provisioning.trajectory_cores() {
                 match w.spec {
                     // The trajectory's sandbox takes its fixed cores for its whole life.
-                    ActionSpec::SandboxOpen(_) => p.demand.cores = Some(CpuRange { min: c, max: c }),
+                    ActionSpec::SandboxOpen(_) => {
+                        p.demand.cores = Some(CpuRange { min: c, max: c })
+                    }
                     // Its commands run at once on those cores.
                     ActionSpec::SandboxExec(_) => {
                         let max = p.demand.cores.map_or(1, |r| r.max);
@@ -191,8 +193,7 @@ impl Pool for CpuPool {
         let plan = if pending.is_empty() {
             Default::default()
         } else {
-            self.policy
-                .schedule(&self.snapshot(held), &pending, now.ms)
+            self.policy.schedule(&self.snapshot(held), &pending, now.ms)
         };
         let opens: std::collections::HashSet<&ActionId> = waiting
             .iter()
@@ -203,7 +204,11 @@ impl Pool for CpuPool {
             // An open's cores (under `static`) are held by its sandbox from the launch on,
             // as an adopted open's are: counting them on the open too booked them twice
             // until its result.
-            let counted_cores = if opens.contains(&l.id) { 0 } else { l.grant.cores };
+            let counted_cores = if opens.contains(&l.id) {
+                0
+            } else {
+                l.grant.cores
+            };
             let booking = CpuBooking {
                 grant: l.grant,
                 counted_cores,
@@ -238,7 +243,10 @@ impl Pool for CpuPool {
     fn report(&self, held: &[(&WorkerId, &CpuHold)], status: &mut Status) {
         let snapshot = self.snapshot(held);
         for w in &mut status.workers {
-            let Some(view) = WorkerId::new(&w.id).ok().and_then(|id| snapshot.worker(&id)) else {
+            let Some(view) = WorkerId::new(&w.id)
+                .ok()
+                .and_then(|id| snapshot.worker(&id))
+            else {
                 continue;
             };
             w.cores_used = view.total_cores - view.free_cores;

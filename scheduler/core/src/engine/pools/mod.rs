@@ -23,6 +23,50 @@ use std::collections::BTreeMap;
 use tangram_shared::status::Status;
 use tangram_shared::{ActionId, ActionSpec, Heartbeat, JobId, Rejection, TrajectoryId, WorkerId};
 
+/// The engine's pools, one field each. The calls every pool takes alike (a report, a
+/// cordon, a worker or a trajectory gone) go to all of them from here, in one order, so a
+/// new pool is added to these four methods and to the cycle's plan, not to each call site.
+#[derive(Debug)]
+pub(crate) struct Pools {
+    /// CPU cores and memory: the workers' capacity, the CPU policy, its wait reasons.
+    pub(crate) cpu: cpu::CpuPool,
+    /// GPU services: residency, routing, LRU eviction.
+    pub(crate) gpu: gpu::GpuPool,
+    /// API quota: providers, their pooled quotas and per-trajectory slices.
+    pub(crate) api: api::ApiPool,
+}
+
+impl Pools {
+    /// A worker reported: every pool takes in what it offers; what they observed.
+    pub(crate) fn ingest(&mut self, report: &WorkerReport<'_>, now: Now) -> Vec<Observation> {
+        let mut seen = self.gpu.ingest(report, now);
+        seen.extend(self.api.ingest(report, now));
+        seen.extend(self.cpu.ingest(report, now));
+        seen
+    }
+
+    /// A cordon was set or lifted on the worker reporting `report`.
+    pub(crate) fn accepting(&mut self, report: &WorkerReport<'_>) {
+        self.cpu.accepting(report);
+        self.gpu.accepting(report);
+        self.api.accepting(report);
+    }
+
+    /// A worker is gone.
+    pub(crate) fn forget_worker(&mut self, worker: &WorkerId) {
+        self.cpu.forget_worker(worker);
+        self.gpu.forget_worker(worker);
+        self.api.forget_worker(worker);
+    }
+
+    /// A trajectory's sandbox is gone.
+    pub(crate) fn forget_trajectory(&mut self, job: &JobId, trajectory: &TrajectoryId) {
+        self.cpu.forget_trajectory(job, trajectory);
+        self.gpu.forget_trajectory(job, trajectory);
+        self.api.forget_trajectory(job, trajectory);
+    }
+}
+
 /// An action waiting for a pool, as the cycle hands it over (in queue order).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Waiting<'a> {
