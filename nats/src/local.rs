@@ -68,21 +68,26 @@ pub struct SchedulerProcess {
 impl SchedulerProcess {
     /// Its command-line arguments.
     pub fn args(&self) -> Vec<OsString> {
-        let mut args = Flags::default();
-        args.opt("--id", self.id.as_ref());
-        args.opt("--nats-url", self.nats_url.as_ref());
-        args.opt("--policy", self.policy.as_ref());
-        args.opt("--static-cores", self.static_cores);
-        args.opt("--metrics-addr", self.metrics_addr.as_ref());
-        args.opt("--stream-replicas", self.stream_replicas);
-        args.0
+        self.flags().0
     }
 
     /// The command that starts it from `bin`.
     pub fn command(&self, bin: &Path) -> Command {
-        let mut cmd = Command::new(bin);
-        cmd.args(self.args());
-        cmd
+        self.flags().command(bin)
+    }
+
+    fn flags(&self) -> Flags {
+        let mut args = Flags::default();
+        args.opt("--id", self.id.as_ref());
+        args.opt("--nats-url", self.nats_url.as_ref());
+        args.opt("--policy", self.policy.as_ref());
+        args.opt("--static-cores", self.static_cores.map(|v| v.to_string()));
+        args.opt("--metrics-addr", self.metrics_addr.as_ref());
+        args.opt(
+            "--stream-replicas",
+            self.stream_replicas.map(|v| v.to_string()),
+        );
+        args
     }
 }
 
@@ -117,26 +122,30 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Its command-line arguments.
     pub fn args(&self) -> Vec<OsString> {
-        let mut args = Flags::default();
-        args.opt("--config", self.config.as_ref().map(|p| p.as_os_str()));
-        args.opt("--id", self.id.as_ref());
-        args.opt("--nats-url", self.nats_url.as_ref());
-        args.opt("--cores", self.cores.as_ref());
-        args.opt("--mem-mb", self.mem_mb);
-        args.opt("--heartbeat-ms", self.heartbeat_ms);
-        args.opt("--sandbox-runtime", self.sandbox_runtime.as_ref());
-        args.opt("--metrics-addr", self.metrics_addr.as_ref());
-        args.opt("--bench-replicas", self.bench_replicas);
-        let creds = self.bench_creds_dir.as_ref().map(|p| p.as_os_str());
-        args.opt("--bench-creds-dir", creds);
-        args.0
+        self.flags().0
     }
 
     /// The command that starts it from `bin`.
     pub fn command(&self, bin: &Path) -> Command {
-        let mut cmd = Command::new(bin);
-        cmd.args(self.args());
-        cmd
+        self.flags().command(bin)
+    }
+
+    fn flags(&self) -> Flags {
+        let mut args = Flags::default();
+        args.opt("--config", self.config.as_ref());
+        args.opt("--id", self.id.as_ref());
+        args.opt("--nats-url", self.nats_url.as_ref());
+        args.opt("--cores", self.cores.as_ref());
+        args.opt("--mem-mb", self.mem_mb.map(|v| v.to_string()));
+        args.opt("--heartbeat-ms", self.heartbeat_ms.map(|v| v.to_string()));
+        args.opt("--sandbox-runtime", self.sandbox_runtime.as_ref());
+        args.opt("--metrics-addr", self.metrics_addr.as_ref());
+        args.opt(
+            "--bench-replicas",
+            self.bench_replicas.map(|v| v.to_string()),
+        );
+        args.opt("--bench-creds-dir", self.bench_creds_dir.as_ref());
+        args
     }
 }
 
@@ -145,41 +154,20 @@ impl WorkerProcess {
 struct Flags(Vec<OsString>);
 
 impl Flags {
-    fn opt(&mut self, flag: &str, value: Option<impl ToOsString>) {
+    fn opt(&mut self, flag: &str, value: Option<impl AsRef<std::ffi::OsStr>>) {
         if let Some(v) = value {
             self.0.push(flag.into());
-            self.0.push(v.to_os_string());
+            self.0.push(v.as_ref().to_owned());
         }
     }
-}
 
-/// A flag's value as the command line carries it.
-trait ToOsString {
-    fn to_os_string(&self) -> OsString;
-}
-
-impl ToOsString for &String {
-    fn to_os_string(&self) -> OsString {
-        self.as_str().into()
+    /// The command that runs `bin` with these flags.
+    fn command(self, bin: &Path) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.args(self.0);
+        cmd
     }
 }
-
-impl ToOsString for &std::ffi::OsStr {
-    fn to_os_string(&self) -> OsString {
-        (*self).to_owned()
-    }
-}
-
-macro_rules! number_flag {
-    ($($t:ty),*) => {$(
-        impl ToOsString for $t {
-            fn to_os_string(&self) -> OsString {
-                self.to_string().into()
-            }
-        }
-    )*};
-}
-number_flag!(u32, u64, usize);
 
 /// Waits until something accepts connections on 127.0.0.1:`port`, trying every `poll`;
 /// false if `within` passes first. Blocking, on the real clock: a paused test clock would

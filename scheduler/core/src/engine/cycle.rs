@@ -30,18 +30,14 @@ pub(crate) fn chunk_of(c: ChunkRef) -> crate::gpu::Chunk {
 }
 
 impl Engine {
-    /// Cores and memory booked per worker by launched actions and held sandboxes.
+    /// Cores and memory booked per worker by launched actions and held sandboxes (what
+    /// [`Engine::cpu_held`] lists, summed).
     pub(crate) fn used(&self) -> HashMap<&WorkerId, (u32, u64)> {
         let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
-        for e in self.actions.values() {
-            if let Some((w, b)) = e.placed() {
-                used.entry(w).or_default().0 += b.counted_cores();
-            }
-        }
-        for s in self.sandboxes.values().filter(|s| s.holds()) {
-            let u = used.entry(&s.worker).or_default();
-            u.0 += s.cores;
-            u.1 += s.mem_mb;
+        for (w, h) in self.cpu_held() {
+            let u = used.entry(w).or_default();
+            u.0 += h.cores;
+            u.1 += h.mem_mb;
         }
         used
     }
