@@ -144,7 +144,19 @@ async fn a_jobs_backlog_is_capped_apart_from_other_jobs() -> anyhow::Result<()> 
         Duration::from_secs(30),
     )
     .await?;
-    // Processed, the job's backlog has room again.
+    // Processed, the job's backlog has room again. An action leaves the stream when the
+    // scheduler acks it, which can come a moment after its result is seen (a loaded CI run
+    // submitted in that moment and met the cap): wait for the stream to empty, bounded, so a
+    // stream that kept processed actions still fails here.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while stream.info().await?.state.messages > 0 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "processed actions stayed in the stream: {:?}",
+            stream.info().await?.state
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     a.run(&close("capa-3", "capa", "t3"), Duration::from_secs(30))
         .await?;
     cluster.shutdown().await
