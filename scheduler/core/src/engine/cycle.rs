@@ -4,7 +4,7 @@
 use super::lifecycle::{ActionState, Booking, CpuBooking, SandboxKey, SandboxState};
 use super::pools::cpu::{CpuHold, CpuPool};
 use super::pools::gpu::GpuPool;
-use super::pools::{Fleet, Planned, Pool, Waiting};
+use super::pools::{Fleet, Held, Planned, Pool, Waiting};
 use super::{Effect, Engine, Now, Observation};
 use crate::model::{Constraint, Launch, Pending, Snapshot};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,11 +30,11 @@ pub(crate) fn chunk_of(c: ChunkRef) -> crate::gpu::Chunk {
 }
 
 impl Engine {
-    /// Cores and memory booked per worker by launched actions and held sandboxes (what
-    /// [`Engine::cpu_held`] lists, summed).
+    /// Cores and memory booked per worker by launched actions and held sandboxes (the CPU
+    /// pool's part of [`Engine::held`], summed).
     pub(crate) fn used(&self) -> HashMap<&WorkerId, (u32, u64)> {
         let mut used: HashMap<&WorkerId, (u32, u64)> = HashMap::new();
-        for (w, h) in self.cpu_held() {
+        for (w, h) in self.held().cpu {
             let u = used.entry(w).or_default();
             u.0 += h.cores;
             u.1 += h.mem_mb;
@@ -42,21 +42,10 @@ impl Engine {
         used
     }
 
-    /// What is held of the CPU pool, from the ledger: launched actions' counted cores and
-    /// held sandboxes' cores and memory.
-    pub(crate) fn cpu_held(&self) -> Vec<(&WorkerId, CpuHold)> {
-        let actions = self
-            .actions
-            .values()
-            .filter_map(|e| e.placed())
-            .map(|(w, b)| {
-                let hold = CpuHold {
-                    cores: b.counted_cores(),
-                    mem_mb: 0,
-                    sandbox: false,
-                };
-                (w, hold)
-            });
+    /// What is held of each pool, from the ledger: launched actions' bookings, and held
+    /// sandboxes' cores and memory.
+    pub(crate) fn held(&self) -> Held<'_> {
+        let placed = self.actions.values().filter_map(|e| e.placed());
         let sandboxes = self.sandboxes.values().filter(|s| s.holds()).map(|s| {
             let hold = CpuHold {
                 cores: s.cores,
@@ -65,13 +54,13 @@ impl Engine {
             };
             (&s.worker, hold)
         });
-        actions.chain(sandboxes).collect()
+        Held::of(placed, sandboxes)
     }
 
     /// The cluster as the policy sees it: capacity minus what is booked.
     pub fn snapshot(&self) -> Snapshot {
-        let held = self.cpu_held();
-        let held: Vec<_> = held.iter().map(|(w, h)| (*w, h)).collect();
+        let held = self.held();
+        let held: Vec<_> = held.cpu.iter().map(|(w, h)| (*w, h)).collect();
         self.pools.cpu.snapshot(&held)
     }
 
@@ -202,17 +191,10 @@ impl Engine {
         let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Reward(_)));
         // Planned even with nothing waiting: under `static` the pool pins the services at
         // the first cycle after settling in.
-        let held: Vec<_> = if waiting.is_empty() {
+        let held = if waiting.is_empty() {
             Vec::new()
         } else {
-            self.actions
-                .values()
-                .filter_map(|e| e.placed())
-                .filter_map(|(w, b)| match b {
-                    Booking::Gpu(g) => Some((w, g)),
-                    _ => None,
-                })
-                .collect()
+            self.held().gpu
         };
         let accepting = |w: &WorkerId| self.takes_work(w);
         let fleet = self.fleet(&accepting);
@@ -378,8 +360,8 @@ impl Engine {
             w.cpu = by_id.get(w.id).copied();
             w.cpu.is_some()
         });
-        let held = self.cpu_held();
-        let held: Vec<_> = held.iter().map(|(w, h)| (*w, h)).collect();
+        let held = self.held();
+        let held: Vec<_> = held.cpu.iter().map(|(w, h)| (*w, h)).collect();
         let accepting = |w: &WorkerId| self.takes_work(w);
         let fleet = self.fleet(&accepting);
         let planned = pool.plan(&waiting, &held, &fleet, now);

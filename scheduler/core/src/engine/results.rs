@@ -3,7 +3,7 @@
 
 use super::lifecycle::{ActionState, Booking, Entry, SandboxState};
 use super::pools::gpu::ReplicaAfter;
-use super::pools::{Pool, Release};
+use super::pools::Release;
 use super::{Effect, Engine, Now, Observation};
 use tangram_shared::{ActionId, ActionKind, ActionResult, InfraCode, Outcome, WorkerId};
 
@@ -396,8 +396,8 @@ impl Engine {
         self.pools.forget_trajectory(job, trajectory);
     }
 
-    /// Gives a booking back: GPU slot and API quota. Cores and memory need nothing: they are
-    /// counted from the table, so they free themselves when the entry leaves or is requeued.
+    /// Gives a booking back to its pool (a GPU slot, API quota; cores and memory are counted
+    /// from the ledger, so they free themselves when the entry leaves or is requeued).
     pub(crate) fn unbook(
         &mut self,
         job: &tangram_shared::JobId,
@@ -407,17 +407,8 @@ impl Engine {
         release: Release,
         now: Now,
     ) {
-        match booking {
-            Booking::Api(api) => {
-                let pool = &mut self.pools.api;
-                pool.release(worker, job, trajectory, api, &release, now)
-            }
-            Booking::Gpu(gpu) => {
-                let pool = &mut self.pools.gpu;
-                pool.release(worker, job, trajectory, gpu, &release, now)
-            }
-            Booking::Cpu(_) | Booking::Nothing => {}
-        }
+        self.pools
+            .release(worker, job, trajectory, booking, &release, now);
     }
 
     /// Settles a launched action the worker will not report: publishes an infrastructure

@@ -1,7 +1,6 @@
 //! The status report (`tangram status`): a read of the engine's state, no decisions.
 
-use super::lifecycle::{ActionState, Booking, SandboxState};
-use super::pools::Pool;
+use super::lifecycle::{ActionState, SandboxState};
 use super::{Engine, Now};
 use crate::model::{Unplaced, WaitReason};
 use std::collections::{BTreeMap, HashMap};
@@ -81,29 +80,7 @@ impl Engine {
             }
         }
         st.waiting = self.waiting();
-        let held_cpu = self.cpu_held();
-        let held_cpu: Vec<_> = held_cpu.iter().map(|(w, h)| (*w, h)).collect();
-        self.pools.cpu.report(&held_cpu, &mut st);
-        let held_gpus: Vec<_> = self
-            .actions
-            .values()
-            .filter_map(|e| e.placed())
-            .filter_map(|(w, b)| match b {
-                Booking::Gpu(g) => Some((w, g)),
-                _ => None,
-            })
-            .collect();
-        self.pools.gpu.report(&held_gpus, &mut st);
-        let held: Vec<_> = self
-            .actions
-            .values()
-            .filter_map(|e| e.placed())
-            .filter_map(|(w, b)| match b {
-                Booking::Api(a) => Some((w, a)),
-                _ => None,
-            })
-            .collect();
-        self.pools.api.report(&held, &mut st);
+        self.pools.report(&self.held(), &mut st);
         let mut by_kind: BTreeMap<&str, Vec<&Timing>> = BTreeMap::new();
         for (k, t, _) in &self.recent {
             by_kind.entry(k.as_str()).or_default().push(t);

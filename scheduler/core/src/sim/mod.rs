@@ -3,7 +3,7 @@
 //! workload and policy always give the same report.
 //!
 //! One simulator for every workload (ai-coding, mopd, deepsearch, mixed traces): the
-//! scheduler's decision engine itself on a virtual clock (`run.rs`), so a figure from
+//! scheduler's decision engine itself on a virtual clock (`run/`), so a figure from
 //! `tangram simulate` is what the service would decide. Trajectories are closed loops: a
 //! step's action is submitted only after the previous action completed plus the step's think
 //! time. Action-level policies see each action as it arrives; a per-trajectory policy

@@ -41,6 +41,17 @@ pub(crate) struct CpuHold {
     pub(crate) sandbox: bool,
 }
 
+impl CpuHold {
+    /// What a launched sandbox action holds: its counted cores.
+    pub(crate) fn of_action(b: &CpuBooking) -> Self {
+        CpuHold {
+            cores: b.counted_cores,
+            mem_mb: 0,
+            sandbox: false,
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct CpuPool {

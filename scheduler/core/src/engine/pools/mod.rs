@@ -7,7 +7,14 @@
 //! a cordon is set or lifted ([`Pool::accepting`]), and the status report is written
 //! ([`Pool::report`]). What a launched action holds of a pool is one variant of the
 //! ledger's [`super::lifecycle::Booking`], made from the pool's `Ticket`; the pool sees it
-//! again as its own `Booking` type when it plans, releases and reports.
+//! again as its own `Booking` type when it plans, releases and reports ([`Held`], one walk
+//! of the ledger, hands each pool its own).
+//!
+//! [`Pools`] makes every call but `plan` on all pools in one place: ingest, accepting,
+//! forget_worker, forget_trajectory, release (to the pool the booking names) and report.
+//! `plan` is the cycle's, per pool: each plans its own kind of action, into its own ticket
+//! type, in the cycle's order (GPU routes, API admission, then sandboxes under the CPU
+//! policy).
 //!
 //! Pools: CPU cores and memory under the CPU policy (`cpu.rs`), API quota (`api.rs`), GPU
 //! chunks and replicas under Evict-on-Execution (`gpu.rs`). Per-job shares and caps hang on
@@ -18,14 +25,16 @@ pub(crate) mod api;
 pub(crate) mod cpu;
 pub(crate) mod gpu;
 
+use super::lifecycle::Booking;
 use super::{Now, Observation};
 use std::collections::BTreeMap;
 use tangram_shared::status::Status;
 use tangram_shared::{ActionId, ActionSpec, Heartbeat, JobId, Rejection, TrajectoryId, WorkerId};
 
-/// The engine's pools, one field each. The calls every pool takes alike (a report, a
-/// cordon, a worker or a trajectory gone) go to all of them from here, in one order, so a
-/// new pool is added to these four methods and to the cycle's plan, not to each call site.
+/// The engine's pools, one field each. The calls every pool takes alike (a heartbeat, a
+/// cordon, a worker or a trajectory gone, a booking given back, the status report) go to
+/// them from here, in one order, so a new pool is added to these methods, to [`Held`] and to
+/// the cycle's plan, not to each call site.
 #[derive(Debug)]
 pub(crate) struct Pools {
     /// CPU cores and memory: the workers' capacity, the CPU policy, its wait reasons.
@@ -64,6 +73,72 @@ impl Pools {
         self.cpu.forget_trajectory(job, trajectory);
         self.gpu.forget_trajectory(job, trajectory);
         self.api.forget_trajectory(job, trajectory);
+    }
+
+    /// A launched action settled (or its dispatch failed): its booking goes back to the pool
+    /// it names. `Booking::Nothing` gives nothing back.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn release(
+        &mut self,
+        worker: &WorkerId,
+        job: &JobId,
+        trajectory: &TrajectoryId,
+        booking: &Booking,
+        release: &Release,
+        now: Now,
+    ) {
+        match booking {
+            Booking::Cpu(b) => {
+                let hold = cpu::CpuHold::of_action(b);
+                self.cpu
+                    .release(worker, job, trajectory, &hold, release, now)
+            }
+            Booking::Gpu(b) => self.gpu.release(worker, job, trajectory, b, release, now),
+            Booking::Api(b) => self.api.release(worker, job, trajectory, b, release, now),
+            Booking::Nothing => {}
+        }
+    }
+
+    /// Every pool writes its part of the status report, from what is held of it.
+    pub(crate) fn report(&self, held: &Held<'_>, status: &mut Status) {
+        let cpu: Vec<_> = held.cpu.iter().map(|(w, h)| (*w, h)).collect();
+        self.cpu.report(&cpu, status);
+        self.gpu.report(&held.gpu, status);
+        self.api.report(&held.api, status);
+    }
+}
+
+/// What launched actions (and, of the CPU pool, held sandboxes) hold of each pool, by
+/// worker, in the shape each pool's `plan` and `report` take: one walk of the ledger.
+#[derive(Debug, Default)]
+pub(crate) struct Held<'a> {
+    /// Counted cores of launched sandbox actions, and held sandboxes' cores and memory.
+    pub(crate) cpu: Vec<(&'a WorkerId, cpu::CpuHold)>,
+    /// Reward actions' replica slots.
+    pub(crate) gpu: Vec<(&'a WorkerId, &'a gpu::GpuBooking)>,
+    /// Api actions' quota.
+    pub(crate) api: Vec<(&'a WorkerId, &'a api::ApiBooking)>,
+}
+
+impl<'a> Held<'a> {
+    /// Sorts each placed action's booking into its pool's list (a booking of nothing counts
+    /// nowhere; every other launched action counts its cores against the CPU pool, 0 for a
+    /// reward or api call), then adds the sandboxes that hold cores and memory.
+    pub(crate) fn of(
+        placed: impl Iterator<Item = (&'a WorkerId, &'a Booking)>,
+        sandboxes: impl Iterator<Item = (&'a WorkerId, cpu::CpuHold)>,
+    ) -> Self {
+        let mut held = Held::default();
+        for (w, b) in placed {
+            match b {
+                Booking::Cpu(c) => held.cpu.push((w, cpu::CpuHold::of_action(c))),
+                Booking::Gpu(g) => held.gpu.push((w, g)),
+                Booking::Api(a) => held.api.push((w, a)),
+                Booking::Nothing => {}
+            }
+        }
+        held.cpu.extend(sandboxes);
+        held
     }
 }
 
