@@ -4,15 +4,7 @@
 
 use crate::{progress, report, SimulateArgs};
 use serde_json::json;
-use tangram_core::sim::{self, SimReport, SimStats, SweImages};
-
-/// One run: the policy, whether placement saw images, and what it measured.
-struct Run {
-    name: String,
-    aware: bool,
-    report: SimReport,
-    stats: SimStats,
-}
+use tangram_core::sim::{self, SimReport, SweImages};
 
 pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
     if !(args.pull_mb_per_s.is_finite() && args.pull_mb_per_s > 0.0) {
@@ -38,9 +30,8 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
         args.image_load_ms
     );
     let names: Vec<&str> = args.policy_names().collect();
-    let mut runs = Vec::new();
-    let spinner = progress::Spinner::start("simulating");
-    for (i, n) in names.iter().enumerate() {
+    let mut policies = Vec::new();
+    for n in &names {
         let Some(policy) = tangram_core::by_name(n) else {
             crate::usage!(
                 "unknown policy {n:?}; swe-images takes the action-level policies: {}",
@@ -48,41 +39,30 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
             );
         };
         if policy.provisioning().trajectory_cores().is_some() {
+            // The default list's `static` is left out; one named is refused.
+            if args.policies == crate::DEFAULT_POLICIES {
+                continue;
+            }
             crate::usage!("{n}: swe-images compares action-level placement; static has none");
         }
-        for aware in [true, false] {
-            spinner.set_message(format!("simulating {n}"));
-            spinner.set_count((2 * i + usize::from(!aware)) as u64, 2 * names.len() as u64);
-            let load = aware.then_some(args.image_load_ms);
-            let (mut report, stats) =
-                sim::run_images(&w, policy.as_ref(), sim::Elasticity::Oracle, load);
-            let name = if aware {
-                n.to_string()
-            } else {
-                format!("{n}/ignore-images")
-            };
-            report.policy = name.clone();
-            runs.push(Run {
-                name,
-                aware,
-                report,
-                stats,
-            });
-        }
+        policies.push((*n, policy));
     }
-    spinner.finish();
-    if runs.is_empty() {
+    if policies.is_empty() {
         crate::usage!("--policies is empty");
     }
+    let policies: Vec<(&str, &dyn tangram_core::Policy)> =
+        policies.iter().map(|(n, p)| (*n, p.as_ref())).collect();
+    let spinner = progress::Spinner::start("simulating");
+    let runs = sim::compare_images(&w, &policies, args.image_load_ms, |done, total, n| {
+        spinner.set_message(format!("simulating {n}"));
+        spinner.set_count(done as u64, total as u64);
+    });
+    spinner.finish();
     let reports: Vec<SimReport> = runs.iter().map(|r| r.report.clone()).collect();
     report::write_svg(&args.svg, &label, &reports)?;
     let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
     let base = &sums[0];
-    // Each aware run against the same policy ignoring images (the run after it).
-    let gain = |i: usize| -> Option<f64> {
-        (runs[i].aware && i + 1 < runs.len())
-            .then(|| report::ratio(sums[i + 1].mean_act_s, sums[i].mean_act_s))
-    };
+    let gain = |i: usize| sim::image_gain(&runs, i);
     if args.json {
         let policies: Vec<_> = sums
             .iter()
@@ -95,7 +75,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
                 o.insert("pulled_gb".into(), json!(st.pulled_mb / 1e3));
                 o.insert(
                     "mean_open_wait_s".into(),
-                    json!(st.pull_wait_ms / 1e3 / w.trajectories.len().max(1) as f64),
+                    json!(runs[i].mean_open_wait_s(w.trajectories.len())),
                 );
                 if let Some(g) = gain(i) {
                     o.insert("mean_act_gain_over_ignoring_images".into(), json!(g));
@@ -136,7 +116,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
             s.step_time_s,
             st.pulls,
             st.pulled_mb / 1e3,
-            st.pull_wait_ms / 1e3 / w.trajectories.len().max(1) as f64,
+            runs[i].mean_open_wait_s(w.trajectories.len()),
             gain(i).map_or_else(String::new, |g| format!("{g:.2}x")),
         );
     }

@@ -150,7 +150,7 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
     /// Policies, comma-separated; ratios are given to the first.
-    #[arg(long, default_value = "tangram,static,fifo-dop-4,first-fit")]
+    #[arg(long, default_value = DEFAULT_POLICIES)]
     pub(crate) policies: String,
     /// Trajectories in the batch (built-in workloads).
     #[arg(long, default_value_t = 1280)]
@@ -201,6 +201,9 @@ pub(crate) struct SimulateArgs {
     #[arg(long, default_value_t = tangram_core::EngineConfig::default().image_load_ms)]
     pub(crate) image_load_ms: u64,
 }
+
+/// `tangram simulate`'s policies when `--policies` is not given.
+pub(crate) const DEFAULT_POLICIES: &str = "tangram,static,fifo-dop-4,first-fit";
 
 impl SimulateArgs {
     /// The policies `--policies` names, in order, blanks dropped.

@@ -448,3 +448,42 @@ fn calibrate_writes_a_map_per_name_as_json_and_svg_and_refuses_unknown_maps() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("coding-pods"), "{err}");
 }
+
+/// Regression: `--workload swe-images` without `--policies` failed at once ("static:
+/// swe-images compares action-level placement"), since the default list names `static`. The
+/// default list now runs its action-level policies; `static` named by the caller is still
+/// refused.
+#[test]
+fn swe_images_runs_with_the_default_policies_and_refuses_static_when_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("images.svg");
+    let svg = svg.to_str().unwrap();
+    let args = ["simulate", "--workload", "swe-images", "--batch", "32"];
+    let (code, out, err) = tangram(&[&args[..], &["--json", "--svg", svg]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "tangram",
+            "tangram/ignore-images",
+            "fifo-dop-4",
+            "fifo-dop-4/ignore-images",
+            "first-fit",
+            "first-fit/ignore-images"
+        ]
+    );
+    let (code, _, err) =
+        tangram(&[&args[..], &["--policies", "tangram,static", "--svg", svg]].concat());
+    assert_eq!(code, 2, "a usage error: {err}");
+    assert!(
+        err.contains("static: swe-images compares action-level placement"),
+        "{err}"
+    );
+}

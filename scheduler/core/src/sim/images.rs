@@ -2,7 +2,7 @@
 //! large each is, and how fast a node pulls; and `swe-images`, a workload of per-task images
 //! (one image per repository and version, as SWE-bench-style datasets ship them).
 
-use super::{AiCoding, Rng, Workload};
+use super::{AiCoding, Elasticity, Rng, SimReport, SimStats, Simulated, Workload};
 
 /// The images a workload's sandboxes open from, and the pull model: a node pulls one image
 /// at a time at `pull_mb_per_s`; opens of an image a node holds start at once, and opens of
@@ -146,4 +146,70 @@ mod tests {
             w.images.images.iter().map(|(_, mb)| *mb as u64).collect();
         assert!(distinct.len() > 1, "sizes vary");
     }
+}
+
+/// One run of the `swe-images` side-by-side.
+#[derive(Debug, Clone)]
+pub struct ImageRun {
+    /// The policy's name, with `/ignore-images` appended where placement ignored images.
+    pub name: String,
+    /// Whether placement weighed where images are.
+    pub aware: bool,
+    /// What it measured (its `policy` is `name`).
+    pub report: SimReport,
+    /// Pulls, what they moved and how long opens waited for them.
+    pub stats: SimStats,
+}
+
+impl ImageRun {
+    /// The mean wait of a trajectory's open for its image, s.
+    pub fn mean_open_wait_s(&self, trajectories: usize) -> f64 {
+        self.stats.pull_wait_ms / 1e3 / trajectories.max(1) as f64
+    }
+}
+
+/// Each policy run twice on `workload` (oracle elasticity): with image-aware placement,
+/// weighing `image_load_ms` per sandbox per core against a pull, then ignoring images, in
+/// that order. `progress(done, total, name)` is told before each run.
+pub fn compare_images<S: Simulated + ?Sized>(
+    workload: &Workload,
+    policies: &[(&str, &S)],
+    image_load_ms: u64,
+    mut progress: impl FnMut(usize, usize, &str),
+) -> Vec<ImageRun> {
+    let total = 2 * policies.len();
+    let mut runs = Vec::with_capacity(total);
+    for (name, policy) in policies {
+        for aware in [true, false] {
+            progress(runs.len(), total, name);
+            let load = aware.then_some(image_load_ms);
+            let (mut report, stats) =
+                super::run_images(workload, *policy, Elasticity::Oracle, load);
+            let name = if aware {
+                name.to_string()
+            } else {
+                format!("{name}/ignore-images")
+            };
+            report.policy = name.clone();
+            runs.push(ImageRun {
+                name,
+                aware,
+                report,
+                stats,
+            });
+        }
+    }
+    runs
+}
+
+/// Run `i`'s gain from weighing images: the mean ACT of the same policy ignoring images (the
+/// run after it) over its own; `None` for a run that ignored images (or an empty run).
+pub fn image_gain(runs: &[ImageRun], i: usize) -> Option<f64> {
+    let (run, ignoring) = (runs.get(i)?, runs.get(i + 1)?);
+    if !run.aware {
+        return None;
+    }
+    let aware = run.report.summary().mean_act_s;
+    let ignoring = ignoring.report.summary().mean_act_s;
+    Some(if aware > 0.0 { ignoring / aware } else { 0.0 })
 }

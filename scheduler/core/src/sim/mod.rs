@@ -23,7 +23,7 @@ pub mod trace;
 pub mod workloads;
 
 pub use bursty::Bursty;
-pub use images::{SimImages, SweImages};
+pub use images::{compare_images, image_gain, ImageRun, SimImages, SweImages};
 pub use k8s::{by_name, names, K8s, Simulated, SIM_ONLY};
 pub use run::SimStats;
 pub use timeline::{Timeline, Track, MAX_BINS};
