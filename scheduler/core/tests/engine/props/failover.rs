@@ -15,8 +15,7 @@ impl World {
                 continue;
             }
             let wi = WORKERS.iter().position(|x| x.0 == w).unwrap();
-            self.stored
-                .insert((w.clone(), d.action.id.clone()), d.clone());
+            self.store(&w, &d);
             if self.alive[wi] {
                 // The old leader is going: only what the worker stores matters.
                 let _ = self.take_in(&w, d);
@@ -28,9 +27,11 @@ impl World {
                 self.sandboxes.remove(WORKERS[w].0);
             }
         }
+        // Each term under an epoch of its own, as the epoch store hands them out.
         let config = EngineConfig {
             policy: self.policy.clone(),
             await_backlog: true,
+            epoch: cfg().epoch + self.terms as u64,
             ..cfg()
         };
         self.h.engine = Engine::new(config).expect("a known policy");
@@ -74,23 +75,21 @@ impl World {
             .map(|((w, _), d)| (w.clone(), d.clone()))
             .collect();
         for (w, d) in backlog {
-            self.seq += 1;
-            // The stream sequence is not modelled (heartbeats report none): the worker's
-            // report of the re-size's width is what settles it here.
+            let seq = self.stored_seq[&(w.clone(), d.action.id.clone())];
             let resize = self
                 .regrants
                 .iter()
                 .rev()
-                .find(|(x, r)| x == &w && r.id == d.action.id)
-                .filter(|(_, r)| r.attempt == d.attempt)
-                .map(|(_, r)| tangram_core::PendingResize {
+                .find(|(x, r, _)| x == &w && r.id == d.action.id)
+                .filter(|(_, r, _)| r.attempt == d.attempt)
+                .map(|(_, r, seq)| tangram_core::PendingResize {
                     cores: r.grant.cores,
-                    seq: 0,
+                    seq: *seq,
                 });
             let fx = self.h.step(Event::AdoptStored {
                 worker: WorkerId::new(&w).unwrap(),
                 dispatch: Box::new(d),
-                seq: self.seq,
+                seq,
                 resize,
             });
             self.absorb(fx);
@@ -165,6 +164,11 @@ impl World {
     /// once with a `worker_lost` result, then acked.
     pub(super) fn take_in(&mut self, w: &str, d: Dispatch) -> Vec<Effect> {
         self.take_regrants_of(w);
+        if let Some(seq) = self.stored_seq.get(&(w.to_string(), d.action.id.clone())) {
+            self.took(w, *seq);
+        }
+        let newest = self.epochs.entry(w.to_string()).or_insert(d.epoch);
+        *newest = (*newest).max(d.epoch);
         let addressed = d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(w);
         if addressed {
             self.running.push((w.to_string(), d));

@@ -101,8 +101,13 @@ struct World {
     /// Cordons in force, with their drain deadlines (engine clock), as the cordon store
     /// keeps them for a new leader.
     cordons: Map<usize, Option<u64>>,
-    /// Backlog sequences handed out.
+    /// The dispatch stream's last sequence: each stored dispatch and re-size takes the next.
     seq: u64,
+    /// Each stored dispatch's sequence.
+    stored_seq: Map<(String, ActionId), u64>,
+    /// How far each worker has taken its dispatch subject in (its heartbeats'
+    /// `dispatch_seq`).
+    taken: Map<String, u64>,
     /// Leaders so far.
     terms: u32,
     /// Actions a re-size reached (their workers report their cores).
@@ -110,13 +115,16 @@ struct World {
     /// Re-sizes of stored dispatches in the dispatch stream, not yet taken by their workers,
     /// in stream order. A worker takes what is addressed to it in that order, so a re-size
     /// before any dispatch stored after it.
-    regrants: Vec<(String, tangram_shared::Regrant)>,
+    regrants: Vec<(String, tangram_shared::Regrant, u64)>,
     /// Worker instances started (for their names).
     instances: u32,
     /// Actions a leader adopted.
     adoptions: u32,
     /// Fetches of stored dispatches the engine asked for, not yet answered.
     fetches: Vec<(WorkerId, ActionId)>,
+    /// The newest epoch each worker has taken a dispatch of: it drops a re-size of an older
+    /// one (its leader was deposed), as a real worker does.
+    epochs: Map<String, u64>,
 }
 
 mod failover;

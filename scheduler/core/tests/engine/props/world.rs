@@ -40,12 +40,15 @@ impl World {
             sandboxes: Map::new(),
             cordons: Map::new(),
             seq: 0,
+            stored_seq: Map::new(),
+            taken: Map::new(),
             terms: 1,
             resized: BTreeSet::new(),
             regrants: Vec::new(),
             instances: 0,
             adoptions: 0,
             fetches: Vec::new(),
+            epochs: Map::new(),
         }
     }
 
@@ -57,7 +60,8 @@ impl World {
         }
         self.results.insert(id.clone());
         self.stored.retain(|(_, a), _| a != id);
-        self.regrants.retain(|(_, r)| &r.id != id);
+        self.stored_seq.retain(|(_, a), _| a != id);
+        self.regrants.retain(|(_, r, _)| &r.id != id);
     }
 
     /// Submits `a` as a new message.
@@ -73,7 +77,28 @@ impl World {
     pub(super) fn wipe(&mut self, name: &str) {
         self.running.retain(|(x, _)| x != name);
         self.sandboxes.remove(name);
-        self.regrants.retain(|(x, _)| x != name);
+        self.regrants.retain(|(x, _, _)| x != name);
+    }
+
+    /// The dispatch stream's next sequence.
+    pub(super) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Dispatch `d` is stored for worker `w`, at the stream's next sequence.
+    pub(super) fn store(&mut self, w: &str, d: &Dispatch) -> u64 {
+        let seq = self.next_seq();
+        let key = (w.to_string(), d.action.id.clone());
+        self.stored.insert(key.clone(), d.clone());
+        self.stored_seq.insert(key, seq);
+        seq
+    }
+
+    /// Worker `name` has taken its subject in as far as `seq`.
+    pub(super) fn took(&mut self, name: &str, seq: u64) {
+        let t = self.taken.entry(name.to_string()).or_default();
+        *t = (*t).max(seq);
     }
 
     /// A name for a worker's new instance, never used before (two restarts at one instant
@@ -83,8 +108,13 @@ impl World {
         format!("r{}", self.instances)
     }
 
-    /// Worker `name` takes a re-size from the stream: it applies to the dispatch it runs.
-    pub(super) fn take_regrant(&mut self, name: &str, r: &tangram_shared::Regrant) {
+    /// Worker `name` takes a re-size from the stream: it applies to the dispatch it runs,
+    /// unless a leader of a later epoch has dispatched to the worker since.
+    pub(super) fn take_regrant(&mut self, name: &str, r: &tangram_shared::Regrant, seq: u64) {
+        self.took(name, seq);
+        if self.epochs.get(name).is_some_and(|e| r.epoch < *e) {
+            return;
+        }
         for (x, d) in self.running.iter_mut() {
             if x == name && d.action.id == r.id && d.attempt == r.attempt {
                 d.grant = r.grant;
@@ -97,10 +127,10 @@ impl World {
     pub(super) fn take_regrants_of(&mut self, name: &str) {
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.regrants)
             .into_iter()
-            .partition(|(x, _)| x == name);
+            .partition(|(x, _, _)| x == name);
         self.regrants = rest;
-        for (_, r) in mine {
-            self.take_regrant(name, &r);
+        for (_, r, seq) in mine {
+            self.take_regrant(name, &r, seq);
         }
     }
 
@@ -122,7 +152,8 @@ impl World {
                         }
                     }
                     if !amended {
-                        self.regrants.push((worker.to_string(), r));
+                        let seq = self.next_seq();
+                        self.regrants.push((worker.to_string(), r, seq));
                     }
                 }
                 // Every result the engine publishes counts: a second one for an action is
@@ -178,9 +209,12 @@ impl World {
                 }
                 let (w, d) = self.handed.remove(k % self.handed.len());
                 if ok {
-                    self.stored
-                        .insert((w.clone(), d.action.id.clone()), d.clone());
-                    let mut fx = self.h.stored(&d);
+                    let seq = self.store(&w, &d);
+                    let mut fx = self.h.step(Event::DispatchStored {
+                        id: d.action.id.clone(),
+                        attempt: d.attempt,
+                        seq,
+                    });
                     let wi = WORKERS.iter().position(|x| x.0 == w).unwrap();
                     if self.alive[wi] {
                         fx.extend(self.take_in(&w, d));
@@ -279,9 +313,9 @@ impl World {
                 if !self.alive[w] {
                     return;
                 }
-                if let Some(i) = self.regrants.iter().position(|(x, _)| x == name) {
-                    let (_, r) = self.regrants.remove(i);
-                    self.take_regrant(name, &r);
+                if let Some(i) = self.regrants.iter().position(|(x, _, _)| x == name) {
+                    let (_, r, seq) = self.regrants.remove(i);
+                    self.take_regrant(name, &r, seq);
                 }
                 return;
             }
@@ -327,6 +361,7 @@ impl World {
     ) -> Vec<Effect> {
         let (name, cores, mem) = WORKERS[w];
         let mut hb = self.h.heartbeat_of(name, cores, mem, running, sandboxes);
+        hb.dispatch_seq = self.taken.get(name).copied().unwrap_or(0);
         // What it runs at a re-sized width, at that width.
         hb.resized = self
             .runs_on(name)
