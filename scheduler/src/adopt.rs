@@ -268,6 +268,7 @@ async fn pending_regrant(
             Ok(r) if r.attempt == attempt => Ok(Some(tangram_core::PendingResize {
                 cores: r.grant.cores,
                 seq: m.sequence,
+                epoch: r.epoch,
             })),
             Ok(_) => Ok(None),
             Err(e) => {

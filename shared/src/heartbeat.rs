@@ -46,6 +46,12 @@ pub struct Heartbeat {
     /// `resized` reflects every re-size up to it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dispatch_seq: u64,
+    /// The newest scheduler epoch this worker knows (0: none yet, or a worker that predates
+    /// it). It drops a re-size of an older epoch that reaches it from now on, so one still on
+    /// its way changes nothing it runs: a scheduler that finds such a re-size in the backlog
+    /// books the exec as `resized` says.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub known_epoch: u64,
     /// Sandboxes held now.
     #[serde(default)]
     pub sandboxes: Vec<SandboxRef>,

@@ -197,6 +197,7 @@ fn dispatch_and_heartbeat() {
             running: vec![],
             finished: vec![],
             dispatch_seq: 0,
+            known_epoch: 0,
             sandboxes: vec![],
             draining: false,
             gpus: Some(GpuInventory {
@@ -245,6 +246,7 @@ fn dispatch_and_heartbeat() {
             running: vec![ActionId::new("a-1").unwrap()],
             finished: vec![],
             dispatch_seq: 0,
+            known_epoch: 0,
             sandboxes: vec![SandboxRef {
                 job: JobId::new("job1").unwrap(),
                 trajectory: TrajectoryId::new("t17").unwrap(),

@@ -271,6 +271,7 @@ fn dispatches_heartbeats_status_and_kv_records_are_valid() {
         running: vec![ActionId::new("a").unwrap()],
         finished: vec![ActionId::new("b").unwrap()],
         dispatch_seq: 9,
+        known_epoch: 0,
         sandboxes: vec![],
         draining: true,
         gpus: None,

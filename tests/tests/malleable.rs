@@ -219,6 +219,7 @@ async fn a_re_size_left_in_the_backlog_is_booked_by_the_next_leader() -> anyhow:
                     running: vec![id.clone()],
                     finished: vec![],
                     dispatch_seq,
+                    known_epoch: 0,
                     sandboxes: vec![SandboxRef {
                         job: tangram_shared::JobId::new("rs").unwrap(),
                         trajectory: tangram_shared::TrajectoryId::new("t1").unwrap(),

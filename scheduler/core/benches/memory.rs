@@ -63,6 +63,7 @@ impl Bench {
             running: vec![],
             finished: vec![],
             dispatch_seq: 0,
+            known_epoch: 0,
             sandboxes: vec![],
             draining: false,
             gpus: None,

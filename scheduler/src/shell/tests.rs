@@ -109,6 +109,7 @@ fn heartbeat(worker: &str, mem_mb: u64) -> Event {
         running: vec![],
         finished: vec![],
         dispatch_seq: 0,
+        known_epoch: 0,
         sandboxes: vec![],
         draining: false,
         gpus: None,

@@ -130,6 +130,11 @@ impl Admissions {
             .collect()
     }
 
+    /// The newest scheduler epoch known (reported in heartbeats).
+    pub(crate) fn known_epoch(&self) -> u64 {
+        self.known_epoch
+    }
+
     /// Whether an epoch is below the newest known (its scheduler was deposed).
     pub(crate) fn is_older(&self, epoch: u64) -> bool {
         epoch < self.known_epoch

@@ -128,6 +128,7 @@ pub(super) fn heartbeat_of(worker: &Worker, seq: u64, draining: bool) -> Heartbe
         running,
         finished,
         dispatch_seq: st.admissions.dispatch_seq,
+        known_epoch: st.admissions.known_epoch(),
         sandboxes,
         draining,
         gpus: worker.inventory.clone(),

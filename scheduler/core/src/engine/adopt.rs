@@ -7,7 +7,7 @@
 //! it, booking its grant, with a deadline, and is never dispatched a second time.
 
 use super::lifecycle::{
-    ActionState, Booking, CpuBooking, Entry, PendingWidth, Sandbox, SandboxState,
+    ActionState, Booking, CpuBooking, Entry, PendingWidth, Sandbox, SandboxState, WidthReport,
 };
 use super::PendingResize;
 use super::{Delivery, Effect, Engine, Now, Observation};
@@ -152,16 +152,18 @@ impl Engine {
         ran: u32,
         resize: Option<PendingResize>,
     ) -> (u32, Option<PendingWidth>) {
-        let (reported, dispatch_seq) = self.workers.get(worker).map_or((None, 0), |w| {
-            (w.hb.resized.get(id).copied(), w.hb.dispatch_seq)
-        });
-        let before = reported.unwrap_or(ran);
+        let report = self
+            .workers
+            .get(worker)
+            .map_or_else(WidthReport::default, |w| WidthReport::of(&w.hb, id));
+        let before = report.reported.unwrap_or(ran);
         let mut pending = resize.map(|r| PendingWidth {
             cores: r.cores,
             seq: r.seq,
             before,
+            epoch: r.epoch,
         });
-        let cores = PendingWidth::settle(&mut pending, reported, dispatch_seq).unwrap_or(before);
+        let cores = PendingWidth::settle(&mut pending, report).unwrap_or(before);
         (cores, pending)
     }
 

@@ -329,4 +329,7 @@ pub struct PendingResize {
     /// the worker has taken it in (applied it, in full or as far as its spare cores went, or
     /// dropped it as an older epoch's).
     pub seq: u64,
+    /// The epoch of the leader that sent it: a worker whose heartbeat knows a newer one drops
+    /// it if it has not applied it, so its report decides.
+    pub epoch: u64,
 }

@@ -4,7 +4,7 @@
 
 use crate::elastic::ElasticModel;
 use tangram_shared::codec::Encoding;
-use tangram_shared::{Action, Grant, JobId, TrajectoryId, WorkerId};
+use tangram_shared::{Action, ActionId, Grant, JobId, TrajectoryId, WorkerId};
 
 /// Where an action is in its life. Settled actions leave the table (their ids are
 /// remembered for a while to recognise late results and resubmissions).
@@ -73,9 +73,10 @@ pub enum ActionState {
 /// earlier leader's last widths fit the worker together (its bookings did): the pending width
 /// is booked. Booking what the worker reported instead let a widening on its way take cores
 /// given to a new exec; booking the larger of the two booked a narrowing's cores twice. Once
-/// the worker's dispatch sequence is past the re-size (or it reports running at its width),
-/// the report decides: a widening the worker could apply only in part, or a re-size it
-/// dropped, is booked as it runs.
+/// the worker's dispatch sequence is past the re-size (or it reports running at its width, or
+/// knows an epoch newer than the re-size's, so that it drops the re-size if it has not
+/// applied it), the report decides: a widening the worker could apply only in part, or a
+/// re-size it dropped, is booked as it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingWidth {
     /// The width the re-size sets.
@@ -84,21 +85,47 @@ pub struct PendingWidth {
     pub seq: u64,
     /// The width the worker ran it at before (reported, or the dispatch's grant).
     pub before: u32,
+    /// The epoch of the leader that sent it.
+    pub epoch: u64,
+}
+
+/// What a worker's last heartbeat says of an adopted exec's width.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WidthReport {
+    /// Its `resized` entry for the exec.
+    pub(crate) reported: Option<u32>,
+    /// How far it has taken its dispatch subject in.
+    pub(crate) dispatch_seq: u64,
+    /// The newest epoch it knows.
+    pub(crate) known_epoch: u64,
+}
+
+impl WidthReport {
+    /// What `hb` says of exec `id`.
+    pub(crate) fn of(hb: &tangram_shared::Heartbeat, id: &ActionId) -> Self {
+        WidthReport {
+            reported: hb.resized.get(id).copied(),
+            dispatch_seq: hb.dispatch_seq,
+            known_epoch: hb.known_epoch,
+        }
+    }
 }
 
 impl PendingWidth {
-    /// The width an adopted exec holds after a report (`reported`: its `resized` entry;
-    /// `dispatch_seq`: how far its worker has taken the stream in); `None` leaves the booking
-    /// as it is. Clears `pending` once the worker has taken the re-size in.
-    pub(crate) fn settle(
-        pending: &mut Option<PendingWidth>,
-        reported: Option<u32>,
-        dispatch_seq: u64,
-    ) -> Option<u32> {
+    /// The width an adopted exec holds after its worker's report; `None` leaves the booking
+    /// as it is. Clears `pending` once the worker has taken the re-size in or will drop it.
+    pub(crate) fn settle(pending: &mut Option<PendingWidth>, report: WidthReport) -> Option<u32> {
+        let WidthReport {
+            reported,
+            dispatch_seq,
+            known_epoch,
+        } = report;
         let Some(p) = *pending else {
             return reported;
         };
-        let taken = (p.seq > 0 && dispatch_seq >= p.seq) || reported == Some(p.cores);
+        let taken = (p.seq > 0 && dispatch_seq >= p.seq)
+            || reported == Some(p.cores)
+            || p.epoch < known_epoch;
         if taken {
             *pending = None;
             Some(reported.unwrap_or(p.before))

@@ -1,7 +1,9 @@
 //! Workers: heartbeats (inventory, GPUs, services, providers, sandboxes, running actions),
 //! liveness, and what the engine does when a worker stops reporting an action or itself.
 
-use super::lifecycle::{ActionState, Booking, PendingWidth, Sandbox, SandboxKey, SandboxState};
+use super::lifecycle::{
+    ActionState, Booking, PendingWidth, Sandbox, SandboxKey, SandboxState, WidthReport,
+};
 use super::pools::WorkerReport;
 use super::{Effect, Engine, Now, Observation, WorkerState};
 use std::collections::HashSet;
@@ -165,9 +167,7 @@ impl Engine {
             // An adopted exec an earlier leader re-sized: book what the worker says it holds,
             // or a re-size still on its way to it (see `PendingWidth`).
             let width = adopted
-                .then(|| {
-                    PendingWidth::settle(pending, hb.resized.get(id).copied(), hb.dispatch_seq)
-                })
+                .then(|| PendingWidth::settle(pending, WidthReport::of(hb, id)))
                 .flatten();
             if let (Some(cores), Some(cpu)) = (width, booking.cpu_mut()) {
                 resized |= cpu.set_cores(cores);

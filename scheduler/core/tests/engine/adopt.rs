@@ -266,7 +266,14 @@ fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
     // Dispatched at one core, re-sized to two and then to three by the earlier leader; the
     // last not applied yet.
     let old = dispatch_of(exec("old", "j", "t1", 1, 3), 1);
-    let mut h = term_with_resize(&old, PendingResize { cores: 3, seq: 5 });
+    let mut h = term_with_resize(
+        &old,
+        PendingResize {
+            cores: 3,
+            seq: 5,
+            epoch: 1,
+        },
+    );
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
     // The worker still runs it at one core: the widening stays booked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -297,7 +304,14 @@ fn a_widening_still_in_the_backlog_is_booked_until_the_worker_runs_at_it() {
 #[test]
 fn a_narrowing_still_in_the_backlog_frees_its_cores_for_the_next_exec() {
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 4);
-    let mut h = term_with_resize(&old, PendingResize { cores: 1, seq: 5 });
+    let mut h = term_with_resize(
+        &old,
+        PendingResize {
+            cores: 1,
+            seq: 5,
+            epoch: 1,
+        },
+    );
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
     // The worker still runs it at four: the narrowing stays booked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -330,7 +344,11 @@ fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
         worker: WorkerId::new("w1").unwrap(),
         dispatch: Box::new(old),
         seq: 4,
-        resize: Some(PendingResize { cores: 3, seq: 5 }),
+        resize: Some(PendingResize {
+            cores: 3,
+            seq: 5,
+            epoch: 1,
+        }),
     });
     h.step(Event::BacklogRead);
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
@@ -347,7 +365,14 @@ fn a_re_size_found_after_a_fetch_adopted_the_exec_is_booked() {
 #[test]
 fn a_re_size_the_worker_took_in_is_booked_as_it_runs_whatever_it_asked() {
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 1);
-    let mut h = term_with_resize(&old, PendingResize { cores: 4, seq: 5 });
+    let mut h = term_with_resize(
+        &old,
+        PendingResize {
+            cores: 4,
+            seq: 5,
+            epoch: 1,
+        },
+    );
     assert_eq!(booked_cores(&h.engine, "w1"), 4);
     // Past the re-size, running at two of the four asked.
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
@@ -360,12 +385,64 @@ fn a_re_size_the_worker_took_in_is_booked_as_it_runs_whatever_it_asked() {
 
     // Dropped: never re-sized, so it runs at its dispatch's grant.
     let old = dispatch_of(exec("old", "j", "t1", 1, 4), 3);
-    let mut h = term_with_resize(&old, PendingResize { cores: 1, seq: 5 });
+    let mut h = term_with_resize(
+        &old,
+        PendingResize {
+            cores: 1,
+            seq: 5,
+            epoch: 1,
+        },
+    );
     assert_eq!(booked_cores(&h.engine, "w1"), 1);
     let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
     hb.dispatch_seq = 6;
     h.step(Event::Heartbeat(Box::new(hb)));
     assert_eq!(booked_cores(&h.engine, "w1"), 3);
+}
+
+/// A re-size of an epoch older than its worker knows, found in the backlog behind the
+/// worker's later dispatch: the worker drops it if it has not applied it, so the exec is
+/// booked as the worker reports it, and the cores the re-size would take go to new work.
+#[test]
+fn a_re_size_of_an_epoch_its_worker_has_left_behind_is_booked_as_the_worker_runs() {
+    let old = dispatch_of(exec("old", "j", "t1", 1, 4), 1);
+    let config = EngineConfig {
+        await_backlog: true,
+        epoch: 3,
+        ..cfg()
+    };
+    let mut h = Harness::with(config, &[]);
+    // The worker has taken a dispatch of epoch 2, not yet the re-size (epoch 1, sequence 9).
+    let mut hb = h.heartbeat_of("w1", 4, 4096, &["old"], &[("j", "t1"), ("j", "t2")]);
+    hb.dispatch_seq = 6;
+    hb.known_epoch = 2;
+    h.step(Event::Heartbeat(Box::new(hb.clone())));
+    h.step(Event::AdoptStored {
+        worker: WorkerId::new("w1").unwrap(),
+        dispatch: Box::new(old.clone()),
+        seq: 4,
+        resize: Some(PendingResize {
+            cores: 4,
+            seq: 9,
+            epoch: 1,
+        }),
+    });
+    h.step(Event::BacklogRead);
+    assert_eq!(booked_cores(&h.engine, "w1"), 1);
+    let (_, fx) = h.arrive(exec("new", "j", "t2", 3, 3));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+    // A worker that knew no newer epoch would apply it: booked at its width.
+    let mut h = term_with_resize(
+        &old,
+        PendingResize {
+            cores: 4,
+            seq: 9,
+            epoch: 1,
+        },
+    );
+    hb.known_epoch = 1;
+    h.step(Event::Heartbeat(Box::new(hb)));
+    assert_eq!(booked_cores(&h.engine, "w1"), 4);
 }
 
 /// A term that awaits its backlog, worker `w1` (4 cores, sandboxes of `t1` and `t2`) heard

@@ -17,6 +17,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
         running: vec![],
         finished: vec![],
         dispatch_seq: 0,
+        known_epoch: 0,
         sandboxes: vec![],
         draining: false,
         gpus: Some(tangram_shared::GpuInventory {

@@ -99,6 +99,7 @@ impl Harness {
             running: running.iter().map(|r| ActionId::new(*r).unwrap()).collect(),
             finished: vec![],
             dispatch_seq: 0,
+            known_epoch: 0,
             sandboxes: sandboxes
                 .iter()
                 .map(|(j, t)| SandboxRef {

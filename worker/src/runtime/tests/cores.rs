@@ -97,6 +97,8 @@ async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
     // Taken in: a new leader that found the re-size in the backlog reads this report as
     // the width after it.
     assert_eq!(hb.dispatch_seq, 7, "{hb:?}");
+    // The epoch its dispatches came with, which a new leader compares a re-size's with.
+    assert_eq!(hb.known_epoch, 1, "{hb:?}");
     // One of an older epoch is dropped, and counts as taken in all the same.
     let mut old = widen.clone();
     old.epoch = 0;
@@ -107,5 +109,9 @@ async fn a_heartbeat_reports_the_cores_of_a_re_sized_exec() {
     let hb = crate::runtime::heartbeat::heartbeat_of(&h.worker, 3, false);
     assert_eq!(hb.resized.get(&ActionId::new("long").unwrap()), Some(&2));
     assert_eq!(hb.dispatch_seq, 9, "{hb:?}");
+    assert_eq!(
+        hb.known_epoch, 1,
+        "an older epoch's re-size teaches nothing: {hb:?}"
+    );
     h.stop().await;
 }

@@ -309,6 +309,7 @@ impl Driver<'_> {
             running: vec![],
             finished: vec![],
             dispatch_seq: 0,
+            known_epoch: 0,
             sandboxes: vec![],
             draining: false,
             gpus: None,

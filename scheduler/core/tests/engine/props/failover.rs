@@ -8,7 +8,7 @@ impl World {
     /// A new leader: a fresh engine told what the streams and the cordon store keep, in the
     /// order the shell starts a term (cordons, then the backlog scan, worker heartbeats and
     /// redelivered action messages as they come).
-    pub(super) fn failover(&mut self, published: bool, backlog_first: bool) {
+    pub(super) fn failover(&mut self, published: bool, backlog_first: bool, late_regrants: bool) {
         // What the old leader handed to the shell and never heard back about.
         for (w, d) in std::mem::take(&mut self.handed) {
             if !published {
@@ -26,6 +26,12 @@ impl World {
             if at.is_some_and(|t| self.h.now >= t) {
                 self.sandboxes.remove(WORKERS[w].0);
             }
+        }
+        // The old leader's re-sizes no worker has taken, published late (see the step).
+        if late_regrants {
+            let regrants = std::mem::take(&mut self.regrants);
+            self.late
+                .extend(regrants.into_iter().map(|(w, r, _)| (w, r)));
         }
         // Each term under an epoch of its own, as the epoch store hands them out.
         let config = EngineConfig {
@@ -85,6 +91,7 @@ impl World {
                 .map(|(_, r, seq)| tangram_core::PendingResize {
                     cores: r.grant.cores,
                     seq: *seq,
+                    epoch: r.epoch,
                 });
             let fx = self.h.step(Event::AdoptStored {
                 worker: WorkerId::new(&w).unwrap(),
@@ -169,6 +176,15 @@ impl World {
         }
         let newest = self.epochs.entry(w.to_string()).or_insert(d.epoch);
         *newest = (*newest).max(d.epoch);
+        // An old leader's late re-sizes for this worker land behind a later term's dispatch.
+        let (behind, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.late)
+            .into_iter()
+            .partition(|(x, r)| x == w && r.epoch < d.epoch);
+        self.late = rest;
+        for (x, r) in behind {
+            let seq = self.next_seq();
+            self.regrants.push((x, r, seq));
+        }
         let addressed = d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(w);
         if addressed {
             self.running.push((w.to_string(), d));

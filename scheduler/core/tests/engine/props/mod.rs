@@ -33,10 +33,14 @@ enum Step {
     },
     /// The leader ends and a new engine takes over from what is durable: the dispatches
     /// handed out and not yet confirmed were `published` or not; the new term reads the
-    /// dispatch backlog first (`backlog_first`) or hears the workers first.
+    /// dispatch backlog first (`backlog_first`) or hears the workers first. With
+    /// `late_regrants`, the re-sizes the old leader published that no worker has taken yet
+    /// reach the stream late: after the new term's backlog scan, behind each worker's next
+    /// dispatch from the new leader (so the worker, knowing a later epoch, drops them).
     Failover {
         published: bool,
         backlog_first: bool,
+        late_regrants: bool,
     },
     /// The shell answers the `k`-th outstanding fetch of a stored dispatch (a heartbeat
     /// listed an action the engine did not know).
@@ -57,8 +61,13 @@ fn step() -> impl Strategy<Value = Step> {
         2 => prop::bool::ANY.prop_map(|gpu| Step::Call { gpu }),
         1 => (0..3usize, prop::option::of(0..3_000u64), prop::bool::weighted(0.5))
             .prop_map(|(w, drain_ms, off)| Step::Cordon { w, drain_ms, off }),
-        1 => (prop::bool::ANY, prop::bool::ANY)
-            .prop_map(|(published, backlog_first)| Step::Failover { published, backlog_first }),
+        1 => (prop::bool::ANY, prop::bool::ANY, prop::bool::weighted(0.3)).prop_map(
+            |(published, backlog_first, late_regrants)| Step::Failover {
+                published,
+                backlog_first,
+                late_regrants,
+            }
+        ),
         2 => (0..4usize).prop_map(|k| Step::Fetch { k }),
         2 => (0..3usize).prop_map(|w| Step::TakeRegrant { w }),
     ]
@@ -125,6 +134,8 @@ struct World {
     /// The newest epoch each worker has taken a dispatch of: it drops a re-size of an older
     /// one (its leader was deposed), as a real worker does.
     epochs: Map<String, u64>,
+    /// An old leader's re-sizes not in the stream yet (`Step::Failover::late_regrants`).
+    late: Vec<(String, tangram_shared::Regrant)>,
 }
 
 mod failover;
@@ -274,6 +285,7 @@ fn a_new_leader_adopts_what_runs_and_every_action_ends_once() {
             world.apply(Failover {
                 published: true,
                 backlog_first,
+                late_regrants: false,
             });
             assert_eq!(world.terms, 2);
             assert_eq!(
@@ -318,6 +330,7 @@ fn a_widening_left_in_the_backlog_is_not_given_to_a_new_exec() {
         Failover {
             published: false,
             backlog_first: false,
+            late_regrants: false,
         },
         Store { k: 0, ok: true },
         Finish { k: 0 },
@@ -326,14 +339,63 @@ fn a_widening_left_in_the_backlog_is_not_given_to_a_new_exec() {
         Failover {
             published: true,
             backlog_first: false,
+            late_regrants: false,
         },
         Finish { k: 0 },
         Failover {
             published: false,
             backlog_first: false,
+            late_regrants: false,
         },
         s(3, 2),
         Store { k: 0, ok: true },
+    ];
+    run("tangram-v2", steps).unwrap();
+}
+
+/// Regression (found by the property test once its world carried epochs and sequences): a
+/// deposed leader's widening reached the stream behind a later leader's dispatch to the same
+/// worker, which therefore drops it (an older epoch); a third leader's backlog scan found it
+/// and booked the exec at its width until the worker's heartbeat was past its sequence: 5
+/// cores booked on a 4-core worker. Heartbeats now say the newest epoch the worker knows, and
+/// a re-size of an older one is settled by the worker's report at once.
+#[test]
+fn a_re_size_its_worker_will_drop_as_an_older_epochs_is_not_booked() {
+    use Step::*;
+    let s = |t, min, max| Submit { t, min, max };
+    let failover = |published, late_regrants| Failover {
+        published,
+        backlog_first: false,
+        late_regrants,
+    };
+    let steps = vec![
+        s(1, 1, 1),
+        s(5, 1, 1),
+        s(4, 1, 1),
+        s(4, 1, 1),
+        Kill { w: 2 },
+        failover(false, false),
+        Store { k: 1, ok: true },
+        failover(true, false),
+        s(4, 1, 1),
+        s(4, 2, 3),
+        Finish { k: 3 },
+        s(0, 1, 1),
+        s(2, 1, 1),
+        Restart { w: 2 },
+        Finish { k: 0 },
+        Finish { k: 0 },
+        Call { gpu: false },
+        failover(true, false),
+        Finish { k: 0 },
+        s(4, 2, 2),
+        Finish { k: 4 },
+        Wait { ms: 1 },
+        Finish { k: 1 },
+        s(1, 1, 1),
+        failover(false, true),
+        Store { k: 0, ok: true },
+        failover(false, false),
     ];
     run("tangram-v2", steps).unwrap();
 }

@@ -49,6 +49,7 @@ impl World {
             adoptions: 0,
             fetches: Vec::new(),
             epochs: Map::new(),
+            late: Vec::new(),
         }
     }
 
@@ -306,7 +307,8 @@ impl World {
             Step::Failover {
                 published,
                 backlog_first,
-            } => return self.failover(published, backlog_first),
+                late_regrants,
+            } => return self.failover(published, backlog_first, late_regrants),
             Step::Fetch { k } => return self.answer_fetch(k),
             Step::TakeRegrant { w } => {
                 let name = WORKERS[w].0;
@@ -362,6 +364,7 @@ impl World {
         let (name, cores, mem) = WORKERS[w];
         let mut hb = self.h.heartbeat_of(name, cores, mem, running, sandboxes);
         hb.dispatch_seq = self.taken.get(name).copied().unwrap_or(0);
+        hb.known_epoch = self.epochs.get(name).copied().unwrap_or(0);
         // What it runs at a re-sized width, at that width.
         hb.resized = self
             .runs_on(name)
