@@ -9,6 +9,8 @@ use std::time::Duration;
 use tangram_nats::local::{SchedulerProcess, WorkerProcess};
 use tokio::time::Instant;
 
+mod services;
+
 /// Workers one worker process hosts, at most.
 const WORKERS_PER_PROCESS: u32 = 100;
 /// The two schedulers' ids.
@@ -288,85 +290,6 @@ impl Cluster {
         Ok(c)
     }
 
-    /// Starts the search stand-in (the api provider's far end), its own limit above the
-    /// quota the scheduler keeps to; its URL and the file holding its token.
-    fn start_search(&mut self, rate: f64) -> anyhow::Result<(String, std::path::PathBuf)> {
-        let d = self.dir.path();
-        let script = d.join("search.py");
-        std::fs::write(&script, crate::cluster::SEARCH_PY)?;
-        let token_file = d.join("search.key");
-        std::fs::write(&token_file, "fleet-bench-search\n")?;
-        let port = crate::cluster::free_port()?;
-        let child = crate::cluster::spawn_logged(
-            &d.join("search.log"),
-            "search",
-            Command::new("python3")
-                .arg(&script)
-                .args(["--port", &port.to_string()])
-                .args(["--rate", &(rate * 1.5 + 10.0).to_string()])
-                .args(["--burst", "20"])
-                .arg("--token-file")
-                .arg(&token_file),
-        )?;
-        self.services.push(Proc {
-            name: "search",
-            child,
-        });
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > Duration::from_secs(10) {
-                bail!(
-                    "the search stand-in did not start\n{}",
-                    self.log_tail("search.log")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok((format!("http://127.0.0.1:{port}"), token_file))
-    }
-
-    /// Writes the config of GPU worker `id`: declared GPUs serving the reward service with
-    /// the reference replica, and the api provider at `rate` a second. Its path.
-    fn gpu_worker_config(
-        &self,
-        id: &str,
-        shape: &Shape,
-        search_url: &str,
-        token_file: &Path,
-        rate: f64,
-    ) -> anyhow::Result<std::path::PathBuf> {
-        use crate::cluster::files::{GpuProvider, GpuSection, GpuService, GpuWorkerFile};
-        let d = self.dir.path();
-        let replica = d.join("replica.py");
-        std::fs::write(&replica, crate::cluster::REPLICA_PY)?;
-        let file = GpuWorkerFile {
-            id: id.into(),
-            nats_url: self.url.clone(),
-            sandboxes: false,
-            heartbeat_ms: shape.heartbeat_ms,
-            state_dir: d.join(id),
-            metrics_addr: None,
-            gpu: GpuSection {
-                nvml: "off".into(),
-                count: shape.gpus,
-            },
-            service: vec![GpuService::reference(REWARD_SERVICE, &replica)],
-            provider: vec![GpuProvider {
-                name: API_PROVIDER.into(),
-                base_url: search_url.into(),
-                credential_file: token_file.to_path_buf(),
-                rate_per_s: rate,
-                burst: 20,
-                concurrency: 16,
-                timeout_ms: 10_000,
-                allow: vec!["GET /search".into()],
-            }],
-        };
-        let path = d.join(format!("{id}.toml"));
-        std::fs::write(&path, toml::to_string(&file)?)?;
-        Ok(path)
-    }
-
     /// Starts one more worker process, `id`, on the cluster's server, with these arguments
     /// and environment (the opens bench: one real Docker worker with a warm pool).
     pub fn add_worker(
@@ -447,76 +370,5 @@ impl Drop for Cluster {
         self.schedulers.clear();
         self.services.clear();
         self.nats = None;
-    }
-}
-
-/// One process's CPU time so far (user and system), and its resident memory.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Usage {
-    /// CPU seconds.
-    pub cpu_s: f64,
-    /// Resident set, MiB.
-    pub rss_mib: f64,
-}
-
-/// Reads `/proc/<pid>/stat` and `/proc/<pid>/status`; zero where the process is gone.
-pub fn usage(pid: u32) -> Usage {
-    // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
-    const TICKS: f64 = 100.0;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    Usage {
-        cpu_s: (ticks(11) + ticks(12)) / TICKS,
-        rss_mib: rss_kib / 1024.0,
-    }
-}
-
-/// The summed usage of several processes.
-pub fn usage_of(pids: &[u32]) -> Usage {
-    pids.iter()
-        .map(|&p| usage(p))
-        .fold(Usage::default(), |a, u| Usage {
-            cpu_s: a.cpu_s + u.cpu_s,
-            rss_mib: a.rss_mib + u.rss_mib,
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn this_process_has_cpu_time_and_memory() {
-        let u = usage(std::process::id());
-        assert!(u.rss_mib > 1.0, "{u:?}");
-        // Spin a little so that at least one tick is counted.
-        let t = Instant::now();
-        let mut x = 0u64;
-        while t.elapsed() < Duration::from_millis(50) {
-            x = x.wrapping_add(1);
-        }
-        assert!(x > 0);
-        assert!(usage(std::process::id()).cpu_s > 0.0);
-        assert_eq!(
-            usage(u32::MAX).cpu_s,
-            0.0,
-            "a process that is not there reads as zero"
-        );
     }
 }

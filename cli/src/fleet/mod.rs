@@ -15,12 +15,13 @@ mod density;
 mod load;
 mod opens;
 mod report;
+mod usage;
 
 pub use density::{density, DensityArgs};
 pub use opens::{opens, OpensArgs};
 
 use anyhow::{bail, Context as _};
-use cluster::{usage, usage_of, Cluster, Shape};
+use cluster::{Cluster, Shape};
 use load::{Lanes, Load};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use tangram_shared::stats::quantile;
 use tangram_shared::status::Status;
 use tokio::time::Instant;
+use usage::{usage, usage_of};
 
 /// Options of `tangram bench fleet`.
 #[derive(Debug, clap::Args)]
