@@ -50,7 +50,7 @@ pub fn usage_of(pids: &[u32]) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use tokio::time::{Duration, Instant};
 
     #[test]
     fn this_process_has_cpu_time_and_memory() {
