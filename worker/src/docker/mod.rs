@@ -26,9 +26,13 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 pub use crate::sandbox::ExecOutput;
+pub use exec::{
+    files_archive, with_files_wrapper, FILES_FAILED_EXIT, FILES_FAILED_MARK, FILES_WRAPPER,
+};
 pub use replicas::{ReplicaContainers, LABEL_REPLICA};
 pub use runtime::DockerRuntime;
 
+mod exec;
 pub mod images;
 pub mod pull;
 mod replicas;
@@ -110,42 +114,6 @@ pub struct Created {
     pub pid: i64,
     /// How long pulling its image took, µs (0: the image was there).
     pub pull_us: u64,
-}
-
-/// Exit code of [`FILES_WRAPPER`] when the files could not be written.
-pub const FILES_FAILED_EXIT: i64 = 125;
-/// What [`FILES_WRAPPER`] prints on stderr when the files could not be written.
-pub const FILES_FAILED_MARK: &str = "tangram: writing files into /work failed";
-
-/// Runs a command after unpacking the tar archive on its stdin into `/work`, in the same
-/// `docker exec` (one round trip to the daemon instead of two). Used when the action has files
-/// but no stdin of its own; the command then gets an empty stdin.
-pub const FILES_WRAPPER: &str = "tar -x -m --no-same-owner -C /work -f - || { echo \"tangram: writing files into /work failed\" >&2; exit 125; }; exec \"$@\" </dev/null";
-
-/// `argv` wrapped by [`FILES_WRAPPER`].
-pub fn with_files_wrapper(argv: &[String]) -> Vec<String> {
-    let mut out = vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        FILES_WRAPPER.to_string(),
-        "tangram-exec".to_string(),
-    ];
-    out.extend(argv.iter().cloned());
-    out
-}
-
-/// A tar archive of text files, by relative path.
-pub fn files_archive(files: &BTreeMap<String, String>) -> Result<Vec<u8>, std::io::Error> {
-    let mut archive = tar::Builder::new(Vec::new());
-    for (path, text) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(text.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_cksum();
-        archive.append_data(&mut header, path, text.as_bytes())?;
-    }
-    archive.into_inner()
 }
 
 /// A container left behind by an earlier run of this worker.
@@ -392,219 +360,6 @@ impl DockerSandboxes {
             .update_container(id, body)
             .await
             .map_err(|e| DockerError::from_api(e, id))
-    }
-
-    /// Writes text files under `/work` by piping a tar archive into `tar -x`.
-    pub async fn write_files(
-        &self,
-        id: &str,
-        files: &BTreeMap<String, String>,
-    ) -> Result<(), DockerError> {
-        if files.is_empty() {
-            return Ok(());
-        }
-        let bytes = files_archive(files)?;
-        let argv = [
-            "tar",
-            "-x",
-            "-m",
-            "--no-same-owner",
-            "-C",
-            "/work",
-            "-f",
-            "-",
-        ]
-        .map(String::from);
-        let out = self
-            .run(
-                id,
-                &argv,
-                &[],
-                Some(&bytes),
-                RunLimits {
-                    timeout: Duration::from_secs(30),
-                    cap: 64 * 1024,
-                    containment: None,
-                },
-            )
-            .await?;
-        match out.exit_code {
-            Some(0) => Ok(()),
-            code => Err(DockerError::Io(std::io::Error::other(format!(
-                "writing files failed (exit {code:?}): {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )))),
-        }
-    }
-
-    /// Runs a command, feeding `stdin`, capturing output up to `limits.cap` bytes per stream,
-    /// and killing every process in the sandbox if `limits.timeout` passes.
-    pub async fn run(
-        &self,
-        id: &str,
-        argv: &[String],
-        env: &[String],
-        stdin: Option<&[u8]>,
-        limits: RunLimits<'_>,
-    ) -> Result<ExecOutput, DockerError> {
-        let RunLimits {
-            timeout,
-            cap,
-            containment,
-        } = limits;
-        let exec = self
-            .docker
-            .create_exec(
-                id,
-                CreateExecOptions {
-                    attach_stdin: Some(stdin.is_some()),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    cmd: Some(argv.to_vec()),
-                    env: Some(env.to_vec()),
-                    working_dir: Some("/work".to_string()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| DockerError::from_api(e, id))?;
-        let deadline = Instant::now() + timeout;
-        let started = self
-            .docker
-            .start_exec(&exec.id, None::<StartExecOptions>)
-            .await?;
-        let StartExecResults::Attached { mut output, input } = started else {
-            return Err(DockerError::Io(std::io::Error::other(
-                "exec started detached",
-            )));
-        };
-        let mut out = ExecOutput::default();
-        // Stdin is fed alongside reading output, so a command that prints before it reads
-        // cannot deadlock us; the feed ends with the exec.
-        let mut fed = stdin.is_none();
-        let input = match stdin {
-            Some(_) => Some(input),
-            None => {
-                drop(input);
-                None
-            }
-        };
-        let feed = async move {
-            if let (Some(data), Some(mut input)) = (stdin, input) {
-                let _ = input.write_all(data).await;
-                let _ = input.shutdown().await;
-            }
-        };
-        let mut feed = std::pin::pin!(feed);
-        loop {
-            let next = tokio::select! {
-                _ = &mut feed, if !fed => {
-                    fed = true;
-                    continue;
-                }
-                n = tokio::time::timeout_at(deadline, output.next()) => n,
-            };
-            match next {
-                Ok(Some(Ok(chunk))) => {
-                    let (buf, bytes) = match chunk {
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                            (&mut out.stdout, message)
-                        }
-                        LogOutput::StdErr { message } => (&mut out.stderr, message),
-                        LogOutput::StdIn { .. } => continue,
-                    };
-                    let room = cap.saturating_sub(buf.len());
-                    if bytes.len() > room {
-                        out.truncated = true;
-                    }
-                    buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                }
-                Ok(Some(Err(e))) => return Err(e.into()),
-                Ok(None) => break,
-                Err(_) => {
-                    out.timed_out = true;
-                    self.kill_tree(id, containment).await;
-                    // Drain what is left, briefly: the streams close once the tree is dead.
-                    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                        while output.next().await.is_some() {}
-                    })
-                    .await;
-                    break;
-                }
-            }
-        }
-        if !out.timed_out {
-            // The stream can close a moment before Docker records the exit code.
-            for _ in 0..50 {
-                let info = self.docker.inspect_exec(&exec.id).await?;
-                if info.running != Some(true) {
-                    out.exit_code = info.exit_code;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Kills every process in the sandbox except its init: from the host through its cgroups
-    /// when they are known (this needs no new process in the sandbox, so it works when a fork
-    /// bomb has used up the pids limit), else, or if that fails, from inside.
-    pub async fn kill_tree(&self, id: &str, containment: Option<&Containment>) {
-        if let Some(c) = containment.cloned() {
-            match tokio::task::spawn_blocking(move || c.kill_all_but_init()).await {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, sandbox = id, "killing through the cgroup failed; killing from inside")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, sandbox = id, "cgroup kill task failed; killing from inside")
-                }
-            }
-        }
-        self.kill_all(id).await;
-    }
-
-    /// Kills every process in the sandbox except its init: `kill -9 -1` run as the sandbox
-    /// user reaches all of the user's processes in the container's PID namespace, so children
-    /// that forked or moved to their own process group die too.
-    pub async fn kill_all(&self, id: &str) {
-        let argv = vec![
-            "/bin/sh".to_string(),
-            "-c".to_string(),
-            "kill -9 -1".to_string(),
-        ];
-        let exec = self
-            .docker
-            .create_exec(
-                id,
-                CreateExecOptions {
-                    cmd: Some(argv),
-                    attach_stdout: Some(false),
-                    ..Default::default()
-                },
-            )
-            .await;
-        if let Ok(exec) = exec {
-            let _ = self
-                .docker
-                .start_exec(
-                    &exec.id,
-                    Some(StartExecOptions {
-                        detach: true,
-                        ..Default::default()
-                    }),
-                )
-                .await;
-            for _ in 0..100 {
-                match self.docker.inspect_exec(&exec.id).await {
-                    Ok(i) if i.running == Some(true) => {
-                        tokio::time::sleep(Duration::from_millis(5)).await
-                    }
-                    _ => break,
-                }
-            }
-        }
     }
 
     /// Removes a sandbox (and its tmpfs contents).
