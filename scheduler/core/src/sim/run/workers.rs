@@ -1,11 +1,91 @@
-//! The simulated workers' side of the driver: a stored dispatch carried out (an exec for
-//! its true duration at its granted cores, an image pulled first where the node lacks it, a
-//! reward call on its replica, an api call after its latency), a re-size applied to a
-//! running exec, and a result handed back to its trajectory.
+//! The simulated workers' side of the driver: their one report each, a stored dispatch
+//! carried out (an exec for its true duration at its granted cores, an image pulled first
+//! where the node lacks it, a reward call on its replica, an api call after its latency), a
+//! re-size applied to a running exec, and a result handed back to its trajectory.
 
 use super::*;
 
 impl Driver<'_> {
+    /// Every simulated worker's one report: its cores and memory, and for GPU nodes and the
+    /// api worker the services and providers they serve.
+    pub(super) fn heartbeats(&self) -> Vec<Event> {
+        let hb = |id: String, cores: u32, mem_mb: u64| Heartbeat {
+            worker: WorkerId::new(id).expect("valid id"),
+            instance: "sim".into(),
+            seq: 0,
+            interval_ms: 1_000,
+            cores,
+            mem_mb,
+            running: vec![],
+            finished: vec![],
+            dispatch_seq: 0,
+            known_epoch: 0,
+            sandboxes: vec![],
+            draining: false,
+            gpus: None,
+            services: vec![],
+            providers: vec![],
+            warm: None,
+            images: Vec::new(),
+            resized: Default::default(),
+        };
+        let mut out = Vec::new();
+        for (i, &cores) in self.w.nodes.iter().enumerate() {
+            // Memory is never the limit in these workloads.
+            out.push(hb(format!("n{i:04}"), cores, 1 << 40));
+        }
+        for (i, groups) in self.w.gpus.iter().enumerate() {
+            let mut h = hb(format!("g{i:04}"), 0, 0);
+            let mut next = 0u32;
+            h.gpus = Some(GpuInventory {
+                source: "declared".into(),
+                groups: groups
+                    .iter()
+                    .map(|&g| {
+                        let ids = (next..next + g as u32).collect();
+                        next += g as u32;
+                        ids
+                    })
+                    .collect(),
+                devices: vec![],
+            });
+            h.services = self
+                .w
+                .services
+                .iter()
+                .map(|s| ServiceReport {
+                    name: s.name.clone(),
+                    gpus: s.gpus,
+                    restore_ms: s.restore_ms,
+                    slots: s.slots,
+                    replicas: vec![],
+                })
+                .collect();
+            out.push(h);
+        }
+        if !self.w.providers.is_empty() {
+            let mut h = hb("api".into(), 0, 0);
+            h.providers = self
+                .w
+                .providers
+                .iter()
+                .map(|p| ProviderReport {
+                    name: p.name.clone(),
+                    rate_per_s: p.rate_per_s,
+                    burst: p.burst,
+                    concurrency: p.concurrency,
+                    allow: vec!["* /*".into()],
+                    allow_headers: vec![],
+                    slow_ms: p.slow_ms,
+                })
+                .collect();
+            out.push(h);
+        }
+        out.into_iter()
+            .map(|h| Event::Heartbeat(Box::new(h)))
+            .collect()
+    }
+
     /// A worker runs a stored dispatch: when does it complete, and with what result?
     pub(super) fn execute(&mut self, worker: &WorkerId, d: &Dispatch, now: f64) {
         let t = Self::traj_of(&d.action.id);
