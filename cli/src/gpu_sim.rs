@@ -56,9 +56,7 @@ pub(crate) fn mopd(args: &SimulateArgs) -> anyhow::Result<()> {
     // The sweep: the fewest pooled GPUs within tolerance of static's mean ACT, for the
     // first pooled policy listed.
     let pooled = pooled_policy(
-        args.policies
-            .split(',')
-            .map(str::trim)
+        args.policy_names()
             .find(|p| p.starts_with("tangram"))
             .unwrap_or("tangram"),
     );

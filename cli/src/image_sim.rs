@@ -40,7 +40,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
         };
         if policy.provisioning().trajectory_cores().is_some() {
             // The default list's `static` is left out; one named is refused.
-            if args.policies == crate::DEFAULT_POLICIES {
+            if args.policies.is_none() {
                 continue;
             }
             crate::usage!("{n}: swe-images compares action-level placement; static has none");

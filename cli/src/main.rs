@@ -28,7 +28,7 @@ mod table;
 mod upgrade;
 
 use clap::{Parser, Subcommand};
-pub(crate) use simulate::{SimulateArgs, DEFAULT_POLICIES};
+pub(crate) use simulate::SimulateArgs;
 use std::path::PathBuf;
 
 /// Tangram: action-level resource orchestration for agentic RL.

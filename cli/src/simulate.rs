@@ -16,9 +16,10 @@ pub(crate) struct SimulateArgs {
     /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
-    /// Policies, comma-separated; ratios are given to the first.
-    #[arg(long, default_value = DEFAULT_POLICIES)]
-    pub(crate) policies: String,
+    /// Policies, comma-separated; ratios are given to the first [default:
+    /// tangram,static,fifo-dop-4,first-fit; swe-images leaves static out of it]
+    #[arg(long)]
+    pub(crate) policies: Option<String>,
     /// Trajectories in the batch (built-in workloads).
     #[arg(long, default_value_t = 1280)]
     pub(crate) batch: usize,
@@ -73,9 +74,12 @@ pub(crate) struct SimulateArgs {
 pub(crate) const DEFAULT_POLICIES: &str = "tangram,static,fifo-dop-4,first-fit";
 
 impl SimulateArgs {
-    /// The policies `--policies` names, in order, blanks dropped.
+    /// The policies `--policies` names, in order, blanks dropped ([`DEFAULT_POLICIES`] when
+    /// it is not given).
     pub(crate) fn policy_names(&self) -> impl Iterator<Item = &str> {
         self.policies
+            .as_deref()
+            .unwrap_or(DEFAULT_POLICIES)
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())

@@ -452,7 +452,7 @@ fn calibrate_writes_a_map_per_name_as_json_and_svg_and_refuses_unknown_maps() {
 /// Regression: `--workload swe-images` without `--policies` failed at once ("static:
 /// swe-images compares action-level placement"), since the default list names `static`. The
 /// default list now runs its action-level policies; `static` named by the caller is still
-/// refused.
+/// refused (also when the caller spells out the default list).
 #[test]
 fn swe_images_runs_with_the_default_policies_and_refuses_static_when_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,11 +479,13 @@ fn swe_images_runs_with_the_default_policies_and_refuses_static_when_named() {
             "first-fit/ignore-images"
         ]
     );
-    let (code, _, err) =
-        tangram(&[&args[..], &["--policies", "tangram,static", "--svg", svg]].concat());
-    assert_eq!(code, 2, "a usage error: {err}");
-    assert!(
-        err.contains("static: swe-images compares action-level placement"),
-        "{err}"
-    );
+    // Named, even spelled as the default list is: refused.
+    for named in ["tangram,static", "tangram,static,fifo-dop-4,first-fit"] {
+        let (code, _, err) = tangram(&[&args[..], &["--policies", named, "--svg", svg]].concat());
+        assert_eq!(code, 2, "a usage error: {err}");
+        assert!(
+            err.contains("static: swe-images compares action-level placement"),
+            "{err}"
+        );
+    }
 }

@@ -254,8 +254,14 @@ async fn one(
     Scanned::Unread
 }
 
-/// The last re-size stored for the dispatch on `subj` (of its `attempt`) that its worker has
-/// not taken yet; `Err` when the server could not say.
+/// Re-sizes of one dispatch read at most by the backlog scan (a leader sends a few per exec).
+const MOST_REGRANTS: usize = 64;
+
+/// Of the re-sizes stored for the dispatch on `subj` (of its `attempt`) that its worker has
+/// not taken yet, the one it ends on; `Err` when the server could not say. The worker takes
+/// its subject in stream order and keeps the newest re-size by (epoch, the leader's
+/// sequence), dropping any it has seen superseded, so that is the newest of them wherever it
+/// lies in the stream: a deposed leader's late re-size can be stored after a later leader's.
 async fn pending_regrant(
     dispatches: &jetstream::stream::Stream,
     subj: &str,
@@ -263,26 +269,47 @@ async fn pending_regrant(
 ) -> Result<Option<tangram_core::PendingResize>, ()> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let regrant = format!("{subj}.regrant");
-    match dispatches.get_last_raw_message_by_subject(&regrant).await {
-        Ok(m) => match decode::<tangram_shared::Regrant>(&m.payload, Encoding::Msgpack) {
-            Ok(r) if r.attempt == attempt => Ok(Some(tangram_core::PendingResize {
-                cores: r.grant.cores,
-                seq: m.sequence,
-                epoch: r.epoch,
-            })),
-            Ok(_) => Ok(None),
+    let mut newest: Option<((u64, u64), tangram_core::PendingResize)> = None;
+    let mut from = 1;
+    for _ in 0..MOST_REGRANTS {
+        let m = match dispatches
+            .get_first_raw_message_by_subject(&regrant, from)
+            .await
+        {
+            Ok(m) => m,
+            // None left: every re-size was taken by the worker or read here.
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(newest.map(|(_, p)| p))
+            }
+            Err(e) => {
+                warn!(subject = %regrant, error = %e, "reading a re-size of the backlog");
+                return Err(());
+            }
+        };
+        from = m.sequence + 1;
+        match decode::<tangram_shared::Regrant>(&m.payload, Encoding::Msgpack) {
+            Ok(r) if r.attempt == attempt => {
+                let key = (r.epoch, r.seq);
+                if newest.as_ref().is_none_or(|(k, _)| key > *k) {
+                    let pending = tangram_core::PendingResize {
+                        cores: r.grant.cores,
+                        seq: m.sequence,
+                        epoch: r.epoch,
+                    };
+                    newest = Some((key, pending));
+                }
+            }
+            Ok(_) => {}
             Err(e) => {
                 warn!(subject = %regrant, error = %e, "a re-size of the backlog does not decode");
-                Ok(None)
             }
-        },
-        // Taken by the worker meanwhile: its heartbeats report what it runs at.
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => {
-            warn!(subject = %regrant, error = %e, "reading a re-size of the backlog");
-            Err(())
         }
     }
+    warn!(
+        subject = %regrant,
+        "more than {MOST_REGRANTS} re-sizes of one dispatch in the backlog; the newest read is booked"
+    );
+    Ok(newest.map(|(_, p)| p))
 }
 
 /// After a result the scheduler stored on a worker's behalf: the action's dispatches (and

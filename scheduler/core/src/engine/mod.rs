@@ -359,8 +359,9 @@ impl Engine {
         self.sandboxes.get(&(job.clone(), trajectory.clone()))
     }
 
-    /// Cores, memory and GPU slots booked per worker by actions and sandboxes: what the
-    /// snapshot subtracts from the workers' capacity.
+    /// Cores and memory booked per worker by launched sandbox actions and held sandboxes
+    /// (workers with none booked are absent): what the snapshot subtracts from the workers'
+    /// capacity.
     pub fn booked(&self) -> BTreeMap<WorkerId, (u32, u64)> {
         self.used()
             .into_iter()

@@ -121,9 +121,10 @@ pub(crate) struct Held<'a> {
 }
 
 impl<'a> Held<'a> {
-    /// Sorts each placed action's booking into its pool's list (a booking of nothing counts
-    /// nowhere; every other launched action counts its cores against the CPU pool, 0 for a
-    /// reward or api call), then adds the sandboxes that hold cores and memory.
+    /// Sorts each placed action's booking into its pool's list (a sandbox action's counted
+    /// cores to the CPU pool's, a reward call's slot to the GPU pool's, an api call's quota to
+    /// the API pool's; a booking of nothing counts nowhere), then adds the sandboxes that hold
+    /// cores and memory to the CPU pool's.
     pub(crate) fn of(
         placed: impl Iterator<Item = (&'a WorkerId, &'a Booking)>,
         sandboxes: impl Iterator<Item = (&'a WorkerId, cpu::CpuHold)>,

@@ -27,11 +27,15 @@ impl World {
                 self.sandboxes.remove(WORKERS[w].0);
             }
         }
-        // The old leader's re-sizes no worker has taken, published late (see the step).
+        // The old leader's re-sizes no worker has taken, published late (see the step);
+        // earlier terms' stay where they are in the stream.
         if late_regrants {
-            let regrants = std::mem::take(&mut self.regrants);
-            self.late
-                .extend(regrants.into_iter().map(|(w, r, _)| (w, r)));
+            let ending = cfg().epoch + self.terms as u64 - 1;
+            let (late, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.regrants)
+                .into_iter()
+                .partition(|(_, r, _)| r.epoch == ending);
+            self.regrants = kept;
+            self.late.extend(late.into_iter().map(|(w, r, _)| (w, r)));
         }
         // Each term under an epoch of its own, as the epoch store hands them out.
         let config = EngineConfig {
@@ -82,12 +86,13 @@ impl World {
             .collect();
         for (w, d) in backlog {
             let seq = self.stored_seq[&(w.clone(), d.action.id.clone())];
+            // The re-size the worker ends on: the newest by epoch and the leader's sequence
+            // among those it has not taken, as the scan reads them.
             let resize = self
                 .regrants
                 .iter()
-                .rev()
-                .find(|(x, r, _)| x == &w && r.id == d.action.id)
-                .filter(|(_, r, _)| r.attempt == d.attempt)
+                .filter(|(x, r, _)| x == &w && r.id == d.action.id && r.attempt == d.attempt)
+                .max_by_key(|(_, r, _)| (r.epoch, r.seq))
                 .map(|(_, r, seq)| tangram_core::PendingResize {
                     cores: r.grant.cores,
                     seq: *seq,
@@ -174,19 +179,22 @@ impl World {
         if let Some(seq) = self.stored_seq.get(&(w.to_string(), d.action.id.clone())) {
             self.took(w, *seq);
         }
-        let newest = self.epochs.entry(w.to_string()).or_insert(d.epoch);
-        *newest = (*newest).max(d.epoch);
-        // An old leader's late re-sizes for this worker land behind a later term's dispatch.
-        let (behind, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.late)
-            .into_iter()
-            .partition(|(x, r)| x == w && r.epoch < d.epoch);
-        self.late = rest;
-        for (x, r) in behind {
-            let seq = self.next_seq();
-            self.regrants.push((x, r, seq));
-        }
         let addressed = d.instance.is_none() || d.instance.as_ref() == self.h.instance.get(w);
         if addressed {
+            // Run: the worker knows the dispatch's epoch from now on.
+            let newest = self.epochs.entry(w.to_string()).or_insert(d.epoch);
+            *newest = (*newest).max(d.epoch);
+            let newest = *newest;
+            // An old leader's late re-sizes for this worker land behind the first dispatch
+            // that taught it a later epoch.
+            let (behind, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.late)
+                .into_iter()
+                .partition(|(x, r)| x == w && r.epoch < newest);
+            self.late = rest;
+            for (x, r) in behind {
+                let seq = self.next_seq();
+                self.regrants.push((x, r, seq));
+            }
             self.running.push((w.to_string(), d));
             return Vec::new();
         }

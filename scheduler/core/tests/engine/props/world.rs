@@ -267,6 +267,9 @@ impl World {
                 self.alive[w] = true;
                 let name = WORKERS[w].0;
                 self.wipe(name);
+                // A new process: it knows no epoch and has taken nothing in yet.
+                self.epochs.remove(name);
+                self.taken.remove(name);
                 let inst = self.new_instance();
                 self.h.instance.insert(name.to_string(), inst);
                 // The new instance reads what waits in its backlog (all of it addressed to
