@@ -60,7 +60,7 @@ pub(crate) fn swe_images(args: &SimulateArgs) -> anyhow::Result<()> {
     spinner.finish();
     let reports: Vec<SimReport> = runs.iter().map(|r| r.report.clone()).collect();
     report::write_svg(&args.svg, &label, &reports)?;
-    let sums: Vec<_> = reports.iter().map(|r| r.summary()).collect();
+    let sums: Vec<_> = runs.iter().map(|r| &r.summary).collect();
     let base = &sums[0];
     let gain = |i: usize| sim::image_gain(&runs, i);
     if args.json {

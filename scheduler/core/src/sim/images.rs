@@ -2,7 +2,7 @@
 //! large each is, and how fast a node pulls; and `swe-images`, a workload of per-task images
 //! (one image per repository and version, as SWE-bench-style datasets ship them).
 
-use super::{AiCoding, Elasticity, Rng, SimReport, SimStats, Simulated, Workload};
+use super::{AiCoding, Elasticity, Rng, SimReport, SimStats, Simulated, Summary, Workload};
 
 /// The images a workload's sandboxes open from, and the pull model: a node pulls one image
 /// at a time at `pull_mb_per_s`; opens of an image a node holds start at once, and opens of
@@ -157,6 +157,8 @@ pub struct ImageRun {
     pub aware: bool,
     /// What it measured (its `policy` is `name`).
     pub report: SimReport,
+    /// The report's summary, computed once.
+    pub summary: Summary,
     /// Pulls, what they moved and how long opens waited for them.
     pub stats: SimStats,
 }
@@ -191,10 +193,12 @@ pub fn compare_images<S: Simulated + ?Sized>(
                 format!("{name}/ignore-images")
             };
             report.policy = name.clone();
+            let summary = report.summary();
             runs.push(ImageRun {
                 name,
                 aware,
                 report,
+                summary,
                 stats,
             });
         }
@@ -209,7 +213,7 @@ pub fn image_gain(runs: &[ImageRun], i: usize) -> Option<f64> {
     if !run.aware {
         return None;
     }
-    let aware = run.report.summary().mean_act_s;
-    let ignoring = ignoring.report.summary().mean_act_s;
+    let aware = run.summary.mean_act_s;
+    let ignoring = ignoring.summary.mean_act_s;
     Some(if aware > 0.0 { ignoring / aware } else { 0.0 })
 }
