@@ -123,8 +123,14 @@ async fn a_new_leader_books_a_re_sized_exec_at_the_width_it_runs() -> anyhow::Re
     cluster
         .restart_scheduler_with(|config| config.policy = "tangram-v2".into())
         .await?;
-    c.wait_for_status(T, "the long exec adopted", |s| {
-        s.epoch >= 2 && s.running.get("sandbox_exec") == Some(&1)
+    // Booked at the two cores it holds (the worker would make an exec placed on one of them
+    // wait for it, so the booking is what this checks).
+    c.wait_for_status(T, "the long exec adopted at two cores", |s| {
+        s.epoch >= 2
+            && s.running.get("sandbox_exec") == Some(&1)
+            && s.workers
+                .iter()
+                .any(|w| w.id == "mall-r" && w.cores_used == 2)
     })
     .await?;
     // No core is free until the long exec ends: the next one waits for it, then runs.

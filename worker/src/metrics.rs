@@ -21,6 +21,7 @@ pub const FENCED: &str = "tangram_worker_fenced_total";
 pub const FENCED_RESULTS: &str = "tangram_worker_fenced_results_dropped_total";
 pub const RESULT_RETRIES: &str = "tangram_worker_result_retries_total";
 pub const REGRANTS: &str = "tangram_worker_regrants_total";
+pub const CORE_WAITS: &str = "tangram_worker_core_waits_total";
 pub const WARM_CLAIMS: &str = "tangram_worker_warm_pool_claims_total";
 pub const IMAGE_PULLS: &str = "tangram_worker_image_pulls_total";
 pub const IMAGE_PULL_SECONDS: &str = "tangram_worker_image_pull_duration_seconds";
@@ -72,6 +73,7 @@ pub const DEFS: &[MetricDef] = &[
     def(FENCED_RESULTS, C, &[], N, "Results of a fenced instance's actions not published (the scheduler settled them)."),
     def(RESULT_RETRIES, C, &[], N, "Rounds of result publishing that failed and were tried again (a result is never given up while the worker runs)."),
     def(REGRANTS, C, &["direction"], N, "Running execs re-sized by a malleable policy (tangram-v2), by direction (widen, narrow)."),
+    def(CORE_WAITS, C, &["result"], N, "Execs whose booked cores were not free when they started, which waited for a narrowing or an end to free them, by result (granted, timed_out: failed `infra_error: grant`)."),
     def(IMAGE_PULLS, C, &["outcome"], N, "Sandbox images pulled because an open named one the worker lacked, by outcome (ok, refused: not allowed or not in the registry, failed: registry unreachable, credentials refused or too slow). Opens sharing a pull count once each."),
     def(IMAGE_PULL_SECONDS, H, &[], S, "How long a successful image pull took."),
     def(WARM_CLAIMS, C, &["result"], N, "Opens on the worker's parking cores, by result (hit: a parked sandbox of the open's image and work directory was claimed; miss: none was ready and one was created)."),

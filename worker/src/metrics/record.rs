@@ -35,6 +35,10 @@ pub(crate) fn result_retry() {
 pub(crate) fn regrant(direction: &'static str) {
     counter!(REGRANTS, "direction" => direction).increment(1);
 }
+/// An exec that waited for its cores: `granted` or `timed_out`.
+pub(crate) fn core_wait(result: &'static str) {
+    counter!(CORE_WAITS, "result" => result).increment(1);
+}
 /// An image pull: how it ended (`ok`, `refused`, `failed`) and, when it went through, how
 /// long it took (µs).
 pub(crate) fn image_pull(outcome: &'static str, took_us: Option<u64>) {

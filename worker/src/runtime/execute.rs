@@ -12,7 +12,12 @@ use tangram_shared::{
     ActionResult, ActionSpec, Dispatch, InfraCode, Outcome, Placement, RejectCode, Timing,
 };
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
+
+/// How long an exec waits for booked cores that are not free yet: the dispatch consumer's
+/// ack wait (after which a re-size lost on its way is redelivered), and a margin.
+pub(crate) const CORE_WAIT: Duration =
+    Duration::from_millis(tangram_shared::DISPATCH_REDELIVERY_MS + 2_000);
 
 /// A sandbox this worker holds.
 pub(crate) struct Sandbox {
@@ -173,6 +178,71 @@ impl Worker {
         (Outcome::Completed { exit_code: 0 }, pull_us)
     }
 
+    /// Takes the cores exec `d` was booked (or the size a re-size that came before it set),
+    /// and records the exec as holding them. Cores the scheduler booked may not be free yet:
+    /// a narrowing or an end that frees them can reach this worker after the dispatch that
+    /// relies on them (a re-size redelivered after a NATS node died carrying it comes within
+    /// the dispatch consumer's ack wait). So the exec waits for them, its cores still
+    /// promised (`State::reserved`, which widenings leave alone), up to [`CORE_WAIT`];
+    /// `Err` with the count it could not take after that.
+    async fn take_cores(
+        &self,
+        d: &Dispatch,
+        s: &Arc<Sandbox>,
+        gate: &Arc<tokio::sync::Mutex<()>>,
+    ) -> Result<Vec<u32>, usize> {
+        let id = &d.action.id;
+        let deadline = Instant::now() + CORE_WAIT;
+        let mut waited = false;
+        loop {
+            let freed = self.cores_freed.notified();
+            {
+                let mut st = self.state.lock().expect("state lock");
+                let st = &mut *st;
+                let early = st.early.get(id).filter(|r| r.attempt == d.attempt).cloned();
+                let n = early
+                    .as_ref()
+                    .map_or(d.grant.cores, |r| r.grant.cores)
+                    .max(1) as usize;
+                let cores = st.cores.take(n);
+                let timed_out = Instant::now() >= deadline;
+                if cores.is_some() || timed_out {
+                    st.early.remove(id);
+                    st.reserved.remove(id);
+                    if waited {
+                        crate::metrics::core_wait(if cores.is_some() {
+                            "granted"
+                        } else {
+                            "timed_out"
+                        });
+                    }
+                }
+                if let Some(c) = cores {
+                    st.execs.insert(
+                        id.clone(),
+                        super::resize::Sizing {
+                            attempt: d.attempt,
+                            cores: c.clone(),
+                            sandbox: s.clone(),
+                            epoch: early.as_ref().map_or(d.epoch, |r| r.epoch),
+                            seq: early.map_or(0, |r| r.seq),
+                            gate: gate.clone(),
+                        },
+                    );
+                    return Ok(c);
+                }
+                if timed_out {
+                    return Err(n);
+                }
+                if !waited {
+                    debug!(action = %id, cores = n, free = st.cores.free(), "waiting for booked cores to be freed");
+                }
+            }
+            waited = true;
+            let _ = tokio::time::timeout_at(deadline, freed).await;
+        }
+    }
+
     async fn exec(
         &self,
         key: &SandboxKey,
@@ -201,31 +271,7 @@ impl Worker {
         // Held through the first grant, so that a re-size read meanwhile is written after it.
         let gate = Arc::new(tokio::sync::Mutex::new(()));
         let first_write = gate.clone().lock_owned().await;
-        let taken = {
-            let mut st = self.state.lock().expect("state lock");
-            // A re-size that came before the exec took its cores sets its starting size.
-            let early = st.early.remove(id).filter(|r| r.attempt == d.attempt);
-            let n = early
-                .as_ref()
-                .map_or(d.grant.cores, |r| r.grant.cores)
-                .max(1) as usize;
-            st.reserved.remove(id);
-            let cores = st.cores.take(n);
-            if let Some(c) = &cores {
-                st.execs.insert(
-                    id.clone(),
-                    super::resize::Sizing {
-                        attempt: d.attempt,
-                        cores: c.clone(),
-                        sandbox: s.clone(),
-                        epoch: early.as_ref().map_or(d.epoch, |r| r.epoch),
-                        seq: early.map_or(0, |r| r.seq),
-                        gate: gate.clone(),
-                    },
-                );
-            }
-            cores.ok_or(n)
-        };
+        let taken = self.take_cores(d, &s, &gate).await;
         let cores = match taken {
             Ok(c) => c,
             Err(n) => {
@@ -301,6 +347,7 @@ impl Worker {
             .expect("state lock")
             .cores
             .give_back(&held);
+        self.cores_freed.notify_waiters();
         result.outcome = outcome.unwrap_or_else(|o| o);
         if matches!(
             result.outcome,

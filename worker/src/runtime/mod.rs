@@ -92,6 +92,9 @@ pub(crate) struct Worker {
     /// Generation of the instance: bumped by a fence, so that actions admitted before it
     /// drop their results (the scheduler settled them when it declared the worker lost).
     pub(crate) era: std::sync::atomic::AtomicU64,
+    /// Woken whenever cores are given back (an exec's end, a narrowing): an exec waiting
+    /// for the cores it was booked tries again (see `execute::CORE_WAIT`).
+    pub(crate) cores_freed: tokio::sync::Notify,
 }
 
 impl Worker {
@@ -125,6 +128,7 @@ impl Worker {
             inventory,
             instance: Mutex::new(fence::new_instance_id()),
             era: std::sync::atomic::AtomicU64::new(0),
+            cores_freed: tokio::sync::Notify::new(),
         }
     }
 

@@ -113,6 +113,9 @@ impl Worker {
             return None;
         }
         let widening = s.cores.len() > have;
+        if !widening {
+            self.cores_freed.notify_waiters();
+        }
         crate::metrics::regrant(if widening { "widen" } else { "narrow" });
         Some((s.gate.clone(), s.sandbox.clone(), widening))
     }

@@ -8,17 +8,77 @@ async fn cores_are_granted_at_most_once_and_come_back() {
     let h = Harness::start(); // two cores
     h.run(&open("o1", "t1")).await;
     h.run(&open("o2", "t2")).await;
-    h.deliver("wide", &exec("wide", "t1", &["sleep", "10"], 2), false)
+    h.deliver("wide", &exec("wide", "t1", &["sleep", "60"], 2), false)
         .await;
     h.until_running(1).await;
+    // Nothing frees a core while it waits for one (see the next test): it fails after the
+    // wait, never sharing a core.
+    let t0 = Instant::now();
     let r = h.run(&exec("more", "t2", &["true"], 1)).await;
     assert_eq!(infra_code(&r), InfraCode::Grant);
+    assert!(
+        t0.elapsed() >= crate::runtime::execute::CORE_WAIT,
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(h.worker.state.lock().unwrap().reserved.is_empty());
     let wide = h.results.wait("wide").await;
     assert_eq!(completed(&wide), 0);
     assert_eq!(wide.placement.as_ref().unwrap().cpuset, "0-1");
     // Given back: the same exec fits now.
     let r = h.run(&exec("again", "t2", &["true"], 1)).await;
     assert_eq!(completed(&r), 0);
+    h.stop().await;
+}
+
+/// Regression (left open by the re-size reviews): a narrowing that reached the worker after
+/// the dispatch relying on the core it frees (redelivered after its ack wait, as when a NATS
+/// node dies carrying it) made that exec fail `infra_error: grant` at once. The exec now
+/// waits for the cores it was booked.
+#[tokio::test(start_paused = true)]
+async fn an_exec_whose_core_a_late_narrowing_frees_waits_for_it() {
+    let h = Harness::start(); // two cores
+    h.run(&open("o1", "t1")).await;
+    h.run(&open("o2", "t2")).await;
+    h.deliver("long", &exec("long", "t1", &["sleep", "60"], 2), false)
+        .await;
+    h.until_running(1).await;
+    // The scheduler narrowed `long` to one core and placed `next` on the other; `next`
+    // comes first, the narrowing five seconds later.
+    let t0 = Instant::now();
+    h.deliver("next", &exec("next", "t2", &["true"], 1), false)
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        h.results.of("next").is_empty(),
+        "{:?}",
+        h.results.of("next")
+    );
+    let narrow = tangram_shared::Regrant {
+        epoch: 1,
+        id: ActionId::new("long").unwrap(),
+        attempt: 1,
+        grant: Grant {
+            cores: 1,
+            mem_mb: 256,
+        },
+        seq: 1,
+    };
+    h.deliver_regrant("narrow", &narrow).await;
+    let next = h.results.wait("next").await;
+    assert_eq!(completed(&next), 0, "{next:?}");
+    assert!(t0.elapsed() >= Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < crate::runtime::execute::CORE_WAIT);
+    // On the core the narrowing gave back, never on the one `long` keeps.
+    let long_core = h.worker.state.lock().unwrap().execs[&ActionId::new("long").unwrap()]
+        .cores
+        .clone();
+    assert_eq!(long_core.len(), 1);
+    assert_ne!(
+        next.placement.as_ref().unwrap().cpuset,
+        crate::cpuset::format(&long_core)
+    );
+    assert!(h.worker.state.lock().unwrap().reserved.is_empty());
     h.stop().await;
 }
 
