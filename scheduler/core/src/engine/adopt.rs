@@ -72,7 +72,7 @@ impl Engine {
             // Adopted from a heartbeat's fetch first: the backlog still says what re-size
             // is on its way.
             if let Some(r) = resize {
-                self.book_pending_resize(&id, dispatch.attempt, r);
+                self.book_pending_resize(&id, dispatch.attempt, r, now);
             }
             if let Some(d) = delivery {
                 self.out.push(Effect::Ack(d));
@@ -169,7 +169,13 @@ impl Engine {
 
     /// An adopted exec's re-size found in the backlog after its adoption (a heartbeat's
     /// fetch came first): booked as at adoption.
-    fn book_pending_resize(&mut self, id: &ActionId, attempt: u32, resize: PendingResize) {
+    fn book_pending_resize(
+        &mut self,
+        id: &ActionId,
+        attempt: u32,
+        resize: PendingResize,
+        now: Now,
+    ) {
         let Some(ActionState::Running {
             worker,
             booking,
@@ -197,6 +203,7 @@ impl Engine {
             if let Some(cpu) = booking.cpu_mut() {
                 cpu.set_cores(cores);
             }
+            self.progress_follows_booking(id, now);
             self.dirty = true;
         }
     }

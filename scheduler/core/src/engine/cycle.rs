@@ -136,9 +136,10 @@ impl Engine {
     /// What every cycle leaves true, checked in debug builds (tests, the simulator's debug
     /// runs, the integration suite's scheduler): the queue holds exactly the queued actions,
     /// once each, in arrival order; an action backing off is out of it; and no worker this
-    /// cycle booked on is booked past its cores or memory. (A worker may be over capacity
+    /// cycle booked on is booked past its cores or memory (a worker may be over capacity
     /// for reasons outside the plan, such as a restart with fewer cores while adopted work
-    /// runs; the plan must then not add to it.)
+    /// runs; the plan must then not add to it); and each exec's progress estimate runs at
+    /// the width it is booked.
     fn check_postconditions(&self, booked_on: &HashSet<WorkerId>) {
         let mut seen: HashSet<&ActionId> = HashSet::new();
         let mut last_arrival = 0;
@@ -177,6 +178,18 @@ impl Engine {
                 state.hb.cores,
                 state.hb.mem_mb
             );
+        }
+        for (id, p) in &self.progress {
+            let booked = self.actions.get(id).and_then(|e| e.placed());
+            if let Some((_, b)) = booked {
+                assert_eq!(
+                    p.cores,
+                    b.counted_cores(),
+                    "{id}: its progress is estimated at {} cores, it is booked at {}",
+                    p.cores,
+                    b.counted_cores()
+                );
+            }
         }
     }
 

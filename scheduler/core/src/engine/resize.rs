@@ -65,6 +65,18 @@ impl Progress {
         Some(((total / wall).round() as u32).max(1))
     }
 
+    /// Now at `cores` from `now_ms` (its worker reported another width): the work done and
+    /// the core-time held so far are kept at the width it had.
+    pub fn rewidth(&mut self, model: &ElasticModel, cores: u32, now_ms: u64) {
+        if cores == self.cores {
+            return;
+        }
+        self.done = self.done_at(model, now_ms);
+        self.core_ms += self.cores as f64 * now_ms.saturating_sub(self.since_ms) as f64;
+        self.since_ms = now_ms;
+        self.cores = cores;
+    }
+
     /// The fraction of its model's work done at `now_ms` (past 1 when it overran).
     pub fn done_at(&self, model: &ElasticModel, now_ms: u64) -> f64 {
         let elapsed = now_ms.saturating_sub(self.since_ms) as f64;
@@ -87,6 +99,21 @@ struct Sized {
 }
 
 impl Engine {
+    /// An adopted exec's booking was set to the width its worker reports: its progress
+    /// estimate runs at that width from `now` (it kept its first width before).
+    pub(crate) fn progress_follows_booking(&mut self, id: &ActionId, now: Now) {
+        let Some(e) = self.actions.get(id) else {
+            return;
+        };
+        let Some(cores) = e.placed().map(|(_, b)| b.counted_cores()) else {
+            return;
+        };
+        let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
+        if let Some(p) = self.progress.get_mut(id) {
+            p.rewidth(&model, cores, now.ms);
+        }
+    }
+
     /// Re-sizes the elastic execs of every worker (see the module docs). Called at the end of
     /// a cycle when the policy is malleable.
     pub(crate) fn resize(&mut self, now: Now) -> Vec<(ActionId, WorkerId, Grant)> {

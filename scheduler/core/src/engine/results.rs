@@ -95,6 +95,9 @@ impl Engine {
             e.action.trajectory.clone(),
             e.action.kind(),
         );
+        // The next attempt is sized afresh: this one's progress estimate (its width, a
+        // re-size that amended the dispatch) does not carry over.
+        self.progress.remove(id);
         self.unbook(
             &job,
             &trajectory,

@@ -144,7 +144,7 @@ impl Engine {
         let grace = self.grace_ms(hb);
         let window = tangram_shared::DISPATCH_REDELIVERY_MS + grace;
         let mut lost = Vec::new();
-        let mut resized = false;
+        let mut resized = Vec::new();
         for (id, e) in self.actions.iter_mut() {
             let ActionState::Running {
                 worker,
@@ -170,7 +170,9 @@ impl Engine {
                 .then(|| PendingWidth::settle(pending, WidthReport::of(hb, id)))
                 .flatten();
             if let (Some(cores), Some(cpu)) = (width, booking.cpu_mut()) {
-                resized |= cpu.set_cores(cores);
+                if cpu.set_cores(cores) {
+                    resized.push(id.clone());
+                }
             }
             // Evidence that the dispatch reached the worker: its sequence is behind what the
             // worker has taken in. Without sequences, a grace after the store stands in.
@@ -193,7 +195,8 @@ impl Engine {
                 }
             }
         }
-        if resized {
+        for id in &resized {
+            self.progress_follows_booking(id, now);
             self.dirty = true;
         }
         lost.sort();

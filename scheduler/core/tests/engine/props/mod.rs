@@ -399,3 +399,34 @@ fn a_re_size_its_worker_will_drop_as_an_older_epochs_is_not_booked() {
     ];
     run("tangram-v2", steps).unwrap();
 }
+
+/// Regression (found once the cycle's post-conditions checked that each exec's progress
+/// estimate runs at the width it is booked): a dispatch amended by a re-size (to five cores)
+/// whose store failed kept its progress estimate, and the next attempt, placed at two
+/// cores, was estimated at five, so the sizing planned it at the wrong speed. A failed
+/// dispatch's estimate now goes with it.
+#[test]
+fn a_re_placed_exec_is_estimated_at_its_new_width_not_its_failed_attempts() {
+    use Step::*;
+    let s = |t, min, max| Submit { t, min, max };
+    let steps = vec![
+        s(2, 1, 1),
+        s(0, 1, 1),
+        Store { k: 0, ok: true },
+        s(0, 1, 1),
+        Finish { k: 0 },
+        Failover {
+            published: true,
+            backlog_first: false,
+            late_regrants: false,
+        },
+        s(0, 1, 2),
+        Finish { k: 0 },
+        s(2, 1, 1),
+        Store { k: 3, ok: false },
+        s(2, 1, 4),
+        s(2, 1, 1),
+        Store { k: 0, ok: false },
+    ];
+    run("tangram-v2", steps).unwrap();
+}
