@@ -12,7 +12,7 @@ use std::time::Duration;
 use tangram_core::engine::{self, Arrival, RawMessage};
 use tangram_core::Event;
 use tangram_shared::codec::{decode, Encoding};
-use tangram_shared::{subject, ActionResult, Heartbeat, Limits};
+use tangram_shared::{subject, ActionResult, Limits};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -183,15 +183,33 @@ pub(crate) async fn take_result<E: std::fmt::Display>(
     true
 }
 
-/// Hands a heartbeat (core NATS) to the state task. False when the state task is gone.
-pub(crate) async fn take_heartbeat(msg: async_nats::Message, tx: &mpsc::Sender<Input>) -> bool {
-    match decode::<Heartbeat>(&msg.payload, Encoding::Msgpack) {
+/// Hands a heartbeat (core NATS) to the state task, if `gate` takes it in (see
+/// `heartbeats`). False when the state task is gone.
+pub(crate) async fn take_heartbeat(
+    msg: async_nats::Message,
+    gate: &std::sync::Mutex<crate::heartbeats::HeartbeatGate>,
+    tx: &mpsc::Sender<Input>,
+) -> bool {
+    let now = tokio::time::Instant::now();
+    let taken =
+        gate.lock()
+            .expect("heartbeat gate lock")
+            .take(msg.subject.as_str(), &msg.payload, now);
+    match taken {
         Ok(hb) => {
             let event = Input::Engine(Event::Heartbeat(Box::new(hb)));
             tx.send(event).await.is_ok()
         }
-        Err(e) => {
-            warn!(subject = %msg.subject, error = %e, "undecodable heartbeat");
+        Err(refused) => {
+            crate::metrics::heartbeat_refused(refused.reason());
+            let warn_now = gate.lock().expect("heartbeat gate lock").should_warn(
+                msg.subject.as_str(),
+                refused.reason(),
+                now,
+            );
+            if warn_now {
+                warn!(subject = %msg.subject, refused = ?refused, "heartbeat refused (said once a minute per subject and reason)");
+            }
             true
         }
     }

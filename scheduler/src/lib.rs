@@ -16,6 +16,7 @@ mod cordons;
 mod dispatcher;
 mod effects;
 mod gate;
+mod heartbeats;
 mod held;
 mod intake;
 mod lease;

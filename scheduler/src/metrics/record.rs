@@ -87,6 +87,9 @@ pub(crate) fn worker_fenced() {
 pub(crate) fn fenced_heartbeat() {
     counter!(FENCED_HEARTBEATS).increment(1);
 }
+pub(crate) fn heartbeat_refused(reason: &'static str) {
+    counter!(REFUSED_HEARTBEATS, "reason" => reason).increment(1);
+}
 pub(crate) fn cycle_seconds(seconds: f64) {
     histogram!(CYCLE_SECONDS).record(seconds);
 }

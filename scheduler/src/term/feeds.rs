@@ -152,10 +152,14 @@ pub(super) async fn the_rest(
         .instrument(tracing::info_span!("results")),
     );
     let to_state = f.tx.clone();
+    let hb_gate = Arc::new(std::sync::Mutex::new(
+        crate::heartbeats::HeartbeatGate::default(),
+    ));
     f.tasks.spawn(
         pump(heartbeats, f.shutdown.clone(), move |msg| {
             let tx = to_state.clone();
-            async move { crate::intake::take_heartbeat(msg, &tx).await }
+            let gate = hb_gate.clone();
+            async move { crate::intake::take_heartbeat(msg, &gate, &tx).await }
         })
         .instrument(tracing::info_span!("heartbeats")),
     );
