@@ -10,6 +10,12 @@ use tangram_tests::{Client, Cluster, WorkerSpec};
 
 const T: Duration = Duration::from_secs(60);
 
+/// `f`'s outcome if it has one within 2 s (a request the server drops for want of permission
+/// has none).
+async fn within<F: std::future::Future>(f: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(2), f).await
+}
+
 /// Regression (seen live): the scheduler took a heartbeat's worker from its body, so worker
 /// b's credential, publishing on its own subject (the only one it may), made worker a look
 /// restarted (its running `sleep` settled `worker_lost`, its sandbox forgotten) and invented
@@ -93,5 +99,112 @@ async fn a_worker_credential_cannot_speak_for_another_worker_or_invent_one() -> 
         Some("imp-a"),
         "{r:?}"
     );
+    c.shutdown().await
+}
+
+/// Regression (seen live): rollout credentials, per-job ones included, could pull from the
+/// scheduler's results consumer (jobA's seed received a jobB result), delete it (jobB's next
+/// exec was `no_sandbox` until the leader died) or redefine its filter to one job's results.
+/// Those consumer subjects are denied to every rollout role by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_rollout_can_pull_from_delete_or_redefine_the_schedulers_results_consumer(
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::pull;
+    let c = Cluster::start_secured(&[WorkerSpec::new("sc-a")], &["jobA", "jobB"]).await?;
+    let op = Client::connect_with(&c.nats.url(), "jobB", &c.credentials("operator")).await?;
+    op.wait_for_workers(&["sc-a"], T).await?;
+    let r = op.run(&open("o1", "jobB", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let name = subject::SCHEDULER_RESULTS_CONSUMER;
+    for role in ["rollout-jobA", "rollout"] {
+        let nc = auth::connect(&c.nats.url(), role, &c.credentials(role)).await?;
+        let js = async_nats::jetstream::new(nc.clone());
+        let stream = js.get_stream_no_info(subject::RESULTS_STREAM).await?;
+        let pulled = within(nc.request(
+            format!(
+                "$JS.API.CONSUMER.MSG.NEXT.{}.{name}",
+                subject::RESULTS_STREAM
+            ),
+            r#"{"batch":1,"no_wait":true}"#.into(),
+        ))
+        .await;
+        assert!(!matches!(pulled, Ok(Ok(_))), "{role} pulled: {pulled:?}");
+        let redefined = within(stream.create_consumer(pull::Config {
+            durable_name: Some(name.into()),
+            filter_subject: "tangram.v1.result.jobA.>".into(),
+            ..Default::default()
+        }))
+        .await;
+        assert!(!matches!(redefined, Ok(Ok(_))), "{role} redefined it");
+        let deleted = within(stream.delete_consumer(name)).await;
+        assert!(!matches!(deleted, Ok(Ok(_))), "{role} deleted it");
+    }
+    // Untouched, and results still reach the scheduler.
+    let info = op
+        .js
+        .get_stream(subject::RESULTS_STREAM)
+        .await?
+        .consumer_info(name)
+        .await?;
+    assert_eq!(info.config.filter_subject, "tangram.v1.result.>");
+    let r = op
+        .run(&exec("e1", "jobB", "t1", &["echo", "ok"], 1, 1), T)
+        .await?;
+    assert_eq!(r.stdout, "ok\n", "{r:?}");
+    c.shutdown().await
+}
+
+/// Regression (seen live): a worker's credential could create its dispatch consumer with any
+/// filter (the filter travelled in the request's body) and read every worker's dispatches:
+/// every job's files, environment and stdin. It may now create it only in the form that names
+/// the filter in the request subject, with its own dispatches as the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_read_another_workers_dispatches() -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::pull;
+    let c = Cluster::start_secured_with(&[WorkerSpec::new("df-a")], &["df-b"], &[]).await?;
+    let op = Client::connect_with(&c.nats.url(), "jobA", &c.credentials("operator")).await?;
+    op.wait_for_workers(&["df-a"], T).await?;
+    let nc = auth::connect(&c.nats.url(), "worker-df-b", &c.credentials("worker-df-b")).await?;
+    let js = async_nats::jetstream::new(nc.clone());
+    let stream = js.get_stream_no_info(subject::DISPATCH_STREAM).await?;
+    let own = subject::worker_consumer(&WorkerId::new("df-b")?);
+    // Worker c has not joined: no consumer of its dispatches exists yet (on this work-queue
+    // stream the server refuses a filter overlapping another consumer's, a's included).
+    let other = "tangram.v1.dispatch.df-c.>";
+    // The filter in the request subject.
+    let made = within(stream.create_consumer(pull::Config {
+        durable_name: Some(own.clone()),
+        filter_subject: other.into(),
+        ..Default::default()
+    }))
+    .await;
+    assert!(
+        !matches!(made, Ok(Ok(_))),
+        "worker b made its consumer over c's dispatches"
+    );
+    // The filter in the body only.
+    let body = serde_json::json!({
+        "stream_name": subject::DISPATCH_STREAM,
+        "config": {"durable_name": own, "filter_subject": other, "ack_policy": "explicit"},
+    });
+    let answer = within(nc.request(
+        format!("$JS.API.CONSUMER.CREATE.{}.{own}", subject::DISPATCH_STREAM),
+        serde_json::to_vec(&body)?.into(),
+    ))
+    .await;
+    if let Ok(Ok(m)) = &answer {
+        let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
+        assert!(v.get("error").is_some(), "worker b made its consumer: {v}");
+    }
+    // Its own, as the worker makes it, still works.
+    let made = within(tangram_nats::worker_consumer(&js, &WorkerId::new("df-b")?)).await;
+    assert!(matches!(made, Ok(Ok(_))), "{made:?}");
+    let info = op
+        .js
+        .get_stream(subject::DISPATCH_STREAM)
+        .await?
+        .consumer_info(&own)
+        .await?;
+    assert_eq!(info.config.filter_subject, "tangram.v1.dispatch.df-b.>");
     c.shutdown().await
 }

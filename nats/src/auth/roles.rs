@@ -23,6 +23,9 @@ pub enum Role {
 pub struct Permissions {
     /// Subjects it may publish to.
     pub publish: Vec<String>,
+    /// Subjects it may not publish to, though `publish` covers them (the scheduler's own
+    /// consumers, under a rollout's wildcard over consumer names).
+    pub deny_publish: Vec<String>,
     /// Subjects it may subscribe to.
     pub subscribe: Vec<String>,
     /// Whether it may answer requests it received (on the requester's inbox, whatever the
@@ -87,6 +90,7 @@ impl Role {
                     &inbox,
                 ]),
                 subscribe: s(&["tangram.v1.>", &inbox]),
+                deny_publish: Vec::new(),
                 allow_responses: true,
             },
             Role::Worker(id) => {
@@ -102,9 +106,13 @@ impl Role {
                         "tangram.v1.deadletter.fenced_instance".into(),
                         "$JS.API.INFO".into(),
                         "$JS.API.STREAM.INFO.*".into(),
-                        format!("$JS.API.CONSUMER.CREATE.{d}.{consumer}"),
-                        format!("$JS.API.CONSUMER.CREATE.{d}.{consumer}.>"),
-                        format!("$JS.API.CONSUMER.DURABLE.CREATE.{d}.{consumer}"),
+                        // Its own consumer, only with its own dispatches as the filter, which
+                        // this form carries in the request subject for the server to check
+                        // (the forms with the filter only in the body would let it read
+                        // every worker's dispatches).
+                        format!(
+                            "$JS.API.CONSUMER.CREATE.{d}.{consumer}.tangram.v1.dispatch.{id}.>"
+                        ),
                         format!("$JS.API.CONSUMER.INFO.{d}.{consumer}"),
                         format!("$JS.API.CONSUMER.MSG.NEXT.{d}.{consumer}"),
                         format!("$JS.ACK.{d}.{consumer}.>"),
@@ -129,6 +137,7 @@ impl Role {
                     ],
                     // Pre-pull requests addressed to it, answered on the asker's inbox.
                     subscribe: vec![inbox, subject::prepull_of(id)],
+                    deny_publish: Vec::new(),
                     allow_responses: true,
                 }
             }
@@ -160,6 +169,7 @@ impl Role {
                     &inbox,
                 ]),
                 subscribe: s(&["tangram.v1.result.>", &inbox]),
+                deny_publish: schedulers_consumers(),
                 allow_responses: false,
             },
             Role::RolloutOf(job) => Permissions {
@@ -187,10 +197,26 @@ impl Role {
                     inbox.clone(),
                 ],
                 subscribe: vec![format!("tangram.v1.result.{job}.>"), inbox],
+                deny_publish: schedulers_consumers(),
                 allow_responses: false,
             },
         })
     }
+}
+
+/// The consumer API subjects that name the scheduler's results consumer. A rollout's
+/// consumer permissions cover any name (nats-py's and nats.go's ordered consumers have
+/// random ones), so these are denied by name: pulling from it read every job's results, and
+/// deleting or redefining it stopped result intake for the rest of the term.
+fn schedulers_consumers() -> Vec<String> {
+    let (stream, name) = (subject::RESULTS_STREAM, subject::SCHEDULER_RESULTS_CONSUMER);
+    vec![
+        format!("$JS.API.CONSUMER.*.{stream}.{name}"),
+        format!("$JS.API.CONSUMER.*.{stream}.{name}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{name}"),
+        format!("$JS.ACK.{stream}.{name}.>"),
+    ]
 }
 
 /// A generated user: its role, public key and seed.
@@ -248,8 +274,13 @@ pub fn server_users(users: &[User]) -> String {
             u.public
         ));
         if let Some(p) = u.role.permissions() {
+            let deny = if p.deny_publish.is_empty() {
+                String::new()
+            } else {
+                format!(", deny: [{}]", list(&p.deny_publish))
+            };
             out.push_str(&format!(
-                ", permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }}{} }}",
+                ", permissions: {{ publish: {{ allow: [{}]{deny} }}, subscribe: {{ allow: [{}] }}{} }}",
                 list(&p.publish),
                 list(&p.subscribe),
                 // One answer per request, within an hour: the server's default of two
@@ -298,6 +329,8 @@ mod tests {
         let conf = server_authorization(&[u.clone(), User::generate(Role::Operator)]);
         assert!(conf.contains(&u.public));
         assert!(conf.contains("tangram.v1.heartbeat.w1"));
-        assert!(!conf.contains("tangram.v1.dispatch"), "{conf}");
+        // Its own consumer's filter names its dispatches; it may publish none.
+        assert!(!conf.contains("\"tangram.v1.dispatch"), "{conf}");
+        assert!(conf.contains("tangram.v1.dispatch.w1.>"), "{conf}");
     }
 }
