@@ -6,13 +6,19 @@ use super::*;
 
 /// Exit code of [`FILES_WRAPPER`] when the files could not be written.
 pub const FILES_FAILED_EXIT: i64 = 125;
-/// What [`FILES_WRAPPER`] prints on stderr when the files could not be written.
+/// What [`FILES_WRAPPER`] prints on stderr when the files could not be written, before the
+/// exec's token (see [`files_failed`]).
 pub const FILES_FAILED_MARK: &str = "tangram: writing files into /work failed";
 
 /// Runs a command after unpacking the tar archive on its stdin into `/work`, in the same
 /// `docker exec` (one round trip to the daemon instead of two). Used when the action has files
-/// but no stdin of its own; the command then gets an empty stdin.
-pub const FILES_WRAPPER: &str = "tar -x -m --no-same-owner -C /work -f - || { echo \"tangram: writing files into /work failed\" >&2; exit 125; }; exec \"$@\" </dev/null";
+/// but no stdin of its own; the command then gets an empty stdin. The stdin starts with a line
+/// holding a token the worker made for this exec (see [`files_stdin`]), which a failure
+/// names: the command, which could print the mark and exit 125 itself, never sees the token
+/// (it is read from stdin into an unexported shell variable, in no argument or environment,
+/// and the shell is replaced by the command), so only the wrapper's own failure is taken for
+/// an infrastructure error.
+pub const FILES_WRAPPER: &str = "read -r t; tar -x -m --no-same-owner -C /work -f - || { echo \"tangram: writing files into /work failed [$t]\" >&2; exit 125; }; exec \"$@\" </dev/null";
 
 /// `argv` wrapped by [`FILES_WRAPPER`].
 pub fn with_files_wrapper(argv: &[String]) -> Vec<String> {
@@ -24,6 +30,30 @@ pub fn with_files_wrapper(argv: &[String]) -> Vec<String> {
     ];
     out.extend(argv.iter().cloned());
     out
+}
+
+/// A fresh token for one exec's [`FILES_WRAPPER`]: 128 bits from the kernel's generator.
+pub fn exec_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// What [`FILES_WRAPPER`] reads on its stdin: the token's line, then the archive.
+pub fn files_stdin(token: &str, archive: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(token.len() + 1 + archive.len());
+    out.extend_from_slice(token.as_bytes());
+    out.push(b'\n');
+    out.extend_from_slice(archive);
+    out
+}
+
+/// Whether an exec's output says its [`FILES_WRAPPER`] (with `token`) failed to write the
+/// files: its exit code and the mark naming the token.
+pub fn files_failed(exit_code: Option<i64>, stderr: &[u8], token: &str) -> bool {
+    exit_code == Some(FILES_FAILED_EXIT)
+        && String::from_utf8_lossy(stderr).contains(&format!("{FILES_FAILED_MARK} [{token}]"))
 }
 
 /// A tar archive of text files, by relative path.
@@ -252,5 +282,33 @@ impl DockerSandboxes {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_wrappers_failure_naming_the_execs_token_is_a_files_failure() {
+        let token = exec_token().unwrap();
+        assert_eq!(token.len(), 32);
+        assert_ne!(token, exec_token().unwrap(), "a token per exec");
+        let theirs = format!("tar: short write\n{FILES_FAILED_MARK} [{token}]\n");
+        assert!(files_failed(
+            Some(FILES_FAILED_EXIT),
+            theirs.as_bytes(),
+            &token
+        ));
+        // What a command can print: the mark alone, or with a token it guessed.
+        let forged = format!("{FILES_FAILED_MARK}\n{FILES_FAILED_MARK} [00]\n");
+        assert!(!files_failed(
+            Some(FILES_FAILED_EXIT),
+            forged.as_bytes(),
+            &token
+        ));
+        assert!(!files_failed(Some(1), theirs.as_bytes(), &token));
+        assert!(FILES_WRAPPER.contains(&format!("{FILES_FAILED_MARK} [$t]")));
+        assert_eq!(files_stdin("ab", b"TAR"), b"ab\nTAR");
     }
 }

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 pub use crate::sandbox::ExecOutput;
 pub use exec::{
-    files_archive, with_files_wrapper, FILES_FAILED_EXIT, FILES_FAILED_MARK, FILES_WRAPPER,
+    exec_token, files_archive, files_failed, files_stdin, with_files_wrapper, FILES_FAILED_EXIT,
+    FILES_FAILED_MARK, FILES_WRAPPER,
 };
 pub use replicas::{ReplicaContainers, LABEL_REPLICA};
 pub use runtime::DockerRuntime;
@@ -49,8 +50,14 @@ pub const LABEL_TRAJECTORY: &str = "tangram.trajectory";
 
 /// PID 1 of every sandbox: waits forever and reaps orphans (dash's `wait` reaps any child).
 /// It must not be an init that exits with its child (like docker-init): the timeout kill
-/// (`kill -9 -1`) reaches every process but PID 1, and the sandbox has to survive it.
-pub const KEEPER: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+/// (`kill -9 -1`) reaches every process but PID 1, and the sandbox has to survive it. It
+/// ignores every signal it can (dash otherwise catches SIGINT while it waits, and ended on
+/// it), and the kernel drops a signal sent to a PID namespace's init from inside the
+/// namespace unless the init catches it (SIGKILL included): so a command's `kill -TERM 1`,
+/// `kill -INT 1` or `kill -9 1` cannot end the sandbox and turn its trajectory's next
+/// commands into errors. The worker's forced removal (SIGKILL from the host) still ends it.
+pub const KEEPER: &str =
+    "trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE; while :; do sleep 3600 & wait $!; done";
 
 /// CFS quota of a parked sandbox: 1% of one core (Docker's minimum is 1 ms per period).
 pub const PARKED_QUOTA_US: i64 = 1_000;
@@ -89,6 +96,12 @@ impl DockerError {
             bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             } => DockerError::Gone(container.to_string()),
+            // Stopped: its PID 1 ended (killed from the host, or out of memory). Nothing runs
+            // in it again.
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 409,
+                message,
+            } if message.contains("is not running") => DockerError::Gone(container.to_string()),
             _ => DockerError::Api(e),
         }
     }

@@ -1,8 +1,8 @@
 //! Docker as the worker's sandbox runtime.
 
 use super::{
-    files_archive, us_since, with_files_wrapper, DockerError, DockerSandboxes, RunLimits,
-    FILES_FAILED_EXIT, FILES_FAILED_MARK,
+    exec_token, files_archive, files_failed, files_stdin, us_since, with_files_wrapper,
+    DockerError, DockerSandboxes, RunLimits,
 };
 use crate::cgroup::CgroupCpu;
 use crate::config::{GrantMode, SandboxConfig};
@@ -145,8 +145,14 @@ impl SandboxRuntime for DockerRuntime {
             let (mode, r) = match &sandbox.cgroup {
                 Some(cg) => (
                     "cgroup",
-                    cg.apply(cpus, quota_us, widening)
-                        .map_err(|e| SandboxError::Grant(Box::new(e))),
+                    cg.apply(cpus, quota_us, widening).map_err(|e| {
+                        // Its cgroup is gone with it: the container stopped.
+                        if e.kind() == std::io::ErrorKind::NotFound {
+                            SandboxError::Gone(sandbox.id.clone())
+                        } else {
+                            SandboxError::Grant(Box::new(e))
+                        }
+                    }),
                 ),
                 None => (
                     "docker",
@@ -178,10 +184,16 @@ impl SandboxRuntime for DockerRuntime {
             // Files ride on the command's own exec when its stdin is free; otherwise they take
             // an exec of their own first.
             let inline_files = !req.files.is_empty() && req.stdin.is_none();
+            let mut token = String::new();
             let (argv, stdin) = if inline_files {
                 let archive = files_archive(req.files)
                     .map_err(|e| SandboxError::Files(format!("packing files: {e}")))?;
-                (with_files_wrapper(req.argv), Some(archive))
+                token = exec_token()
+                    .map_err(|e| SandboxError::Files(format!("making the exec's token: {e}")))?;
+                (
+                    with_files_wrapper(req.argv),
+                    Some(files_stdin(&token, &archive)),
+                )
             } else {
                 self.docker
                     .write_files(id, req.files)
@@ -212,14 +224,14 @@ impl SandboxRuntime for DockerRuntime {
             out.exec_us = us_since(t);
             let ooms_after = containment.and_then(Containment::oom_kills);
             out.oom_killed = matches!((ooms_before, ooms_after), (Some(b), Some(a)) if a > b);
-            if inline_files && out.exit_code == Some(FILES_FAILED_EXIT) {
+            // Only the wrapper's own failure, which names this exec's token: a command that
+            // prints the mark and exits 125 completed with exit code 125.
+            if inline_files && files_failed(out.exit_code, &out.stderr, &token) {
                 let stderr = String::from_utf8_lossy(&out.stderr);
-                if stderr.contains(FILES_FAILED_MARK) {
-                    return Err(SandboxError::Files(format!(
-                        "{} (is workdir_mb large enough?)",
-                        stderr.trim()
-                    )));
-                }
+                return Err(SandboxError::Files(format!(
+                    "{} (is workdir_mb large enough?)",
+                    stderr.trim().replace(&token, "token")
+                )));
             }
             Ok(out)
         })

@@ -357,9 +357,19 @@ impl Worker {
             }
         ) {
             // Only this sandbox: a fence may have replaced the map's entry meanwhile.
-            let mut st = self.state.lock().expect("state lock");
-            if st.sandboxes.get(key).is_some_and(|x| Arc::ptr_eq(x, &s)) {
-                st.sandboxes.remove(key);
+            let mine = {
+                let mut st = self.state.lock().expect("state lock");
+                let mine = st.sandboxes.get(key).is_some_and(|x| Arc::ptr_eq(x, &s));
+                if mine {
+                    st.sandboxes.remove(key);
+                }
+                mine
+            };
+            // A stopped container stays until removed: its tmpfs and its record go now.
+            if mine {
+                if let Err(e) = self.dk().remove(&s.handle).await {
+                    warn!(error = %e, "removing a lost sandbox's container failed");
+                }
             }
         }
         let overhead = us_since(t0).saturating_sub(exec_us);
