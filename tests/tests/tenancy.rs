@@ -208,3 +208,82 @@ async fn a_worker_cannot_read_another_workers_dispatches() -> anyhow::Result<()>
     assert_eq!(info.config.filter_subject, "tangram.v1.dispatch.df-b.>");
     c.shutdown().await
 }
+
+/// Regression (seen live): any image already on a worker's host could be opened whatever the
+/// pull allow-list said (another job's private task image, or an infrastructure image), and
+/// an image's own ENTRYPOINT ran as the sandbox's PID 1 in place of the keeper (a local
+/// `tangram/nats` tag opened with nats-server as PID 1). An open may now name only the default
+/// image or one that `sandbox.pull` or `sandbox.images` allows, and the keeper is always the
+/// entrypoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_names_only_allowed_images_and_the_keeper_is_always_pid_1() -> anyhow::Result<()> {
+    use tangram_tests::images::{distinct_image, open_image, Untag};
+    let pid = std::process::id();
+    // On the host, not allowed: the default image under another name.
+    let forbidden = format!("tangram-test/forbidden-{pid}:1");
+    // Allowed, with an entrypoint of its own.
+    let base = distinct_image(&format!("entry-base-{pid}"))?;
+    let entry = format!("tangram-test/entrypoint-{pid}:1");
+    let _untag = Untag(vec![forbidden.clone(), entry.clone(), base.clone()]);
+    let default = tangram_worker::config::DEFAULT_IMAGE;
+    let tagged = std::process::Command::new("docker")
+        .args(["tag", default, &forbidden])
+        .output()?;
+    anyhow::ensure!(tagged.status.success(), "{tagged:?}");
+    let dockerfile = format!("FROM {base}\nENTRYPOINT [\"/bin/sleep\", \"3600\"]\n");
+    let mut build = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &entry, "-"])
+        .env("DOCKER_BUILDKIT", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        build
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(dockerfile.as_bytes())?;
+    }
+    let built = build.wait_with_output()?;
+    anyhow::ensure!(built.status.success(), "{built:?}");
+
+    let mut cluster = Cluster::start(&[]).await?;
+    cluster.start_sandbox_worker(
+        "img-a",
+        tangram_worker::config::RawSandbox {
+            images: Some(vec![format!("docker.io/tangram-test/entrypoint-{pid}")]),
+            ..Default::default()
+        },
+    )?;
+    let c = cluster.client("img").await?;
+    c.wait_for_workers(&["img-a"], T).await?;
+    let r = c.run(&open_image("o1", "img", "t1", &forbidden), T).await?;
+    match &r.outcome {
+        Outcome::Rejected { code, reason } => {
+            assert_eq!(*code, tangram_shared::RejectCode::InvalidField, "{r:?}");
+            assert!(reason.contains("may not be opened"), "{reason}");
+        }
+        o => panic!("an image outside the rules was opened: {o:?}"),
+    }
+    let r = c.run(&open_image("o2", "img", "t2", &entry), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let r = c
+        .run(
+            &exec(
+                "comm",
+                "img",
+                "t2",
+                &["/bin/sh", "-c", "read c < /proc/1/comm; echo $c"],
+                1,
+                1,
+            ),
+            T,
+        )
+        .await?;
+    assert_eq!(r.stdout, "sh\n", "PID 1 is not the keeper: {r:?}");
+    let r = c.run(&open("o3", "img", "t3"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    cluster.shutdown().await
+}

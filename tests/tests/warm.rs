@@ -153,6 +153,8 @@ async fn opens_of_other_memory_environment_and_images_in_demand_claim_warm_sandb
         tangram_worker::config::RawSandbox {
             warm_pool: Some(4),
             warm_pool_min: Some(2),
+            // The task image is built on this host, not pulled.
+            images: Some(vec!["docker.io/tangram-test/*".into()]),
             ..Default::default()
         },
     )?;

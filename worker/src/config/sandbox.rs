@@ -43,6 +43,10 @@ pub struct RawSandbox {
     /// `registry/repository`, `registry/prefix/*` or `registry/*`. Unset or empty: nothing
     /// is pulled (an absent image is refused).
     pub pull: Option<Vec<String>>,
+    /// Images already on the host (loaded or built there) that a `sandbox_open` may name
+    /// besides the default image and what `pull` allows: rules as in `pull`. Unset or empty:
+    /// none. An image on the host that no rule allows is refused like one outside `pull`.
+    pub images: Option<Vec<String>>,
     /// JSON file of registry credentials, `{"host[:port]": {"username": "...",
     /// "password": "..."}}`, read at start. Credentials never come from an action.
     pub registry_auth_file: Option<String>,
@@ -81,6 +85,8 @@ impl std::fmt::Debug for RegistryAuth {
 pub struct PullConfig {
     /// The allow rules (none: no pulls).
     pub allow: Vec<tangram_shared::image::ImageRule>,
+    /// Rules for images on the host that opens may name without a pull (`sandbox.images`).
+    pub local: Vec<tangram_shared::image::ImageRule>,
     /// Credentials by registry (`host[:port]`).
     pub auth: std::collections::BTreeMap<String, RegistryAuth>,
     /// The longest one pull may take.
@@ -90,6 +96,37 @@ pub struct PullConfig {
 }
 
 impl PullConfig {
+    /// Why a `sandbox_open` may not name `image` (not the worker's default `default`), or
+    /// `None` when it may: the image must be allowed by `sandbox.pull` or `sandbox.images`,
+    /// whether or not it is on the host already (another job's private task image, or an
+    /// infrastructure image, is not the open's to use).
+    pub fn open_refusal(&self, image: &str, default: &str) -> Option<String> {
+        if image == default {
+            return None;
+        }
+        let r = match tangram_shared::image::ImageRef::parse(image) {
+            Ok(r) => r,
+            Err(e) => return Some(e),
+        };
+        if let Ok(d) = tangram_shared::image::ImageRef::parse(default) {
+            if d.canonical() == r.canonical() {
+                return None;
+            }
+        }
+        if self
+            .allow
+            .iter()
+            .chain(&self.local)
+            .any(|rule| rule.allows(&r))
+        {
+            return None;
+        }
+        Some(format!(
+            "{}/{} is neither this worker's default image nor in its sandbox.pull or sandbox.images rules",
+            r.registry, r.repository
+        ))
+    }
+
     /// Why `image` may not be pulled, or `None` when it may.
     pub fn refusal(&self, image: &str) -> Option<String> {
         if self.allow.is_empty() {
@@ -255,6 +292,13 @@ fn validate_pull(raw: &RawSandbox) -> Result<PullConfig, ConfigError> {
         .map(|r| tangram_shared::image::ImageRule::parse(r))
         .collect::<Result<Vec<_>, _>>()
         .or_else(|e| invalid("sandbox.pull", e))?;
+    let local = raw
+        .images
+        .iter()
+        .flatten()
+        .map(|r| tangram_shared::image::ImageRule::parse(r))
+        .collect::<Result<Vec<_>, _>>()
+        .or_else(|e| invalid("sandbox.images", e))?;
     let auth = match raw.registry_auth_file.as_deref() {
         None => Default::default(),
         Some(path) => {
@@ -281,6 +325,7 @@ fn validate_pull(raw: &RawSandbox) -> Result<PullConfig, ConfigError> {
     }
     Ok(PullConfig {
         allow,
+        local,
         auth,
         timeout: std::time::Duration::from_millis(timeout_ms),
         budget_bytes: raw.image_budget_mb.map(|mb| mb << 20),

@@ -207,6 +207,12 @@ impl DockerSandboxes {
     /// with the worker's credentials, one pull per image at a time, then the disk budget's
     /// collection) and returns how long the pull took, µs.
     pub async fn ensure_image(&self, image: &str) -> Result<Option<u64>, DockerError> {
+        if let Some(why) = self.config.pull.open_refusal(image, &self.config.image) {
+            crate::metrics::image_pull("refused", None);
+            return Err(DockerError::Pull(pull::PullError::Refused(format!(
+                "image {image:?} may not be opened: {why}"
+            ))));
+        }
         if self.has_image(image).await? {
             return Ok(None);
         }
@@ -292,7 +298,9 @@ impl DockerSandboxes {
         };
         let body = ContainerCreateBody {
             image: Some(image.to_string()),
-            cmd: Some(vec!["/bin/sh".into(), "-c".into(), KEEPER.into()]),
+            // The keeper as the entrypoint: an image's own ENTRYPOINT never runs in its
+            // place (its CMD is not used either once the entrypoint is set).
+            entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), KEEPER.into()]),
             user: Some(self.config.user.clone()),
             working_dir: Some("/work".into()),
             env: Some(crate::sandbox::env_list(env)),
