@@ -22,11 +22,7 @@ fn tangram(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 
 #[test]
 fn a_refused_connection_exits_1_with_its_cause_once_and_the_next_step() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tangram_nats::local::free_port().unwrap();
     let url = format!("nats://127.0.0.1:{port}");
     for args in [
         vec!["status", "--nats-url", &url],

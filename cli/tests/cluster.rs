@@ -44,11 +44,7 @@ impl Drop for Down {
 fn up_submit_status_down_on_a_real_local_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tangram_nats::local::free_port().unwrap();
     let nats = repo().join("tools/bin/nats-server");
     // A NATS URL left in the shell (say, of a compose fleet) must not send any of this
     // cluster's processes elsewhere: the GPU worker, configured by file, once followed it.

@@ -31,11 +31,7 @@ fn repo() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    tangram_nats::local::free_port().unwrap()
 }
 
 struct Down(PathBuf);

@@ -187,9 +187,56 @@ pub fn wait_listening(port: u16, within: Duration, poll: Duration) -> bool {
     }
 }
 
+/// A port on loopback that is free now, for a process about to listen on it. Taken below the
+/// kernel's ephemeral range (or above it, if that leaves more room) and at random there: a
+/// port the kernel hands out itself (`bind(0)`) comes from the same range as the local end of
+/// every outgoing connection, and one of those (any NATS client on the machine) could take it
+/// before the process listens (seen: a test's `tangram up` failed, its nats-server's port
+/// "already in use").
+pub fn free_port() -> std::io::Result<u16> {
+    use std::net::TcpListener;
+    let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut v = t.split_whitespace().map(|x| x.parse::<u32>().ok());
+            Some((v.next()??, v.next()??))
+        })
+        .unwrap_or((32_768, 60_999));
+    let below = lo.saturating_sub(10_000);
+    let above = 65_535u32.saturating_sub(hi);
+    let (first, span) = if below >= above {
+        (10_000, below)
+    } else {
+        (hi + 1, above)
+    };
+    if span >= 100 {
+        for _ in 0..64 {
+            let port = (first + fastrand::u32(0..span)) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_port_is_outside_the_ephemeral_range_and_bindable() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let v: Vec<u16> = range
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        for _ in 0..20 {
+            let p = free_port().unwrap();
+            assert!(p < v[0] || p > v[1], "{p} is in {range}");
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
+    }
 
     #[test]
     fn the_command_names_the_config_ports_and_store_on_loopback() {

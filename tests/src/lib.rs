@@ -28,7 +28,6 @@ pub use cluster::{init_logging, Cluster, WorkerSpec};
 pub use gpu::{gpu_worker_config, reference_replica_command, replica_argv, replica_pids};
 pub use nats::NatsServer;
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -98,10 +97,7 @@ pub fn signal(pid: u32, signal: Signal) -> std::io::Result<()> {
 
 /// A port free now on loopback.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    tangram_nats::local::free_port().expect("a free port")
 }
 
 /// A child process that is killed when the guard drops (a failing test leaves nothing behind).

@@ -141,9 +141,7 @@ fn alive(pid: u32) -> bool {
 }
 
 pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(tangram_nats::local::free_port()?)
 }
 
 pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {

@@ -17,11 +17,7 @@ pub fn repo() -> PathBuf {
 
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    tangram_nats::local::free_port().unwrap()
 }
 
 /// Child processes killed and reaped when the test ends, however it ends.
