@@ -227,13 +227,17 @@ mod tests {
     #[test]
     fn a_free_port_is_outside_the_ephemeral_range_and_bindable() {
         let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let v: Vec<u16> = range
+        let v: Vec<u32> = range
             .split_whitespace()
             .map(|x| x.parse().unwrap())
             .collect();
+        // Where the range leaves under 100 ports on both sides, the kernel's pick is all
+        // there is.
+        let room = v[0].saturating_sub(10_000).max(65_535 - v[1]) >= 100;
         for _ in 0..20 {
             let p = free_port().unwrap();
-            assert!(p < v[0] || p > v[1], "{p} is in {range}");
+            let q = p as u32;
+            assert!(!room || q < v[0] || q > v[1], "{p} is in {range}");
             std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
         }
     }

@@ -138,6 +138,25 @@ async fn no_rollout_can_pull_from_delete_or_redefine_the_schedulers_results_cons
         assert!(!matches!(redefined, Ok(Ok(_))), "{role} redefined it");
         let deleted = within(stream.delete_consumer(name)).await;
         assert!(!matches!(deleted, Ok(Ok(_))), "{role} deleted it");
+        // The unnamed form (nats-py's and nats.go's ordered consumers), its name in the body.
+        let body = serde_json::json!({
+            "stream_name": subject::RESULTS_STREAM,
+            "config": {
+                "name": name,
+                "filter_subject": "tangram.v1.result.jobA.>",
+                "ack_policy": "explicit",
+                "deliver_policy": "all",
+            },
+        });
+        let answer = within(nc.request(
+            format!("$JS.API.CONSUMER.CREATE.{}", subject::RESULTS_STREAM),
+            serde_json::to_vec(&body)?.into(),
+        ))
+        .await;
+        if let Ok(Ok(m)) = &answer {
+            let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
+            assert!(v.get("error").is_some(), "{role} redefined it by body: {v}");
+        }
     }
     // Untouched, and results still reach the scheduler.
     let info = op

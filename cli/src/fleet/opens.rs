@@ -144,6 +144,11 @@ fn start(nats: &std::path::Path, pool: u32, image: &str) -> anyhow::Result<Clust
         },
         &[
             ("TANGRAM_WORKER_SANDBOX__IMAGE", image.to_string()),
+            // The task image is a tag made on this host (see `run`), opened without a pull.
+            (
+                "TANGRAM_WORKER_SANDBOX__IMAGES",
+                "[\"docker.io/tangram-bench/*\"]".to_string(),
+            ),
             ("TANGRAM_WORKER_SANDBOX__WARM_POOL", pool.to_string()),
             (
                 "TANGRAM_WORKER_SANDBOX__WARM_POOL_MIN",

@@ -104,6 +104,15 @@ impl PullConfig {
         if image == default {
             return None;
         }
+        // Docker reads these as image ids, which no rule can name: any image on the host.
+        let bare = image.strip_prefix("sha256:").unwrap_or(image);
+        if image.starts_with("sha256:")
+            || (bare.len() >= 6 && bare.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Some(format!(
+                "{image} reads as an image id; name the image by its reference"
+            ));
+        }
         let r = match tangram_shared::image::ImageRef::parse(image) {
             Ok(r) => r,
             Err(e) => return Some(e),
@@ -122,7 +131,7 @@ impl PullConfig {
             return None;
         }
         Some(format!(
-            "{}/{} is neither this worker's default image nor in its sandbox.pull or sandbox.images rules",
+            "{}/{} is not this worker's default image and not in its allow-list (sandbox.pull or sandbox.images)",
             r.registry, r.repository
         ))
     }
@@ -429,6 +438,37 @@ mod tests {
                 kind(&format!("mounts = [\"{d}:{target}\"]")),
                 ConfigErrorKind::Refused,
                 "{target}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_open_names_the_default_image_or_one_the_rules_allow_never_an_id() {
+        let rule = |r: &str| tangram_shared::image::ImageRule::parse(r).unwrap();
+        let c = PullConfig {
+            allow: vec![rule("127.0.0.1:5000/team/*")],
+            local: vec![rule("docker.io/local/*")],
+            ..Default::default()
+        };
+        let default = "tangram/sandbox:poly-v2";
+        for ok in [
+            default,
+            "docker.io/tangram/sandbox:poly-v2",
+            "127.0.0.1:5000/team/app:1",
+            "local/app:2",
+        ] {
+            assert_eq!(c.open_refusal(ok, default), None, "{ok}");
+        }
+        for refused in [
+            "tangram/nats:latest",
+            "other/app:1",
+            "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "0123456789ab",
+        ] {
+            let why = c.open_refusal(refused, default).expect(refused);
+            assert!(
+                why.contains("allow-list") || why.contains("image id"),
+                "{why}"
             );
         }
     }

@@ -91,7 +91,10 @@ impl DockerSandboxes {
                 })
             })
             .filter(|r| {
-                r.reference == self.config.image || self.config.pull.refusal(&r.reference).is_none()
+                self.config
+                    .pull
+                    .open_refusal(&r.reference, &self.config.image)
+                    .is_none()
             })
             .collect();
         held.sort_by(|a, b| a.reference.cmp(&b.reference));

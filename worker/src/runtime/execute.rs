@@ -192,7 +192,7 @@ impl Worker {
         gate: &Arc<tokio::sync::Mutex<()>>,
     ) -> Result<Vec<u32>, usize> {
         let id = &d.action.id;
-        let deadline = Instant::now() + CORE_WAIT;
+        let mut deadline = Instant::now() + CORE_WAIT;
         let mut waited = false;
         loop {
             let freed = self.cores_freed.notified();
@@ -239,7 +239,11 @@ impl Worker {
                 }
             }
             waited = true;
-            let _ = tokio::time::timeout_at(deadline, freed).await;
+            tokio::select! {
+                _ = tokio::time::timeout_at(deadline, freed) => {}
+                // Killed at the drain's deadline: it never starts.
+                _ = self.hard_stop.cancelled() => deadline = Instant::now(),
+            }
         }
     }
 

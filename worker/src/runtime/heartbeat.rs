@@ -14,6 +14,9 @@ pub(super) async fn heartbeats(
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(worker.config.heartbeat);
+    // After a stall, one heartbeat, not one per missed period: the scheduler takes at most
+    // 40 a second from a worker.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0;
     let mut said_draining = false;
     loop {

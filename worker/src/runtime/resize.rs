@@ -87,6 +87,9 @@ impl Worker {
                     if let Some(n) = st.reserved.get_mut(&r.id) {
                         *n = want as u32;
                     }
+                    // It may be waiting for its cores (`execute::CORE_WAIT`): it needs fewer
+                    // now, or more.
+                    self.cores_freed.notify_waiters();
                 }
             }
             return None;
