@@ -42,6 +42,10 @@ pub struct Status {
     pub running: BTreeMap<String, usize>,
     /// Sandboxes open.
     pub sandboxes: usize,
+    /// Sandboxes open, and the memory they hold, by job: which job holds the fleet (a
+    /// rollout that leaks sandboxes shows here). Absent from schedulers that predate it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub jobs: BTreeMap<String, JobStatus>,
     /// GPU services and where they are resident.
     pub services: Vec<ServiceStatus>,
     /// External API providers.
@@ -200,6 +204,16 @@ pub struct ProviderStatus {
     pub concurrency: u32,
     /// Admitted so far, by job.
     pub admitted: BTreeMap<String, u64>,
+}
+
+/// What one job holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct JobStatus {
+    /// Sandboxes open (or being opened).
+    pub sandboxes: usize,
+    /// The memory they hold, MiB.
+    pub mem_mb: u64,
 }
 
 /// ACT statistics over recent results, seconds.

@@ -101,6 +101,9 @@ pub fn status(
         "scheduler: epoch {}, policy {}, up {:.0} s, {} sandboxes open",
         st.epoch, st.policy, st.uptime_s, st.sandboxes
     );
+    if let Some(line) = jobs_line(&st.jobs) {
+        println!("{line}");
+    }
     if let Some(l) = &st.leader {
         println!("leader: {} (pid {} on {})", l.id, l.pid, l.host);
     }
@@ -288,10 +291,66 @@ pub fn status(
     Ok(())
 }
 
+/// The jobs holding sandboxes, most memory first: `jobs: a 12 sandboxes (6144 MiB), ...`,
+/// the first eight and a count of the rest. `None` when no job holds one.
+fn jobs_line(
+    jobs: &std::collections::BTreeMap<String, tangram_shared::status::JobStatus>,
+) -> Option<String> {
+    const SHOWN: usize = 8;
+    if jobs.is_empty() {
+        return None;
+    }
+    let mut by_mem: Vec<_> = jobs.iter().collect();
+    by_mem.sort_by(|a, b| b.1.mem_mb.cmp(&a.1.mem_mb).then(a.0.cmp(b.0)));
+    let mut parts: Vec<String> = by_mem
+        .iter()
+        .take(SHOWN)
+        .map(|(j, s)| {
+            let noun = if s.sandboxes == 1 {
+                "sandbox"
+            } else {
+                "sandboxes"
+            };
+            format!("{j} {} {noun} ({} MiB)", s.sandboxes, s.mem_mb)
+        })
+        .collect();
+    if by_mem.len() > SHOWN {
+        parts.push(format!("and {} more", by_mem.len() - SHOWN));
+    }
+    Some(format!("jobs: {}", parts.join(", ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tangram_shared::status::WorkerStatus;
+    use tangram_shared::status::{JobStatus, WorkerStatus};
+
+    #[test]
+    fn the_jobs_holding_sandboxes_are_listed_most_memory_first() {
+        assert_eq!(jobs_line(&Default::default()), None);
+        let mut jobs: std::collections::BTreeMap<String, JobStatus> = (0..10)
+            .map(|i| {
+                let s = JobStatus {
+                    sandboxes: i + 1,
+                    mem_mb: 512 * (i as u64 + 1),
+                };
+                (format!("j{i}"), s)
+            })
+            .collect();
+        jobs.insert(
+            "leaky".into(),
+            JobStatus {
+                sandboxes: 1,
+                mem_mb: 65_536,
+            },
+        );
+        let line = jobs_line(&jobs).unwrap();
+        assert!(
+            line.starts_with("jobs: leaky 1 sandbox (65536 MiB), j9 10 sandboxes (5120 MiB), j8"),
+            "{line}"
+        );
+        assert!(line.ends_with("and 3 more"), "{line}");
+    }
 
     #[test]
     fn a_fleet_larger_than_the_tables_is_summed_up_in_one_line() {

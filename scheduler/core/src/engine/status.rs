@@ -40,6 +40,11 @@ impl Engine {
             queues: self.queues(now),
             ..Default::default()
         };
+        for ((job, _), s) in self.sandboxes.iter().filter(|(_, s)| s.holds()) {
+            let j = st.jobs.entry(job.to_string()).or_default();
+            j.sandboxes += 1;
+            j.mem_mb += s.mem_mb;
+        }
         for (id, w) in &self.workers {
             st.workers.push(WorkerStatus {
                 id: id.to_string(),

@@ -122,3 +122,31 @@ fn status_says_why_queued_actions_wait() {
     assert_eq!(st.waiting, expected);
     assert_eq!(st.queued.values().sum::<usize>(), 4);
 }
+
+/// The status report says which job holds the sandboxes and their memory (what an operator
+/// looks for when a rollout leaks them): opens being placed count, closed ones do not.
+#[test]
+fn status_lists_each_jobs_sandboxes_and_their_memory() {
+    let mut h = crate::Harness::new(&[("w1", 4, 8192)]);
+    h.open_sandbox("a", "t1");
+    h.open_sandbox("a", "t2");
+    h.open_sandbox("b", "t1");
+    let mut big = crate::open("o-big", "b", "t2");
+    if let tangram_shared::ActionSpec::SandboxOpen(o) = &mut big.spec {
+        o.memory_mb = 2048;
+    }
+    let (_, fx) = h.arrive(big);
+    assert_eq!(crate::dispatched(&fx).len(), 1, "{fx:?}");
+    let st = h.engine.status(h.at());
+    let default = tangram_shared::SandboxOpen::default().memory_mb;
+    let job = |n, mem| tangram_shared::status::JobStatus {
+        sandboxes: n,
+        mem_mb: mem,
+    };
+    let expected = std::collections::BTreeMap::from([
+        ("a".to_string(), job(2, 2 * default)),
+        ("b".to_string(), job(2, default + 2048)),
+    ]);
+    assert_eq!(st.jobs, expected);
+    assert_eq!(st.sandboxes, 4);
+}
