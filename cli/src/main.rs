@@ -4,6 +4,7 @@
 mod bench;
 mod calibrate;
 mod check_config;
+mod close;
 mod cluster;
 mod connect;
 mod cordon;
@@ -79,6 +80,9 @@ pub(crate) enum Command {
     /// Cordon a worker and close its sandboxes at a deadline; waits until nothing runs
     /// there, so the worker can be stopped.
     Drain(cordon::DrainArgs),
+    /// Close every sandbox of a job (a crashed rollout's, say): the leading scheduler
+    /// closes each, and each close's result reaches the job's results subject.
+    Close(close::CloseArgs),
     /// Sandbox images on workers: `prepull` makes them present ahead of a step.
     Images {
         #[command(subcommand)]
@@ -237,6 +241,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(t) => cordon::set(t, cordon::Op::Cordon),
         Command::Uncordon(t) => cordon::set(t, cordon::Op::Uncordon),
         Command::Drain(a) => cordon::drain(a),
+        Command::Close(a) => close::close(a),
         Command::Images { what } => images::run(what),
         Command::Streams { what } => upgrade::run(what),
         Command::Creds { dir, workers, jobs } => creds::fleet(&dir, &workers, &jobs),

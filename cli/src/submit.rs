@@ -160,7 +160,7 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
                 stdin: stdin.clone(),
             })
         }
-        What::Close => ActionSpec::SandboxClose(SandboxClose {}),
+        What::Close => ActionSpec::SandboxClose(SandboxClose::default()),
         What::Reward { service, inputs } => ActionSpec::Reward(Reward {
             service: service.clone(),
             inputs: inputs.clone(),

@@ -16,6 +16,8 @@ pub(crate) enum Input {
     Engine(Event),
     /// Someone asked for the status report.
     Status(oneshot::Sender<tangram_shared::status::Status>),
+    /// Someone asked to close every sandbox of a job: the answer is how many are closing.
+    CloseJob(tangram_shared::JobId, oneshot::Sender<u64>),
 }
 
 /// One dispatch to publish.

@@ -120,6 +120,7 @@ pub(crate) fn observe(o: Observation) {
             m::nats_gap()
         }
         Observation::FencedHeartbeat => m::fenced_heartbeat(),
+        Observation::Closing(reason) => m::sandbox_closing(reason.as_str()),
         Observation::Cordons(n) => m::cordons(n),
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");

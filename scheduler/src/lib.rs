@@ -11,6 +11,7 @@
 
 mod adopt;
 mod channels;
+mod closes;
 pub mod config;
 mod cordons;
 mod dispatcher;

@@ -109,6 +109,11 @@ pub struct SandboxOpen {
     /// Environment set for every command run in the sandbox.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Close the sandbox once no action has used it for this long, in milliseconds; the
+    /// fleet's default when absent, and at most the fleet's maximum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1000)))]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 impl SandboxOpen {
@@ -127,6 +132,7 @@ impl Default for SandboxOpen {
             memory_mb: Self::default_memory_mb(),
             workdir_mb: Self::default_workdir_mb(),
             env: BTreeMap::new(),
+            idle_timeout_ms: None,
         }
     }
 }
@@ -256,10 +262,39 @@ pub struct SandboxExec {
     pub stdin: Option<String>,
 }
 
-/// `sandbox_close`: remove the trajectory's container. No fields.
+/// `sandbox_close`: remove the trajectory's container.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SandboxClose {}
+pub struct SandboxClose {
+    /// Set only on closes the scheduler submits itself (absent on a rollout's): why it
+    /// closed the sandbox. Its result, on the job's results subject, is the job's notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<CloseReason>,
+}
+
+/// Why the scheduler closed a sandbox no rollout asked it to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CloseReason {
+    /// No action used it for its idle timeout.
+    IdleTimeout,
+    /// Someone closed every sandbox of its job (`tangram close --job`, `close_job()`).
+    JobClosed,
+    /// Its job's rollout lease ran out: the rollout stopped renewing it.
+    LeaseExpired,
+}
+
+impl CloseReason {
+    /// Its wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IdleTimeout => "idle_timeout",
+            Self::JobClosed => "job_closed",
+            Self::LeaseExpired => "lease_expired",
+        }
+    }
+}
 
 /// What an action needs from a worker while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -279,6 +314,8 @@ pub struct Limits {
     pub max_files: usize,
     /// Most inputs one reward action may carry.
     pub max_reward_inputs: usize,
+    /// Longest idle timeout an open may ask for, in milliseconds.
+    pub max_idle_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -287,6 +324,7 @@ impl Default for Limits {
             max_timeout_ms: 3_600_000,
             max_files: 1024,
             max_reward_inputs: 4096,
+            max_idle_timeout_ms: 86_400_000,
         }
     }
 }
@@ -354,6 +392,14 @@ impl Action {
                     }
                 }
                 check_env(&o.env).map_err(invalid)?;
+                if let Some(t) = o.idle_timeout_ms {
+                    if t < 1_000 || t > limits.max_idle_timeout_ms {
+                        return Err(invalid(format!(
+                            "idle_timeout_ms is {t}; it must be between 1000 and the fleet's maximum {}",
+                            limits.max_idle_timeout_ms
+                        )));
+                    }
+                }
             }
             ActionSpec::SandboxExec(e) => {
                 if e.argv.is_empty() || e.argv[0].is_empty() {

@@ -13,6 +13,13 @@ pub struct SandboxRef {
     pub trajectory: TrajectoryId,
     /// Memory it reserves, in MiB.
     pub mem_mb: u64,
+    /// The open that created it (absent from workers that predate it): a scheduler that
+    /// takes over names its own closes of this sandbox after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open: Option<ActionId>,
+    /// The idle timeout its open asked for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// Sent by every worker every `interval_ms`, and once with `draining = true` when it stops.

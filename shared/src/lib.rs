@@ -29,8 +29,8 @@ pub mod status;
 pub mod subject;
 
 pub use action::{
-    Action, ActionKind, ActionSpec, Api, CpuRange, Demand, Limits, Reward, SandboxClose,
-    SandboxExec, SandboxOpen,
+    Action, ActionKind, ActionSpec, Api, CloseReason, CpuRange, Demand, Limits, Reward,
+    SandboxClose, SandboxExec, SandboxOpen,
 };
 pub use codec::{DecodeFailure, Encoding};
 pub use dispatch::{Dispatch, Evict, GpuRoute, Grant, Regrant};

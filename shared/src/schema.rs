@@ -75,6 +75,14 @@ pub fn all() -> Vec<SchemaFile> {
             "status-request.json",
             "A request on tangram.v1.status (JSON; an empty body asks for the first page).",
         ),
+        file::<crate::status::CloseJobReply>(
+            "close-job-reply.json",
+            "The leading scheduler's reply (JSON) to a request on tangram.v1.close.<job> (empty body): it closes every sandbox of the job.",
+        ),
+        file::<crate::status::Lease>(
+            "lease.json",
+            "A rollout's renewal of its job's lease, on tangram.v1.lease.<job> (core NATS, JSON).",
+        ),
         file::<LeaderRecord>(
             "kv-leader.json",
             "The leader lease: key `leader` of the tangram_scheduler bucket (JSON).",

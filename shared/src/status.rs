@@ -253,6 +253,27 @@ pub struct CordonRecord {
     pub at_unix_ms: u64,
 }
 
+/// The leading scheduler's answer to a close request on [`crate::subject::close_job`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct CloseJobReply {
+    /// Sandboxes of the job it is closing now (a `sandbox_close` submitted for each, whose
+    /// result reaches the job's results subject with `reason: job_closed`).
+    pub closing: u64,
+}
+
+/// A rollout's renewal of its job's lease, on [`crate::subject::lease`]. The first renewal
+/// puts the job's sandboxes under the lease: when no renewal has come for `ttl_ms`, the
+/// scheduler closes them (`reason: lease_expired`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Lease {
+    /// How long the lease lasts from this renewal, in milliseconds (bounded by the
+    /// scheduler to 1 s .. 1 h).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub ttl_ms: u64,
+}
+
 /// The leader lease, as stored under [`crate::subject::LEADER_KEY`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -118,6 +118,30 @@ pub fn worker_consumer(worker: &WorkerId) -> String {
 pub fn heartbeat(worker: &WorkerId) -> String {
     format!("{PREFIX}.heartbeat.{worker}")
 }
+/// Core NATS request/reply subject the leading scheduler answers by closing every sandbox
+/// of the job (`tangram.v1.close.<job>`, empty body in, [`crate::status::CloseJobReply`]
+/// out).
+pub fn close_job(job: &JobId) -> String {
+    close_job_of(job.as_str())
+}
+/// [`close_job`] of a job name not yet checked (permissions are written from role names).
+pub fn close_job_of(job: &str) -> String {
+    format!("{PREFIX}.close.{job}")
+}
+/// Wildcard over every job's close requests.
+pub const CLOSE_JOB_ALL: &str = "tangram.v1.close.*";
+/// Core NATS subject a rollout renews its job's lease on (`tangram.v1.lease.<job>`, JSON
+/// [`crate::status::Lease`]): once a job has renewed a lease, its sandboxes are closed when
+/// the lease runs out.
+pub fn lease(job: &JobId) -> String {
+    lease_of(job.as_str())
+}
+/// [`lease`] of a job name not yet checked.
+pub fn lease_of(job: &str) -> String {
+    format!("{PREFIX}.lease.{job}")
+}
+/// Wildcard over every job's leases.
+pub const LEASE_ALL: &str = "tangram.v1.lease.*";
 /// Core NATS request/reply subject a worker answers to pre-pull a sandbox image
 /// (`tangram.v1.prepull.<worker>`, JSON [`crate::image::PrepullRequest`] in,
 /// [`crate::image::PrepullReply`] out).

@@ -67,6 +67,7 @@ fn actions() {
             memory_mb: 1024,
             workdir_mb: 128,
             env: BTreeMap::new(),
+            idle_timeout_ms: None,
         }),
         ..exec_action()
     };
@@ -74,7 +75,7 @@ fn actions() {
     golden(
         "action_sandbox_close",
         &Action {
-            spec: ActionSpec::SandboxClose(SandboxClose {}),
+            spec: ActionSpec::SandboxClose(SandboxClose::default()),
             ..exec_action()
         },
     );
@@ -251,6 +252,8 @@ fn dispatch_and_heartbeat() {
                 job: JobId::new("job1").unwrap(),
                 trajectory: TrajectoryId::new("t17").unwrap(),
                 mem_mb: 512,
+                open: None,
+                idle_timeout_ms: None,
             }],
             draining: false,
             gpus: None,

@@ -126,6 +126,7 @@ fn actions() -> Vec<Action> {
                 memory_mb: 16,
                 workdir_mb: 1,
                 env: map("A", "1"),
+                idle_timeout_ms: Some(60_000),
             }),
         ),
         action(
@@ -145,7 +146,13 @@ fn actions() -> Vec<Action> {
                 stdin: Some("in".into()),
             }),
         ),
-        action("c", ActionSpec::SandboxClose(SandboxClose {})),
+        action("c", ActionSpec::SandboxClose(SandboxClose::default())),
+        action(
+            "c2",
+            ActionSpec::SandboxClose(SandboxClose {
+                reason: Some(CloseReason::IdleTimeout),
+            }),
+        ),
         action(
             "r",
             ActionSpec::Reward(Reward {

@@ -70,7 +70,12 @@ pub fn api(id: &str, job: &str, traj: &str, provider: &str, path: &str) -> Actio
 }
 /// `sandbox_close`.
 pub fn close(id: &str, job: &str, traj: &str) -> Action {
-    action(id, job, traj, ActionSpec::SandboxClose(SandboxClose {}))
+    action(
+        id,
+        job,
+        traj,
+        ActionSpec::SandboxClose(SandboxClose::default()),
+    )
 }
 /// A worker id.
 pub fn worker(id: &str) -> WorkerId {

@@ -235,6 +235,8 @@ fn heartbeats(
                     job: tangram_shared::JobId::new("rs").unwrap(),
                     trajectory: tangram_shared::TrajectoryId::new("t1").unwrap(),
                     mem_mb: 256,
+                    open: None,
+                    idle_timeout_ms: None,
                 }],
                 draining: false,
                 gpus: None,

@@ -171,7 +171,7 @@ fn open() -> ActionSpec {
     ActionSpec::SandboxOpen(SandboxOpen::default())
 }
 fn close() -> ActionSpec {
-    ActionSpec::SandboxClose(SandboxClose {})
+    ActionSpec::SandboxClose(SandboxClose::default())
 }
 
 /// `execs` `true` round trips, one at a time, across the first `open` sandboxes in turn.

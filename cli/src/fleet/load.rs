@@ -364,7 +364,11 @@ impl Lanes {
     }
 
     fn close(&self, lane: usize) -> Action {
-        self.action(lane, "close", ActionSpec::SandboxClose(SandboxClose {}))
+        self.action(
+            lane,
+            "close",
+            ActionSpec::SandboxClose(SandboxClose::default()),
+        )
     }
 
     /// Opens every lane's sandbox, `in_flight` at a time; the opens' samples.

@@ -218,7 +218,11 @@ async fn run(
             };
             let e = load.submit(ids.action(&t, "exec", exec_true())).await;
             let c = load
-                .submit(ids.action(&t, "close", ActionSpec::SandboxClose(SandboxClose {})))
+                .submit(ids.action(
+                    &t,
+                    "close",
+                    ActionSpec::SandboxClose(SandboxClose::default()),
+                ))
                 .await;
             if c.is_none_or(|c| !c.completed) || e.as_ref().is_none_or(|e| !e.completed) {
                 failed += 1;

@@ -145,6 +145,9 @@ impl Role {
                 publish: s(&[
                     "tangram.v1.action.*.*",
                     subject::STATUS,
+                    // Closing a job's sandboxes, and renewing a job's lease.
+                    subject::CLOSE_JOB_ALL,
+                    subject::LEASE_ALL,
                     // Pre-pulls ahead of a step (a worker's allow-list bounds what it pulls).
                     "tangram.v1.prepull.*",
                     "$JS.API.INFO",
@@ -176,6 +179,8 @@ impl Role {
                 publish: vec![
                     format!("tangram.v1.action.{job}.*"),
                     subject::STATUS.into(),
+                    subject::close_job_of(job),
+                    subject::lease_of(job),
                     "tangram.v1.prepull.*".into(),
                     "$JS.API.INFO".into(),
                     // Last-message reads name the subject in the request subject, so the

@@ -226,7 +226,7 @@ fn distinct(n: usize) -> serde_json::Value {
                 format!("c-{i}"),
                 &job,
                 traj,
-                ActionSpec::SandboxClose(SandboxClose {}),
+                ActionSpec::SandboxClose(SandboxClose::default()),
             ),
             100,
         );

@@ -38,6 +38,10 @@ pub struct Config {
     pub settle: Duration,
     /// After a worker is lost, how long actions only it could take wait for it.
     pub worker_rejoin: Duration,
+    /// A sandbox no action used for this long is closed; zero: never.
+    pub sandbox_idle_timeout: Duration,
+    /// The longest idle timeout an open may ask for.
+    pub max_sandbox_idle_timeout: Duration,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: std::collections::BTreeMap<String, f64>,
     /// Cores per sandbox under `static`.
@@ -68,6 +72,10 @@ pub const DEFAULT_MAX_QUEUED_ACTIONS: u64 = 100_000;
 pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// One hour: longer actions are almost always a hung test suite.
 pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// Default [`Config::sandbox_idle_timeout`]: half an hour.
+pub const DEFAULT_SANDBOX_IDLE_TIMEOUT_MS: u64 = 1_800_000;
+/// Default [`Config::max_sandbox_idle_timeout`]: a day.
+pub const DEFAULT_MAX_SANDBOX_IDLE_TIMEOUT_MS: u64 = 86_400_000;
 /// Three missed heartbeats (3 s at the default 1 s period) before a worker counts as lost:
 /// long enough to ride out a GC pause or a NATS reconnect.
 pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;

@@ -3,8 +3,9 @@
 
 use super::{
     Config, ConfigError, DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_ACTION_BYTES,
-    DEFAULT_MAX_QUEUED_ACTIONS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_TIMEOUT_MS,
-    DEFAULT_MISSED_HEARTBEATS, DEFAULT_NATS_URL, DEFAULT_POLICY, DEFAULT_SETTLE_MS,
+    DEFAULT_MAX_QUEUED_ACTIONS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SANDBOX_IDLE_TIMEOUT_MS,
+    DEFAULT_MAX_TIMEOUT_MS, DEFAULT_MISSED_HEARTBEATS, DEFAULT_NATS_URL, DEFAULT_POLICY,
+    DEFAULT_SANDBOX_IDLE_TIMEOUT_MS, DEFAULT_SETTLE_MS,
 };
 use serde::Deserialize;
 
@@ -40,6 +41,10 @@ pub struct RawConfig {
     pub settle_ms: Option<u64>,
     /// After a worker is lost, how long actions only it could take wait for it to return.
     pub worker_rejoin_ms: Option<u64>,
+    /// A sandbox no action used for this long is closed, in milliseconds (0: never).
+    pub sandbox_idle_timeout_ms: Option<u64>,
+    /// The longest idle timeout an open may ask for, in milliseconds.
+    pub max_sandbox_idle_timeout_ms: Option<u64>,
     /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
@@ -113,6 +118,12 @@ impl RawConfig {
             policy: over.policy.or(self.policy),
             settle_ms: over.settle_ms.or(self.settle_ms),
             worker_rejoin_ms: over.worker_rejoin_ms.or(self.worker_rejoin_ms),
+            sandbox_idle_timeout_ms: over
+                .sandbox_idle_timeout_ms
+                .or(self.sandbox_idle_timeout_ms),
+            max_sandbox_idle_timeout_ms: over
+                .max_sandbox_idle_timeout_ms
+                .or(self.max_sandbox_idle_timeout_ms),
             job_weights: over.job_weights.or(self.job_weights),
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
@@ -193,6 +204,24 @@ impl RawConfig {
         let max_timeout_ms = self.max_timeout_ms.unwrap_or(DEFAULT_MAX_TIMEOUT_MS);
         if max_timeout_ms == 0 {
             return Err(invalid("max_timeout_ms", "must be positive"));
+        }
+        let max_idle_ms = self
+            .max_sandbox_idle_timeout_ms
+            .unwrap_or(DEFAULT_MAX_SANDBOX_IDLE_TIMEOUT_MS);
+        let idle_ms = self
+            .sandbox_idle_timeout_ms
+            .unwrap_or(DEFAULT_SANDBOX_IDLE_TIMEOUT_MS);
+        if max_idle_ms < 1_000 {
+            return Err(invalid(
+                "max_sandbox_idle_timeout_ms",
+                format!("{max_idle_ms} is below 1000 (opens may ask for 1 s at the least)"),
+            ));
+        }
+        if idle_ms > max_idle_ms || (idle_ms > 0 && idle_ms < 1_000) {
+            return Err(invalid(
+                "sandbox_idle_timeout_ms",
+                format!("{idle_ms} must be 0 (never) or between 1000 and max_sandbox_idle_timeout_ms ({max_idle_ms})"),
+            ));
         }
         let worker_missed_heartbeats = self
             .worker_missed_heartbeats
@@ -285,6 +314,8 @@ impl RawConfig {
             policy,
             settle: Duration::from_millis(self.settle_ms.unwrap_or(DEFAULT_SETTLE_MS)),
             worker_rejoin: Duration::from_millis(self.worker_rejoin_ms.unwrap_or(30_000)),
+            sandbox_idle_timeout: Duration::from_millis(idle_ms),
+            max_sandbox_idle_timeout: Duration::from_millis(max_idle_ms),
         })
     }
 }

@@ -25,6 +25,8 @@ pub(crate) enum Call {
     DispatchTo(WorkerId, ActionId),
     /// A fence record: the worker, its instance, and whether it was stored.
     PutFence(WorkerId, String, bool),
+    /// An action of the scheduler's own, published.
+    Submit(ActionId),
 }
 
 /// See the module docs.
@@ -125,6 +127,13 @@ impl Outbox for Fake {
                 .unwrap()
                 .get(&(worker.clone(), id.clone()))
                 .cloned()
+        })
+    }
+
+    fn submit<'a>(&'a self, action: &'a tangram_shared::Action) -> Boxed<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.record(Call::Submit(action.id.clone()));
+            Ok(())
         })
     }
 

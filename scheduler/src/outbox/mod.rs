@@ -83,6 +83,9 @@ pub(crate) trait Outbox: Send + Sync + 'static {
         worker: &'a WorkerId,
         id: &'a ActionId,
     ) -> Boxed<'a, Option<Dispatch>>;
+    /// Publishes an action of the scheduler's own on its job's action subject, its id as
+    /// the message id (the stream drops a second copy within its duplicate window).
+    fn submit<'a>(&'a self, action: &'a tangram_shared::Action) -> Boxed<'a, Result<(), String>>;
     /// Records that `instance` of `worker` was declared lost (`fence.<worker>`).
     fn put_fence<'a>(
         &'a self,
@@ -156,6 +159,25 @@ impl Outbox for Jetstream {
         id: &'a ActionId,
     ) -> Boxed<'a, Option<Dispatch>> {
         Box::pin(crate::adopt::dispatch_to(&self.dispatches, worker, id))
+    }
+
+    fn submit<'a>(&'a self, action: &'a tangram_shared::Action) -> Boxed<'a, Result<(), String>> {
+        Box::pin(async move {
+            let payload = tangram_shared::codec::encode(action, Encoding::Json)
+                .map_err(|e| format!("encoding: {e}"))?;
+            let mut headers = HeaderMap::new();
+            headers.insert(subject::HEADER_MSG_ID, action.id.as_str());
+            headers.insert(subject::HEADER_CONTENT_TYPE, Encoding::Json.content_type());
+            let to = subject::action(&action.job, action.kind());
+            let ack = self
+                .js
+                .publish_with_headers(to, headers, payload.into())
+                .await
+                .map_err(|e| format!("publish failed: {e}"))?;
+            ack.await
+                .map(|_| ())
+                .map_err(|e| format!("publish not acknowledged: {e}"))
+        })
     }
 
     fn put_fence<'a>(

@@ -182,6 +182,10 @@ impl Shell {
             Input::Status(reply) => {
                 let _ = reply.send(self.engine.status(self.clock.now()));
             }
+            Input::CloseJob(job, reply) => {
+                // The closes are among the effects of the burst this input is part of.
+                let _ = reply.send(self.engine.close_job(&job, self.clock.now()));
+            }
         }
     }
 
@@ -234,6 +238,18 @@ impl Shell {
                             let _ = tx.send(Input::Engine(event)).await;
                         }
                         .instrument(tracing::info_span!("adopt")),
+                    );
+                }
+                Effect::Submit(action) => {
+                    let outbox = self.outbox.clone();
+                    self.tasks.spawn(
+                        async move {
+                            // Asked again by the engine when it does not come back.
+                            if let Err(e) = outbox.submit(&action).await {
+                                tracing::warn!(action = %action.id, error = %e, "publishing a close of the scheduler's own");
+                            }
+                        }
+                        .instrument(tracing::info_span!("submit")),
                     );
                 }
                 Effect::Fence { worker, instance } => {

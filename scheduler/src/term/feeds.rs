@@ -139,6 +139,8 @@ pub(super) async fn the_rest(
         results,
         heartbeats,
         status_requests,
+        close_requests,
+        leases,
         ..
     } = w;
     let messages = results.messages().await?;
@@ -181,6 +183,33 @@ pub(super) async fn the_rest(
             }
         })
         .instrument(tracing::info_span!("status")),
+    );
+    let (to_state, replier) = (f.tx.clone(), client.clone());
+    f.tasks.spawn(
+        pump(close_requests, f.shutdown.clone(), move |msg| {
+            let (tx, client) = (to_state.clone(), replier.clone());
+            async move { crate::closes::answer_close(msg, &tx, &client).await }
+        })
+        .instrument(tracing::info_span!("close")),
+    );
+    let to_state = f.tx.clone();
+    let renewals = Arc::new(std::sync::Mutex::new(crate::closes::Leases::default()));
+    f.tasks.spawn(
+        pump(leases, f.shutdown.clone(), move |msg| {
+            let tx = to_state.clone();
+            let event = renewals.lock().expect("leases lock").take(
+                &msg.subject,
+                &msg.payload,
+                tokio::time::Instant::now(),
+            );
+            async move {
+                match event {
+                    Some(e) => tx.send(Input::Engine(e)).await.is_ok(),
+                    None => true,
+                }
+            }
+        })
+        .instrument(tracing::info_span!("leases")),
     );
     f.tasks.spawn(crate::report::watch(
         actions,

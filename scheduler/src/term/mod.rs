@@ -63,6 +63,7 @@ pub(crate) async fn lead(
     let stored = Arc::new(StoredResults::default());
     let limits = Limits {
         max_timeout_ms: config.max_timeout.as_millis() as u64,
+        max_idle_timeout_ms: config.max_sandbox_idle_timeout.as_millis() as u64,
         ..Limits::default()
     };
     let feeds = feeds::Feeds {
@@ -155,6 +156,7 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         image_locality: config.image_locality,
         pull_mb_per_s: config.pull_mb_per_s,
         image_load_ms: config.image_load_ms,
+        idle_timeout_ms: config.sandbox_idle_timeout.as_millis() as u64,
         // The backlog scan (`adopt::scan_backlog`) says when it is done.
         await_backlog: true,
         ..EngineConfig::default()

@@ -61,6 +61,10 @@ pub(super) struct Wiring {
     pub(super) heartbeats: async_nats::Subscriber,
     /// Status requests (core NATS request/reply).
     pub(super) status_requests: async_nats::Subscriber,
+    /// Requests to close a job's sandboxes (core NATS request/reply).
+    pub(super) close_requests: async_nats::Subscriber,
+    /// Rollouts' lease renewals (core NATS).
+    pub(super) leases: async_nats::Subscriber,
     pub(super) results_stream: jetstream::stream::Stream,
     pub(super) dispatch_stream: jetstream::stream::Stream,
     pub(super) actions_stream: jetstream::stream::Stream,
@@ -82,6 +86,8 @@ pub(super) async fn connect(
     .await?;
     let heartbeats = client.subscribe(subject::HEARTBEAT_ALL).await?;
     let status_requests = client.subscribe(subject::STATUS).await?;
+    let close_requests = client.subscribe(subject::CLOSE_JOB_ALL).await?;
+    let leases = client.subscribe(subject::LEASE_ALL).await?;
     let results_stream = patiently("looking up the results stream", shutdown, || {
         js.get_stream(subject::RESULTS_STREAM)
     })
@@ -99,6 +105,8 @@ pub(super) async fn connect(
         results,
         heartbeats,
         status_requests,
+        close_requests,
+        leases,
         results_stream,
         dispatch_stream,
         actions_stream,

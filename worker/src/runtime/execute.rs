@@ -9,7 +9,7 @@ use crate::sandbox::{ExecRequest, SandboxError, SandboxHandle, SandboxKey, Sandb
 use std::sync::Arc;
 use std::time::Duration;
 use tangram_shared::{
-    ActionResult, ActionSpec, Dispatch, InfraCode, Outcome, Placement, RejectCode, Timing,
+    ActionId, ActionResult, ActionSpec, Dispatch, InfraCode, Outcome, Placement, RejectCode, Timing,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -23,6 +23,10 @@ pub(crate) const CORE_WAIT: Duration =
 pub(crate) struct Sandbox {
     pub(crate) handle: SandboxHandle,
     pub(crate) mem_mb: u64,
+    /// The open that created it, and the idle timeout it asked for (both reported in
+    /// heartbeats, for a scheduler that takes over).
+    pub(crate) open: ActionId,
+    pub(crate) idle_timeout_ms: Option<u64>,
     /// Commands in one sandbox run one at a time, as a trajectory's actions do.
     pub(crate) lock: tokio::sync::Mutex<()>,
 }
@@ -71,7 +75,13 @@ impl Worker {
             ActionSpec::Api(api) => self.api(d, api, queued_us, &mut result).await,
             ActionSpec::SandboxOpen(open) => {
                 let (outcome, pull_us) = self
-                    .open(&key, open, d.grant.mem_mb, d.action.timeout_ms)
+                    .open(
+                        &key,
+                        &d.action.id,
+                        open,
+                        d.grant.mem_mb,
+                        d.action.timeout_ms,
+                    )
                     .await;
                 result.outcome = outcome;
                 result.timing = Timing::new(queued_us, us_since(t0), 0);
@@ -108,6 +118,7 @@ impl Worker {
     async fn open(
         &self,
         key: &SandboxKey,
+        id: &ActionId,
         open: &tangram_shared::SandboxOpen,
         mem_mb: u64,
         timeout_ms: u64,
@@ -168,6 +179,8 @@ impl Worker {
         let sandbox = Arc::new(Sandbox {
             handle,
             mem_mb: mem_mb.max(open.memory_mb),
+            open: id.clone(),
+            idle_timeout_ms: open.idle_timeout_ms,
             lock: tokio::sync::Mutex::new(()),
         });
         self.state

@@ -92,6 +92,8 @@ pub(super) fn heartbeat_of(worker: &Worker, seq: u64, draining: bool) -> Heartbe
                 job: tangram_shared::JobId::new(key.job.clone()).ok()?,
                 trajectory: tangram_shared::TrajectoryId::new(key.trajectory.clone()).ok()?,
                 mem_mb: s.mem_mb,
+                open: Some(s.open.clone()),
+                idle_timeout_ms: s.idle_timeout_ms,
             })
         })
         .collect();

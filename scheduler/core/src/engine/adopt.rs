@@ -96,7 +96,7 @@ impl Engine {
                 0
             };
         let deadline_ms = now.ms + dispatch.action.timeout_ms + self.config.result_grace_ms;
-        self.adopt_sandbox(&worker, &dispatch);
+        self.adopt_sandbox(&worker, &dispatch, now);
         self.actions.insert(
             id,
             Entry {
@@ -212,7 +212,7 @@ impl Engine {
     /// an open reserves the sandbox's memory (and `static`'s cores) on its worker from now,
     /// not from its result, so that nothing else is placed into that room meanwhile; a close
     /// marks the sandbox closing. A sandbox already known (listed by the worker) stays.
-    fn adopt_sandbox(&mut self, worker: &WorkerId, dispatch: &Dispatch) {
+    fn adopt_sandbox(&mut self, worker: &WorkerId, dispatch: &Dispatch, now: Now) {
         let key = (
             dispatch.action.job.clone(),
             dispatch.action.trajectory.clone(),
@@ -225,6 +225,7 @@ impl Engine {
                 let mut grant = dispatch.grant;
                 grant.mem_mb = grant.mem_mb.max(dispatch.action.demand().mem_mb);
                 let s = Sandbox::opening(worker, &dispatch.action, grant, self.provisioning);
+                self.idle_opened(&key, &dispatch.action, now);
                 self.sandboxes.insert(key, s);
             }
             ActionKind::SandboxClose => {

@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// before anything is placed beside it. Off for the simulator and tests that have no
     /// backlog.
     pub await_backlog: bool,
+    /// A sandbox no action has used for this long is closed (`reason: idle_timeout`), ms;
+    /// an open may ask for another timeout, up to `limits.max_idle_timeout_ms`. 0: none by
+    /// default (the simulator's); the scheduler's configuration sets it.
+    pub idle_timeout_ms: u64,
 }
 
 /// The size assumed for an image no worker advertises, MB.
@@ -85,6 +89,7 @@ impl Default for EngineConfig {
             pull_mb_per_s: 100.0,
             image_load_ms: 60_000,
             await_backlog: false,
+            idle_timeout_ms: 0,
         }
     }
 }

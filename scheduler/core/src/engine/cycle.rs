@@ -319,16 +319,19 @@ impl Engine {
                     // Just started: the heartbeats that list sandboxes may still be coming.
                     None if !self.settled_in => continue,
                     None => {
-                        rejections.push((
-                            a.id.clone(),
-                            Rejection::new(
-                                RejectCode::NoSandbox,
-                                format!(
-                                    "trajectory {} of job {} has no open sandbox; send sandbox_open first",
-                                    a.trajectory, a.job
-                                ),
+                        let why = match self.closed_because(&key) {
+                            Some(reason) => format!(
+                                "the sandbox of trajectory {} of job {} was closed by the scheduler ({}); open a new one",
+                                a.trajectory,
+                                a.job,
+                                reason.as_str()
                             ),
-                        ));
+                            None => format!(
+                                "trajectory {} of job {} has no open sandbox; send sandbox_open first",
+                                a.trajectory, a.job
+                            ),
+                        };
+                        rejections.push((a.id.clone(), Rejection::new(RejectCode::NoSandbox, why)));
                         continue;
                     }
                 },
@@ -440,6 +443,8 @@ impl Engine {
                     launch.grant,
                     self.provisioning,
                 );
+                let open = e.action.clone();
+                self.idle_opened(&key, &open, now);
                 self.sandboxes.insert(key, s);
             }
             ActionKind::SandboxClose => {

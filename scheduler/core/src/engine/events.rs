@@ -3,7 +3,7 @@
 use crate::elastic::ElasticModel;
 use tangram_shared::codec::Encoding;
 use tangram_shared::{
-    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, Timing, WorkerId,
+    Action, ActionId, ActionKind, ActionResult, Dispatch, Heartbeat, JobId, Timing, WorkerId,
 };
 
 /// The time of an event: a monotonic millisecond clock for decisions, and wall-clock time for
@@ -138,6 +138,13 @@ pub enum Event {
         /// The record as stored.
         cordon: Option<tangram_shared::status::CordonRecord>,
     },
+    /// A rollout renewed its job's lease (`tangram.v1.lease.<job>`).
+    Lease {
+        /// The job.
+        job: JobId,
+        /// How long it lasts from now, ms (bounded by the engine).
+        ttl_ms: u64,
+    },
 }
 
 /// What the engine wants done.
@@ -187,6 +194,10 @@ pub enum Effect {
         /// The instance declared lost.
         instance: String,
     },
+    /// Publish an action of the scheduler's own (a `sandbox_close` with a reason) on its
+    /// job's action subject, with its id as the message id: it comes back through the
+    /// stream like any rollout's, and its result reaches the job's results subject.
+    Submit(Box<Action>),
     /// Fetch the stored dispatch of an action a worker reports running and this engine does
     /// not know; answer with [`Event::Adopt`] or [`Event::AdoptFailed`].
     FetchDispatch {
@@ -310,6 +321,8 @@ pub enum Observation {
         /// Waiting.
         waiting: usize,
     },
+    /// The scheduler asked to close a sandbox no rollout closed, for this reason.
+    Closing(tangram_shared::CloseReason),
     /// An api action was admitted.
     ApiAdmitted {
         /// Provider.

@@ -164,6 +164,7 @@ impl Engine {
             return;
         }
         let id = a.action.id.clone();
+        self.idle_touch(&a.action.job, &a.action.trajectory, now);
         let pin = self.task_pool_home(&a.action);
         self.actions.insert(
             id.clone(),

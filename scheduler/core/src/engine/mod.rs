@@ -21,6 +21,7 @@ mod cordon;
 mod cycle;
 mod events;
 mod identity;
+mod idle;
 mod images;
 pub mod intake;
 pub mod lifecycle;
@@ -41,6 +42,7 @@ pub use events::{
     Arrival, Delivery, Effect, Event, Now, Observation, PendingResize, Reject, WorkerGauge,
 };
 pub use identity::{dispatch_msg_id, latest_dispatch};
+pub use idle::close_id;
 pub use images::prepull_targets;
 pub use intake::{check, BadMessage, RawMessage};
 pub use pools::api::ApiBooking;
@@ -123,6 +125,8 @@ pub struct Engine {
     /// Malleable policies: workers where something started, ended or was stored since the
     /// last re-size (only those are re-sized).
     pub(crate) touched: std::collections::BTreeSet<WorkerId>,
+    /// Idle clocks, leases and the closes the engine asked for itself ([`idle`]).
+    pub(crate) idle: idle::Idle,
 }
 
 impl Engine {
@@ -172,6 +176,7 @@ impl Engine {
             progress: HashMap::new(),
             regrant_seq: 0,
             touched: Default::default(),
+            idle: Default::default(),
         }
     }
 
@@ -263,6 +268,7 @@ impl Engine {
             Event::Cordon { worker, cordon } => {
                 self.on_cordon(worker, cordon.map(|c| c.drain_by_unix_ms), now)
             }
+            Event::Lease { job, ttl_ms } => self.on_lease(job, ttl_ms, now),
         }
     }
 
@@ -283,6 +289,9 @@ impl Engine {
             earliest(w.last_seen_ms + self.grace_ms(&w.hb) + 1);
         }
         if let Some(t) = self.next_drain_ms() {
+            earliest(t);
+        }
+        if let Some(t) = self.next_idle_ms() {
             earliest(t);
         }
         for e in self.actions.values() {

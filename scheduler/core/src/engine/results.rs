@@ -195,12 +195,15 @@ impl Engine {
             outcome: r.outcome.label(),
             code: r.outcome.code_label(),
         }));
+        if let Some(t) = &r.trajectory {
+            self.idle_touch(&r.job, t, now);
+        }
         let Some(queued) = self.actions.get(&r.id).map(|e| e.state.is_waiting()) else {
             // A late or repeated result of a settled action (or of one this engine never
             // saw): nothing is booked for it.
             if !self.settled_set.contains(&r.id) {
                 self.observe_act(&r, now);
-                self.settled_unseen(&r);
+                self.settled_unseen(&r, now);
             }
             return;
         };
@@ -217,6 +220,9 @@ impl Engine {
             let key = (e.action.job.clone(), e.action.trajectory.clone());
             match (e.action.kind(), &r.outcome, &r.placement) {
                 (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }, Some(p)) => {
+                    if !self.sandboxes.contains_key(&key) {
+                        self.idle_opened(&key, &e.action, now);
+                    }
                     self.sandboxes
                         .entry(key)
                         .or_insert(super::lifecycle::Sandbox {
@@ -293,7 +299,7 @@ impl Engine {
     /// settled: remembered, so that a late adoption is dropped rather than booked and then
     /// settled again as lost; and an open that succeeded holds its sandbox from now (the
     /// worker's heartbeats list it, but they add sandboxes only when a worker joins).
-    fn settled_unseen(&mut self, r: &ActionResult) {
+    fn settled_unseen(&mut self, r: &ActionResult, now: Now) {
         self.remember_settled(r.id.clone());
         let Some(t) = &r.trajectory else {
             return;
@@ -302,6 +308,7 @@ impl Engine {
         // A close's result, also unseen (both came in the gap between two leaders): the
         // sandbox is gone, as `settle_sandbox` has it.
         if r.kind == Some(ActionKind::SandboxClose) {
+            self.idle_forget(&key);
             if self.sandboxes.remove(&key).is_some() {
                 self.forget_trajectory(&key.0, &key.1);
                 self.dirty = true;
@@ -320,10 +327,12 @@ impl Engine {
             w.hb.sandboxes
                 .iter()
                 .find(|s| s.job == key.0 && s.trajectory == key.1)
-                .map(|s| s.mem_mb)
+                .map(|s| (s.mem_mb, s.idle_timeout_ms))
         });
-        let mem_mb = reported.unwrap_or_else(|| tangram_shared::SandboxOpen::default().memory_mb);
+        let (mem_mb, asked) =
+            reported.unwrap_or_else(|| (tangram_shared::SandboxOpen::default().memory_mb, None));
         let s = super::lifecycle::Sandbox::known(&p.worker, mem_mb, self.provisioning);
+        self.idle_start(&key, Some(r.id.clone()), asked, now);
         self.sandboxes.insert(key, s);
         self.dirty = true;
     }
@@ -363,6 +372,7 @@ impl Engine {
                 }
             }
             (ActionKind::SandboxOpen, _) | (ActionKind::SandboxClose, _) => {
+                self.idle_forget(&key);
                 self.sandboxes.remove(&key);
                 self.forget_trajectory(&key.0, &key.1);
             }

@@ -87,6 +87,7 @@ impl Engine {
                     .is_none_or(|x| x.state == SandboxState::Lost);
                 if adopt {
                     let known = Sandbox::known(&hb.worker, s.mem_mb, self.provisioning);
+                    self.idle_start(&key, s.open.clone(), s.idle_timeout_ms, now);
                     self.sandboxes.insert(key, known);
                 }
             }
@@ -266,6 +267,7 @@ impl Engine {
 
     pub(crate) fn on_tick(&mut self, now: Now) {
         self.on_drain_deadlines(now);
+        self.on_idle_deadlines(now);
         // Judged at the last confirmation that NATS answered, when there is one: a worker is
         // lost only if it had been silent past its grace while NATS was known to work.
         let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);

@@ -5,6 +5,7 @@ mod adopt;
 mod dispatch;
 mod fleet;
 mod identity;
+mod idle;
 mod images;
 mod intake;
 mod observe;
@@ -107,6 +108,8 @@ impl Harness {
                     job: JobId::new(*j).unwrap(),
                     trajectory: TrajectoryId::new(*t).unwrap(),
                     mem_mb: 512,
+                    open: None,
+                    idle_timeout_ms: None,
                 })
                 .collect(),
             draining: false,
@@ -211,7 +214,12 @@ pub(crate) fn exec(id: &str, job: &str, traj: &str, min: u32, max: u32) -> Actio
 }
 
 pub(crate) fn close(id: &str, job: &str, traj: &str) -> Action {
-    action(id, job, traj, ActionSpec::SandboxClose(SandboxClose {}))
+    action(
+        id,
+        job,
+        traj,
+        ActionSpec::SandboxClose(SandboxClose::default()),
+    )
 }
 
 /// The dispatches among `fx`, with their workers.

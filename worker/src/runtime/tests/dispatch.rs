@@ -177,7 +177,11 @@ async fn an_exec_without_its_sandbox_is_reported_lost() {
     let close = dispatch(
         1,
         0,
-        action("c1", "t1", ActionSpec::SandboxClose(SandboxClose {})),
+        action(
+            "c1",
+            "t1",
+            ActionSpec::SandboxClose(SandboxClose::default()),
+        ),
     );
     assert_eq!(completed(&h.run(&close).await), 0);
     assert_eq!(h.sandboxes.open_count(), 0);

@@ -509,8 +509,10 @@ impl Driver<'_> {
                     Effect::Regrant { regrant, .. } => {
                         self.resize(&regrant.id, regrant.grant.cores, now)
                     }
-                    // Simulated workers never fail, so none is ever fenced.
+                    // Simulated workers never fail, so none is ever fenced; simulated runs
+                    // set no idle timeout and renew no lease, so the engine closes nothing.
                     Effect::Fence { .. }
+                    | Effect::Submit(_)
                     | Effect::Ack(_)
                     | Effect::Nak(_)
                     | Effect::Progress(_)

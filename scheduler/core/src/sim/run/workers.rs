@@ -297,8 +297,11 @@ impl Driver<'_> {
                 } else {
                     self.last_end = self.last_end.max(now);
                     if self.has_cpu[s.t] {
-                        let a =
-                            self.action(s.t, "close", ActionSpec::SandboxClose(SandboxClose {}));
+                        let a = self.action(
+                            s.t,
+                            "close",
+                            ActionSpec::SandboxClose(SandboxClose::default()),
+                        );
                         Some(self.arrival(a, None))
                     } else {
                         self.finish(s.t, now);

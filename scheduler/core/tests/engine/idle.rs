@@ -1,0 +1,255 @@
+//! Sandboxes nobody closes: the idle timeout, closing a job, and rollout leases. The engine
+//! submits a `sandbox_close` with a reason ([`Effect::Submit`]); the close then comes back
+//! through the stream like a rollout's.
+
+use super::*;
+use tangram_shared::{CloseReason, RejectCode};
+
+/// Workers here heartbeat once: they are never declared lost over the minutes these tests
+/// pass.
+fn idle_cfg(idle_ms: u64) -> EngineConfig {
+    EngineConfig {
+        idle_timeout_ms: idle_ms,
+        missed_heartbeats: 1_000_000,
+        ..cfg()
+    }
+}
+
+/// The closes the engine submitted among `fx`: (job, trajectory, reason).
+fn submitted(fx: &[Effect]) -> Vec<(String, String, CloseReason)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Submit(a) => match &a.spec {
+                ActionSpec::SandboxClose(c) => Some((
+                    a.job.to_string(),
+                    a.trajectory.to_string(),
+                    c.reason.expect("the scheduler's closes carry a reason"),
+                )),
+                _ => panic!("the engine submits only closes: {a:?}"),
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each close the engine submitted among `fx`, back through the stream and run to its result;
+/// returns what was closed.
+fn run_closes(h: &mut Harness, fx: &[Effect]) -> Vec<(String, String, CloseReason)> {
+    let closes = submitted(fx);
+    for a in submitted_actions(fx) {
+        let (_, fx) = h.arrive(a);
+        let (w, d) = dispatched(&fx).pop().expect("the close is dispatched");
+        h.stored(&d);
+        h.complete(&d, &w);
+    }
+    closes
+}
+
+fn submitted_actions(fx: &[Effect]) -> Vec<Action> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Submit(a) => Some((**a).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_sandbox_nobody_uses_for_its_idle_timeout_is_closed_and_one_in_use_is_not() {
+    let mut h = Harness::with(idle_cfg(60_000), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "idle");
+    h.open_sandbox("j", "busy");
+    // `busy` runs a command for longer than the timeout; `idle` does nothing.
+    let (_, fx) = h.arrive(exec("x1", "j", "busy", 1, 1));
+    let (w, d) = dispatched(&fx).pop().expect("exec dispatched");
+    h.stored(&d);
+    let fx = h.advance(59_000);
+    assert!(
+        submitted(&fx).is_empty(),
+        "closed before its timeout: {fx:?}"
+    );
+    let fx = h.advance(2_000);
+    assert_eq!(
+        submitted(&fx),
+        vec![("j".into(), "idle".into(), CloseReason::IdleTimeout)]
+    );
+    // Asked once, not on every tick after; asked again if it never comes back.
+    let again = h.advance(1_000);
+    assert!(
+        submitted(&again).is_empty(),
+        "asked again at once: {again:?}"
+    );
+    let again = h.advance(30_000);
+    assert_eq!(
+        submitted(&again),
+        vec![("j".into(), "idle".into(), CloseReason::IdleTimeout)]
+    );
+    run_closes(&mut h, &again);
+    // The command ends: `busy`'s idle time starts then.
+    h.complete(&d, &w);
+    let fx = h.advance(59_000);
+    assert!(submitted(&fx).is_empty(), "{fx:?}");
+    let fx = h.advance(2_000);
+    assert_eq!(
+        submitted(&fx),
+        vec![("j".into(), "busy".into(), CloseReason::IdleTimeout)]
+    );
+}
+
+#[test]
+fn each_use_restarts_the_idle_clock_and_an_open_may_ask_for_its_own_timeout() {
+    let mut h = Harness::with(idle_cfg(60_000), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "t");
+    let mut long = open("o-long", "j", "long");
+    if let ActionSpec::SandboxOpen(o) = &mut long.spec {
+        o.idle_timeout_ms = Some(300_000);
+    }
+    let (_, fx) = h.arrive(long);
+    let (w, d) = dispatched(&fx).pop().expect("open dispatched");
+    h.stored(&d);
+    h.complete(&d, &w);
+    for i in 0..3 {
+        h.advance(40_000);
+        let (_, fx) = h.arrive(exec(&format!("x{i}"), "j", "t", 1, 1));
+        let (w, d) = dispatched(&fx).pop().expect("exec dispatched");
+        h.stored(&d);
+        let fx = h.complete(&d, &w);
+        assert!(submitted(&fx).is_empty(), "{fx:?}");
+    }
+    let fx = h.advance(61_000);
+    assert_eq!(
+        run_closes(&mut h, &fx),
+        vec![("j".into(), "t".into(), CloseReason::IdleTimeout)],
+        "the default applies to t; long asked for five minutes"
+    );
+    let fx = h.advance(200_000);
+    assert_eq!(
+        run_closes(&mut h, &fx),
+        vec![("j".into(), "long".into(), CloseReason::IdleTimeout)]
+    );
+}
+
+#[test]
+fn the_scheduler_s_close_settles_the_sandbox_and_a_later_command_is_told_why() {
+    let mut h = Harness::with(idle_cfg(10_000), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "t");
+    let fx = h.advance(11_000);
+    let close = submitted_actions(&fx).pop().expect("a close submitted");
+    assert!(close.id.as_str().starts_with("tangram-close-idle_timeout-"));
+    // It comes back through the stream and runs like any close.
+    let (_, fx) = h.arrive(close);
+    let (w, d) = dispatched(&fx).pop().expect("close dispatched");
+    h.stored(&d);
+    h.complete(&d, &w);
+    assert!(h
+        .engine
+        .sandbox(&JobId::new("j").unwrap(), &TrajectoryId::new("t").unwrap())
+        .is_none());
+    let (_, fx) = h.arrive(exec("late", "j", "t", 1, 1));
+    let (_, code, reason) = rejected(&fx).pop().expect("the late command is answered");
+    assert_eq!(code, RejectCode::NoSandbox);
+    assert!(
+        reason.contains("closed by the scheduler (idle_timeout)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn two_leaders_name_the_same_close_alike_and_a_reopened_sandbox_gets_a_new_name() {
+    let mut a = Harness::with(idle_cfg(10_000), &[("w1", 4, 8192)]);
+    let mut b = Harness::with(idle_cfg(10_000), &[("w1", 4, 8192)]);
+    // The same open in both (one took over from the other).
+    for h in [&mut a, &mut b] {
+        let (_, fx) = h.arrive(open("o1", "j", "t"));
+        let (w, d) = dispatched(&fx).pop().unwrap();
+        h.stored(&d);
+        h.complete(&d, &w);
+    }
+    let ca = submitted_actions(&a.advance(11_000)).pop().unwrap();
+    let cb = submitted_actions(&b.advance(11_000)).pop().unwrap();
+    assert_eq!(ca.id, cb.id);
+    let (_, fx) = a.arrive(ca.clone());
+    let (w, d) = dispatched(&fx).pop().unwrap();
+    a.stored(&d);
+    a.complete(&d, &w);
+    let (_, fx) = a.arrive(open("o2", "j", "t"));
+    let (w, d) = dispatched(&fx).pop().unwrap();
+    a.stored(&d);
+    a.complete(&d, &w);
+    let again = submitted_actions(&a.advance(11_000)).pop().unwrap();
+    assert_ne!(
+        again.id, ca.id,
+        "a second close of the trajectory would be taken for a duplicate"
+    );
+}
+
+#[test]
+fn closing_a_job_closes_its_sandboxes_only_once_and_no_other_job_s() {
+    let mut h = Harness::with(idle_cfg(0), &[("w1", 8, 16384)]);
+    h.open_sandbox("a", "t1");
+    h.open_sandbox("a", "t2");
+    h.open_sandbox("b", "t1");
+    let n = h.engine.close_job(&JobId::new("a").unwrap(), h.at());
+    assert_eq!(n, 2);
+    let mut closes = submitted(&h.step(Event::Tick));
+    closes.sort_by(|x, y| x.1.cmp(&y.1));
+    assert_eq!(
+        closes,
+        vec![
+            ("a".into(), "t1".into(), CloseReason::JobClosed),
+            ("a".into(), "t2".into(), CloseReason::JobClosed)
+        ]
+    );
+    // Asked again at once: those closes are on their way.
+    assert_eq!(h.engine.close_job(&JobId::new("a").unwrap(), h.at()), 0);
+    assert_eq!(
+        h.engine.close_job(&JobId::new("nobody").unwrap(), h.at()),
+        0
+    );
+}
+
+#[test]
+fn a_job_whose_lease_runs_out_has_its_sandboxes_closed_and_one_renewed_does_not() {
+    let mut h = Harness::with(idle_cfg(0), &[("w1", 8, 16384)]);
+    h.open_sandbox("a", "t1");
+    h.open_sandbox("b", "t1");
+    h.open_sandbox("c", "t1");
+    let lease = |job: &str| Event::Lease {
+        job: JobId::new(job).unwrap(),
+        ttl_ms: 5_000,
+    };
+    // c never took a lease: it is never closed for want of one.
+    for _ in 0..4 {
+        h.step(lease("a"));
+        h.step(lease("b"));
+        let fx = h.advance(3_000);
+        assert!(submitted(&fx).is_empty(), "{fx:?}");
+    }
+    // b's rollout stops renewing (its last renewal was 3 s ago); a's goes on.
+    h.step(lease("a"));
+    let fx = h.advance(1_000);
+    assert!(
+        submitted(&fx).is_empty(),
+        "closed before the lease ran out: {fx:?}"
+    );
+    let fx = h.advance(1_500);
+    assert_eq!(
+        run_closes(&mut h, &fx),
+        vec![("b".into(), "t1".into(), CloseReason::LeaseExpired)]
+    );
+    let fx = h.advance(60_000);
+    assert_eq!(
+        run_closes(&mut h, &fx),
+        vec![("a".into(), "t1".into(), CloseReason::LeaseExpired)]
+    );
+    let fx = h.advance(600_000);
+    assert!(submitted(&fx).is_empty(), "{fx:?}");
+}
+
+#[test]
+fn with_no_idle_timeout_configured_nothing_is_closed() {
+    let mut h = Harness::with(idle_cfg(0), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "t");
+    let fx = h.advance(10_000_000);
+    assert!(submitted(&fx).is_empty(), "{fx:?}");
+}
