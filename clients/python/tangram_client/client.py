@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
@@ -60,6 +61,7 @@ class Tangram:
         self._publish_retries = publish_retries
         self._publish_timeout_s = publish_timeout_s
         self._closed = False
+        self._lease: Optional["asyncio.Task[None]"] = None
 
     @classmethod
     async def connect(
@@ -70,6 +72,7 @@ class Tangram:
         publish_retries: int = 10,
         publish_timeout_s: float = 5.0,
         nkeys_seed: Optional[str] = None,
+        lease_s: Optional[float] = 300.0,
         **nats_options: Any,
     ) -> "Tangram":
         """Connects to the cluster's NATS servers and starts the job's result feed.
@@ -84,11 +87,19 @@ class Tangram:
         Raises :class:`TangramConnectError` within a few seconds when no server can be
         reached, none answers, the credentials are missing or refused, or the job's results
         cannot be followed; its message names the likely fix. Once connected, a lost
-        connection is re-established for ever (``max_reconnect_attempts`` to change it)."""
+        connection is re-established for ever (``max_reconnect_attempts`` to change it).
+
+        ``lease_s`` keeps a lease on the job while this client lives: it is renewed in the
+        background (every third of it, at most every 20 s), and when every process of the
+        job has stopped renewing it for ``lease_s`` (a crash, a killed trainer), the
+        scheduler closes the job's sandboxes. ``None`` takes no lease (sandboxes then wait
+        for their idle timeout). :meth:`close` stops renewing it."""
         try:
             check_id("job", job)
         except TangramError as e:
             raise ValueError(str(e)) from None
+        if lease_s is not None and lease_s < 1:
+            raise ValueError(f"lease_s is {lease_s}; it must be at least 1 (or None for no lease)")
         nc = await open_connection(url, nkeys_seed, nats_options)
         self = cls(nc, job, publish_retries, publish_timeout_s)
         try:
@@ -101,6 +112,8 @@ class Tangram:
                     "belong to this job (rollout-<job>.nk is for that job only), and is this a Tangram "
                     "cluster (`tangram up` creates the streams)?", [u.geturl() for u in nc.servers]) from e
             raise
+        if lease_s is not None:
+            self._lease = asyncio.get_running_loop().create_task(self._keep_lease(lease_s))
         return self
 
     async def close(self) -> None:
@@ -109,6 +122,8 @@ class Tangram:
         if self._closed:
             return
         self._closed = True
+        if self._lease is not None:
+            self._lease.cancel()
         for w in self._waiters.values():
             if w.lookup is not None:
                 w.lookup.cancel()
@@ -123,6 +138,36 @@ class Tangram:
             # Already closed, or reconnecting: nothing left to flush that could arrive.
             log.debug("drain: %r", e)
             await self._nc.close()
+
+    async def _keep_lease(self, lease_s: float) -> None:
+        """Renews the job's lease until cancelled (a renewal that fails is logged; the next
+        one is a third of the lease later at most)."""
+        subject = f"tangram.v1.lease.{self.job}"
+        body = json.dumps({"ttl_ms": int(lease_s * 1000)}).encode()
+        every = min(lease_s / 3, 20.0)
+        while True:
+            try:
+                await self._nc.publish(subject, body)
+            except Exception as e:  # the connection is re-established by nats-py
+                log.warning("renewing job %s's lease: %r", self.job, e)
+            await asyncio.sleep(every)
+
+    async def close_job(self, timeout_s: float = 10.0) -> int:
+        """Closes every sandbox of this client's job, in every process of the job (the end of
+        a run, or a clean-up after a crash): returns how many the scheduler is closing. Each
+        close's result reaches the job's results with ``reason: job_closed``; a command sent
+        to a closed sandbox is rejected (``no_sandbox``). Raises :class:`TangramError` when no
+        scheduler answers within ``timeout_s``."""
+        try:
+            msg = await self._nc.request(f"tangram.v1.close.{self.job}", b"", timeout=timeout_s)
+        except Exception as e:
+            raise TangramError(f"no scheduler answered the request to close job {self.job}'s sandboxes "
+                               f"within {timeout_s} s ({e!r}): is one leading, and may these credentials "
+                               "close this job's?") from e
+        reply = json.loads(msg.data)
+        if "closing" not in reply:
+            raise TangramError(f"the scheduler refused to close job {self.job}'s sandboxes: {reply}")
+        return int(reply["closing"])
 
     @property
     def results_consumer(self) -> Optional[str]:
@@ -289,10 +334,16 @@ class Tangram:
 
     async def open_sandbox(self, trajectory: str, image: Optional[str] = None, memory_mb: int = 512,
                            workdir_mb: int = 64, env: Optional[Mapping[str, str]] = None,
-                           timeout_s: float = 120.0) -> "Sandbox":
-        """Opens the trajectory's sandbox. Raises :class:`ActionFailed` if it could not."""
-        r = await self.run(trajectory, {"kind": "sandbox_open", "image": image, "memory_mb": memory_mb,
-                                        "workdir_mb": workdir_mb, "env": dict(env or {})}, timeout_s=timeout_s)
+                           timeout_s: float = 120.0, idle_timeout_s: Optional[float] = None) -> "Sandbox":
+        """Opens the trajectory's sandbox. Raises :class:`ActionFailed` if it could not.
+
+        ``idle_timeout_s``: the scheduler closes the sandbox once no action has used it this
+        long (default: the fleet's, 30 minutes unless the operator set another)."""
+        spec: Dict[str, Any] = {"kind": "sandbox_open", "image": image, "memory_mb": memory_mb,
+                                "workdir_mb": workdir_mb, "env": dict(env or {})}
+        if idle_timeout_s is not None:
+            spec["idle_timeout_ms"] = int(idle_timeout_s * 1000)
+        r = await self.run(trajectory, spec, timeout_s=timeout_s)
         if r.outcome is not Outcome.COMPLETED:
             raise ActionFailed(r)
         return Sandbox(self, trajectory, r)

@@ -115,10 +115,14 @@ class SyncClient:
 
     def open_sandbox(self, trajectory: str, image: Optional[str] = None, memory_mb: int = 512,
                      workdir_mb: int = 64, env: Optional[Mapping[str, str]] = None,
-                     timeout_s: float = 120.0) -> "SyncSandbox":
+                     timeout_s: float = 120.0, idle_timeout_s: Optional[float] = None) -> "SyncSandbox":
         """:meth:`Tangram.open_sandbox`; the sandbox's methods block too."""
         return SyncSandbox(self, self._call(self._client.open_sandbox(trajectory, image, memory_mb, workdir_mb,
-                                                                      env, timeout_s)))
+                                                                      env, timeout_s, idle_timeout_s)))
+
+    def close_job(self, timeout_s: float = 10.0) -> int:
+        """:meth:`Tangram.close_job`."""
+        return self._call(self._client.close_job(timeout_s))
 
     reward_action = staticmethod(Tangram.reward_action)
 
