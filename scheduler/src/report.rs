@@ -117,6 +117,11 @@ pub(crate) async fn answer_status(
         return false;
     }
     if let Ok(mut status) = orx.await {
+        // Rollout roles read only their own job's part (the inbox says whose: a role can
+        // read answers under its own inbox prefix only).
+        if let Some(job) = subject::rollout_job_of_inbox(&reply) {
+            status.scope_to(job);
+        }
         tangram_shared::status::page(&mut status, &req, tangram_shared::status::STATUS_PAGE_BYTES);
         fill_lease(&mut status, store).await;
         status.backlog = backlog(consumer, gate).await;

@@ -86,6 +86,23 @@ impl StatusRequest {
     }
 }
 
+impl Status {
+    /// The report as a rollout role may read it when its answer goes to `<job>`'s inbox:
+    /// only `<job>`'s entry under `jobs` and its own admissions under each provider, and no
+    /// worker's image list or warm pool (other jobs' private images). Fleet totals, queues
+    /// by kind and workers' capacity stay: a rollout paces itself on them.
+    pub fn scope_to(&mut self, job: &str) {
+        self.jobs.retain(|j, _| j == job);
+        for w in &mut self.workers {
+            w.images.clear();
+            w.warm = None;
+        }
+        for p in &mut self.providers {
+            p.admitted.retain(|j, _| j == job);
+        }
+    }
+}
+
 /// Cuts `status.workers` to the page `req` asks for: in id order, after `workers_after`, at
 /// most `workers_limit`, and no more than `budget` bytes of JSON (one worker at least, so
 /// that paging always moves on). Sets `workers_total`, and `next_after` when workers remain.

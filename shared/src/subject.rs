@@ -124,6 +124,14 @@ pub fn heartbeat(worker: &WorkerId) -> String {
 pub fn close_job(job: &JobId) -> String {
     close_job_of(job.as_str())
 }
+/// The job whose rollout roles alone can read answers sent to `reply`, when it is under a
+/// rollout role's inbox (`_R_rollout.<job>.`...); the all-jobs rollout role's own replies
+/// (`_R_rollout.<token>...`) read as a job nobody has. `None` for other inboxes (the
+/// operator's `_INBOX.`, other roles').
+pub fn rollout_job_of_inbox(reply: &str) -> Option<&str> {
+    let rest = reply.strip_prefix("_R_rollout.")?;
+    Some(rest.split('.').next().unwrap_or(rest))
+}
 /// [`close_job`] of a job name not yet checked (permissions are written from role names).
 pub fn close_job_of(job: &str) -> String {
     format!("{PREFIX}.close.{job}")
@@ -194,6 +202,15 @@ pub const DEADLETTER_ALL: &str = "tangram.v1.deadletter.>";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollout_inbox_names_the_job_whose_roles_can_read_it() {
+        assert_eq!(rollout_job_of_inbox("_R_rollout.jobA.nuid.1"), Some("jobA"));
+        assert_eq!(rollout_job_of_inbox("_R_rollout.nuid"), Some("nuid"));
+        assert_eq!(rollout_job_of_inbox("_INBOX.abc.1"), None);
+        assert_eq!(rollout_job_of_inbox("_R_scheduler.x"), None);
+        assert_eq!(rollout_job_of_inbox("_R_rollout"), None);
+    }
 
     #[test]
     fn answers_go_to_inboxes_only() {

@@ -306,3 +306,45 @@ async fn an_open_names_only_allowed_images_and_the_keeper_is_always_pid_1() -> a
     assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
     cluster.shutdown().await
 }
+
+/// Regression (issue 30, seen live): `tangram.v1.status` gave every rollout every job's name
+/// and sandboxes and every worker's image list (another job's private task images). A
+/// rollout role's answer now holds only its own job's part; the operator's holds everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_rollout_reads_only_its_own_job_in_status() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[WorkerSpec::new("st-a")], &["stA", "stB"]).await?;
+    let op = Client::connect_with(&c.nats.url(), "ops", &c.credentials("operator")).await?;
+    op.wait_for_workers(&["st-a"], T).await?;
+    let a = Client::connect_with(&c.nats.url(), "stA", &c.credentials("rollout-stA")).await?;
+    let b = Client::connect_with(&c.nats.url(), "stB", &c.credentials("rollout-stB")).await?;
+    let r = a.run(&open("oa", "stA", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let r = b.run(&open("ob", "stB", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let all = op
+        .wait_for_status(T, "both jobs' sandboxes", |s| s.jobs.len() == 2)
+        .await?;
+    assert!(
+        all.workers.iter().any(|w| !w.images.is_empty()),
+        "the operator sees the workers' images: {all:?}"
+    );
+    for (client, job) in [(&a, "stA"), (&b, "stB")] {
+        let st = client.status().await?;
+        assert_eq!(
+            st.jobs.keys().collect::<Vec<_>>(),
+            vec![job],
+            "{job} sees another job in status"
+        );
+        assert!(
+            st.workers
+                .iter()
+                .all(|w| w.images.is_empty() && w.warm.is_none()),
+            "{job} sees workers' images: {:?}",
+            st.workers
+        );
+        // What a rollout paces itself on is still there.
+        assert_eq!(st.workers.len(), 1);
+        assert_eq!(st.sandboxes, 2);
+    }
+    c.shutdown().await
+}
