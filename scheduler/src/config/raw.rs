@@ -47,6 +47,8 @@ pub struct RawConfig {
     pub max_sandbox_idle_timeout_ms: Option<u64>,
     /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
+    /// Caps per job (`[job_caps.<job>]`, and `[job_caps."*"]` for every job not listed).
+    pub job_caps: Option<std::collections::BTreeMap<String, RawJobCaps>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
     pub static_cores: Option<u32>,
     /// This scheduler's id in the leader lease (default: `<host>-<pid>`).
@@ -125,6 +127,7 @@ impl RawConfig {
                 .max_sandbox_idle_timeout_ms
                 .or(self.max_sandbox_idle_timeout_ms),
             job_weights: over.job_weights.or(self.job_weights),
+            job_caps: over.job_caps.or(self.job_caps),
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
             lease_ttl_ms: over.lease_ttl_ms.or(self.lease_ttl_ms),
@@ -255,6 +258,34 @@ impl RawConfig {
                 format!("{job} is {w}; weights must be above 0"),
             ));
         }
+        let mut job_caps = std::collections::BTreeMap::new();
+        for (job, c) in self.job_caps.unwrap_or_default() {
+            if job != tangram_core::engine::EVERY_JOB
+                && tangram_shared::JobId::new(job.clone()).is_err()
+            {
+                return Err(invalid(
+                    "job_caps",
+                    format!("{job:?} is neither a job id nor \"*\" (every job not listed)"),
+                ));
+            }
+            if c.max_sandboxes == Some(0)
+                || c.max_sandbox_mem_mb == Some(0)
+                || c.max_cores == Some(0)
+            {
+                return Err(invalid(
+                    "job_caps",
+                    format!("{job}: a cap of 0 would stop the job; leave the cap out for none"),
+                ));
+            }
+            job_caps.insert(
+                job,
+                tangram_core::engine::JobCaps {
+                    max_sandboxes: c.max_sandboxes,
+                    max_sandbox_mem_mb: c.max_sandbox_mem_mb,
+                    max_cores: c.max_cores,
+                },
+            );
+        }
         let static_cores = self.static_cores.unwrap_or(4);
         if static_cores == 0 {
             return Err(invalid("static_cores", "must be at least 1"));
@@ -302,6 +333,7 @@ impl RawConfig {
             lease_ttl: Duration::from_millis(lease_ttl_ms),
             static_cores,
             job_weights,
+            job_caps,
             nats_url,
             credentials,
             metrics_addr,
@@ -318,4 +350,16 @@ impl RawConfig {
             max_sandbox_idle_timeout: Duration::from_millis(max_idle_ms),
         })
     }
+}
+
+/// One job's caps as written (`[job_caps.<job>]`); absent fields are no cap.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobCaps {
+    /// Sandboxes open or opening at once.
+    pub max_sandboxes: Option<u32>,
+    /// Memory of those sandboxes, MiB.
+    pub max_sandbox_mem_mb: Option<u64>,
+    /// Cores its commands hold at once.
+    pub max_cores: Option<u32>,
 }

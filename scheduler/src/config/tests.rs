@@ -44,6 +44,43 @@ fn images_table_sets_placement_and_refuses_a_zero_pull_rate() {
 }
 
 #[test]
+fn job_caps_and_idle_timeouts_are_read_and_bad_ones_refused() {
+    let text = "sandbox_idle_timeout_ms = 60000\n\
+                [job_caps.\"*\"]\nmax_sandboxes = 64\n\
+                [job_caps.big]\nmax_cores = 32\nmax_sandbox_mem_mb = 65536\n";
+    let c = toml::from_str::<RawConfig>(text)
+        .unwrap()
+        .validate()
+        .unwrap();
+    assert_eq!(c.sandbox_idle_timeout, std::time::Duration::from_secs(60));
+    assert_eq!(c.job_caps["*"].max_sandboxes, Some(64));
+    assert_eq!(c.job_caps["big"].max_cores, Some(32));
+    assert_eq!(c.job_caps["big"].max_sandboxes, None);
+    let defaults = RawConfig::default().validate().unwrap();
+    assert_eq!(
+        defaults.sandbox_idle_timeout,
+        std::time::Duration::from_secs(1800)
+    );
+    assert!(defaults.job_caps.is_empty());
+    for (bad, field) in [
+        ("[job_caps.a]\nmax_cores = 0", "job_caps"),
+        ("[job_caps.\"a b\"]\nmax_cores = 2", "job_caps"),
+        ("sandbox_idle_timeout_ms = 500", "sandbox_idle_timeout_ms"),
+        (
+            "sandbox_idle_timeout_ms = 7200000\nmax_sandbox_idle_timeout_ms = 3600000",
+            "sandbox_idle_timeout_ms",
+        ),
+    ] {
+        let err = toml::from_str::<RawConfig>(bad)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), Some(field), "{bad}");
+    }
+    assert!(toml::from_str::<RawConfig>("[job_caps.a]\nmax_core = 2").is_err());
+}
+
+#[test]
 fn a_simulator_only_policy_is_refused_with_its_live_equivalent() {
     let err = RawConfig {
         policy: Some("k8s".into()),

@@ -150,6 +150,7 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         settle_ms: config.settle.as_millis() as u64,
         rejoin_ms: config.worker_rejoin.as_millis() as u64,
         job_weights: config.job_weights.clone(),
+        job_caps: config.job_caps.clone(),
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.
         reachable_every_ms: (config.lease_ttl / 4 + TICK).as_millis() as u64,

@@ -23,6 +23,9 @@ pub struct EngineConfig {
     pub rejoin_ms: u64,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: BTreeMap<String, f64>,
+    /// Caps per job (see [`super::JobCaps`]), by job; [`super::EVERY_JOB`] (`*`) for every
+    /// job not listed. Empty: no caps.
+    pub job_caps: BTreeMap<String, super::JobCaps>,
     /// Validation limits.
     pub limits: Limits,
     /// In-progress acks for queued actions this often (inside the consumer's ack wait).
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             settle_ms: 2_000,
             rejoin_ms: 30_000,
             job_weights: BTreeMap::new(),
+            job_caps: BTreeMap::new(),
             limits: Limits::default(),
             // Short, so that actions held by a scheduler that died come back quickly; the
             // consumer's ack wait is 10 s.

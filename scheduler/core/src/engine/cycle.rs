@@ -269,6 +269,12 @@ impl Engine {
         let mut pending = Vec::with_capacity(self.queue.len());
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
         let mut images: Option<super::images::ImageIndex> = None;
+        // What each job holds, and what this cycle's opens and execs add (caps per job).
+        let mut used = if self.any_caps() {
+            Some(self.job_use())
+        } else {
+            None
+        };
         for id in &self.queue {
             let e = &self.actions[id];
             let a = &e.action;
@@ -290,6 +296,21 @@ impl Engine {
                             ),
                         ));
                         continue;
+                    }
+                    if let Some(used) = &mut used {
+                        if let Some(why) = self.open_never_fits(e) {
+                            let rejection = Rejection::new(RejectCode::Unsatisfiable, why);
+                            rejections.push((a.id.clone(), rejection));
+                            continue;
+                        }
+                        let u = used.entry(a.job.clone()).or_default();
+                        let mem_mb = a.demand().mem_mb;
+                        if self.open_over_cap(&a.job, *u, mem_mb).is_some() {
+                            continue; // waits for its job to close a sandbox
+                        }
+                        u.sandboxes += 1;
+                        u.mem_mb += mem_mb;
+                        u.cores += self.provisioning.trajectory_cores().unwrap_or(0);
                     }
                     e.pin.clone().map_or(Constraint::Any, Constraint::OnWorker)
                 }
@@ -336,7 +357,17 @@ impl Engine {
                     }
                 },
             };
-            let demand = a.demand();
+            let mut demand = a.demand();
+            if let (Some(used), Some(range)) = (&mut used, &mut demand.cores) {
+                let u = used.entry(a.job.clone()).or_default();
+                if let Some(left) = self.cores_left(&a.job, *u) {
+                    if left < range.min {
+                        continue; // waits for its job's commands to end
+                    }
+                    range.max = range.max.min(left);
+                    u.cores += range.max;
+                }
+            }
             let model = self.model_of(e);
             let image = match super::lifecycle::open_image(a) {
                 Some(key)

@@ -16,6 +16,7 @@
 
 mod adopt;
 mod api;
+mod caps;
 mod config;
 mod cordon;
 mod cycle;
@@ -37,6 +38,7 @@ use lifecycle::{Entry, Sandbox, SandboxKey};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use tangram_shared::{Action, ActionId, ActionKind, Heartbeat, Timing, WorkerId};
 
+pub use caps::{JobCaps, EVERY_JOB};
 pub use config::{EngineConfig, UNKNOWN_IMAGE_MB};
 pub use events::{
     Arrival, Delivery, Effect, Event, Now, Observation, PendingResize, Reject, WorkerGauge,

@@ -136,6 +136,37 @@ impl Engine {
         if touched.is_empty() {
             return Vec::new();
         }
+        // Jobs with a cores cap widen only into what their cap leaves, shared out in turn.
+        let mut headroom: Option<HashMap<tangram_shared::JobId, u32>> =
+            self.any_caps().then(|| {
+                let used = self.job_use();
+                let mut jobs: HashMap<tangram_shared::JobId, u32> = HashMap::new();
+                for e in self.actions.values() {
+                    let j = &e.action.job;
+                    if !jobs.contains_key(j) {
+                        let u = used.get(j).copied().unwrap_or_default();
+                        if let Some(left) = self.cores_left(j, u) {
+                            jobs.insert(j.clone(), left);
+                        }
+                    }
+                }
+                jobs
+            });
+        // The widest an exec holding `cores` may become; less than `min` (and nothing
+        // taken) when its job's cap leaves it no room.
+        let mut widest = |job: &tangram_shared::JobId, cores: u32, min: u32, max: u32| -> u32 {
+            match headroom.as_mut().and_then(|h| h.get_mut(job)) {
+                Some(left) => {
+                    let max = max.min(cores + *left).max(cores);
+                    if max < min {
+                        return max;
+                    }
+                    *left -= max - cores;
+                    max
+                }
+                None => max,
+            }
+        };
         for (id, e) in &self.actions {
             let Some((worker, booking)) = e.placed() else {
                 continue;
@@ -176,12 +207,13 @@ impl Engine {
                 started_ms: since,
             });
             let done = p.done_at(&model, now.ms);
+            let max = widest(&e.action.job, booking.counted_cores(), range.min, range.max);
             by_worker.entry(worker.clone()).or_default().push(Sized {
                 id: id.clone(),
                 cores: booking.counted_cores(),
                 mem_mb: 0,
                 min: range.min,
-                max: range.max,
+                max,
                 remaining: ElasticModel {
                     t1_ms: model.t1_ms * remaining_fraction(done),
                     speedup: model.speedup,
@@ -222,13 +254,17 @@ impl Engine {
             let Some(execs) = by_worker.get_mut(&s.worker) else {
                 continue; // nothing running there to narrow
             };
+            let max = widest(&e.action.job, 0, range.min, range.max);
+            if max < range.min {
+                continue; // its job's cap leaves it no room
+            }
             let model = self.model_of(e).unwrap_or_else(ElasticModel::unknown);
             execs.push(Sized {
                 id: id.clone(),
                 cores: 0,
                 mem_mb: e.action.demand().mem_mb,
                 min: range.min,
-                max: range.max,
+                max,
                 remaining: model,
                 done: 0.0,
             });

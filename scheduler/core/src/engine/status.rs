@@ -134,7 +134,7 @@ impl Engine {
                 }
                 ActionState::Queued { .. } => match cpu.get(id) {
                     Some(u) => unplaced_reason(u),
-                    None => self.wait_of(e),
+                    None => self.cap_wait(e).unwrap_or_else(|| self.wait_of(e)),
                 },
                 _ => continue,
             };

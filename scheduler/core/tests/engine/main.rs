@@ -2,6 +2,7 @@
 //! property tests over random event sequences (`props.rs`).
 
 mod adopt;
+mod caps;
 mod dispatch;
 mod fleet;
 mod identity;
