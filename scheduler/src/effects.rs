@@ -121,6 +121,10 @@ pub(crate) fn observe(o: Observation) {
         }
         Observation::FencedHeartbeat => m::fenced_heartbeat(),
         Observation::Closing(reason) => m::sandbox_closing(reason.as_str()),
+        Observation::DeclarationRefused { kind, name, worker } => {
+            warn!(kind, %name, %worker, "a worker's declaration differs from the fleet's definition; refused (the worker gets none of its calls)");
+            m::declaration_refused(kind)
+        }
         Observation::Cordons(n) => m::cordons(n),
         Observation::WorkerLost => {
             warn!("worker lost: no heartbeat within the grace period");

@@ -29,6 +29,7 @@ pub const STREAM_DRIFT: &str = "tangram_scheduler_stream_config_drift";
 pub const WORKERS_FENCED: &str = "tangram_scheduler_workers_fenced_total";
 pub const FENCED_HEARTBEATS: &str = "tangram_scheduler_fenced_heartbeats_total";
 pub const REFUSED_HEARTBEATS: &str = "tangram_scheduler_heartbeats_refused_total";
+pub const DECLARATIONS_REFUSED: &str = "tangram_scheduler_declarations_refused_total";
 pub const SANDBOXES_CLOSED: &str = "tangram_scheduler_sandboxes_closed_total";
 pub const NATS_GAPS: &str = "tangram_scheduler_nats_gaps_total";
 pub const CYCLE_SECONDS: &str = "tangram_scheduler_cycle_duration_seconds";
@@ -100,6 +101,7 @@ pub const DEFS: &[MetricDef] = &[
     def(WORKERS_FENCED, C, &[], N, "Fence records written: a worker instance declared lost must rejoin anew."),
     def(FENCED_HEARTBEATS, C, &[], N, "Heartbeats ignored because their worker instance was fenced."),
     def(REFUSED_HEARTBEATS, C, &["reason"], N, "Heartbeats not taken in, by reason (not_its_worker: the body names another worker than the subject; rate: past 40 a second from one subject; undecodable; subject: not a worker's heartbeat subject)."),
+    def(DECLARATIONS_REFUSED, C, &["kind"], N, "Workers' declarations refused because they differ from the fleet's definition in force (kind: provider), once per worker and name until it declares the definition again."),
     def(SANDBOXES_CLOSED, C, &["reason"], N, "Closes the scheduler submitted itself, by reason (idle_timeout, job_closed, lease_expired)."),
     def(NATS_GAPS, C, &[], N, "Gaps in this scheduler's reach of NATS after which worker graces were restarted instead of declaring workers lost."),
     def(CYCLE_SECONDS, H, &[], S, "One call of the decision engine: a burst of events and its planning cycle."),

@@ -44,6 +44,8 @@ pub struct Config {
     pub max_sandbox_idle_timeout: Duration,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: std::collections::BTreeMap<String, f64>,
+    /// The fleet's definitions of providers' quotas, by name.
+    pub providers: std::collections::BTreeMap<String, tangram_core::quota::ProviderQuota>,
     /// Caps per job; `*` for every job not listed.
     pub job_caps: std::collections::BTreeMap<String, tangram_core::engine::JobCaps>,
     /// Cores per sandbox under `static`.

@@ -49,6 +49,9 @@ pub struct RawConfig {
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Caps per job (`[job_caps.<job>]`, and `[job_caps."*"]` for every job not listed).
     pub job_caps: Option<std::collections::BTreeMap<String, RawJobCaps>>,
+    /// The fleet's definitions of external API providers' quotas (`[[provider]]`): workers'
+    /// declarations must match them.
+    pub provider: Option<Vec<RawProvider>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
     pub static_cores: Option<u32>,
     /// This scheduler's id in the leader lease (default: `<host>-<pid>`).
@@ -128,6 +131,7 @@ impl RawConfig {
                 .or(self.max_sandbox_idle_timeout_ms),
             job_weights: over.job_weights.or(self.job_weights),
             job_caps: over.job_caps.or(self.job_caps),
+            provider: over.provider.or(self.provider),
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
             lease_ttl_ms: over.lease_ttl_ms.or(self.lease_ttl_ms),
@@ -286,6 +290,31 @@ impl RawConfig {
                 },
             );
         }
+        let mut providers = std::collections::BTreeMap::new();
+        for p in self.provider.unwrap_or_default() {
+            if !(p.rate_per_s > 0.0 && p.rate_per_s.is_finite())
+                || p.burst == 0
+                || p.concurrency == 0
+            {
+                return Err(invalid(
+                    "provider",
+                    format!(
+                        "{}: rate_per_s must be above 0, burst and concurrency at least 1",
+                        p.name
+                    ),
+                ));
+            }
+            let quota = tangram_core::quota::ProviderQuota {
+                name: p.name.clone(),
+                rate_per_s: p.rate_per_s,
+                burst: p.burst,
+                concurrency: p.concurrency,
+                slow_ms: p.slow_ms,
+            };
+            if providers.insert(p.name.clone(), quota).is_some() {
+                return Err(invalid("provider", format!("{} is defined twice", p.name)));
+            }
+        }
         let static_cores = self.static_cores.unwrap_or(4);
         if static_cores == 0 {
             return Err(invalid("static_cores", "must be at least 1"));
@@ -334,6 +363,7 @@ impl RawConfig {
             static_cores,
             job_weights,
             job_caps,
+            providers,
             nats_url,
             credentials,
             metrics_addr,
@@ -362,4 +392,32 @@ pub struct RawJobCaps {
     pub max_sandbox_mem_mb: Option<u64>,
     /// Cores its commands hold at once.
     pub max_cores: Option<u32>,
+}
+
+/// The fleet's definition of an external API provider's quota, as written (`[[provider]]`):
+/// the same fields, and defaults, as a worker's `[[provider]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProvider {
+    /// Its name.
+    pub name: String,
+    /// Requests per second for the whole fleet.
+    pub rate_per_s: f64,
+    /// Burst, requests.
+    #[serde(default = "one")]
+    pub burst: u32,
+    /// Requests in flight at most, fleet-wide.
+    #[serde(default = "sixteen")]
+    pub concurrency: u32,
+    /// Replies slower than this count as overload, ms.
+    #[serde(default)]
+    pub slow_ms: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn sixteen() -> u32 {
+    16
 }

@@ -81,6 +81,26 @@ fn job_caps_and_idle_timeouts_are_read_and_bad_ones_refused() {
 }
 
 #[test]
+fn provider_definitions_are_read_with_the_workers_defaults_and_checked() {
+    let c = toml::from_str::<RawConfig>("[[provider]]\nname = \"search\"\nrate_per_s = 20.0")
+        .unwrap()
+        .validate()
+        .unwrap();
+    let p = &c.providers["search"];
+    assert_eq!(
+        (p.rate_per_s, p.burst, p.concurrency, p.slow_ms),
+        (20.0, 1, 16, None)
+    );
+    for bad in [
+        "[[provider]]\nname = \"s\"\nrate_per_s = 0.0",
+        "[[provider]]\nname = \"s\"\nrate_per_s = 1.0\n[[provider]]\nname = \"s\"\nrate_per_s = 2.0",
+    ] {
+        let err = toml::from_str::<RawConfig>(bad).unwrap().validate().unwrap_err();
+        assert_eq!(err.field(), Some("provider"), "{bad}");
+    }
+}
+
+#[test]
 fn a_simulator_only_policy_is_refused_with_its_live_equivalent() {
     let err = RawConfig {
         policy: Some("k8s".into()),

@@ -90,6 +90,9 @@ pub(crate) fn fenced_heartbeat() {
 pub(crate) fn heartbeat_refused(reason: &'static str) {
     counter!(REFUSED_HEARTBEATS, "reason" => reason).increment(1);
 }
+pub(crate) fn declaration_refused(kind: &'static str) {
+    counter!(DECLARATIONS_REFUSED, "kind" => kind).increment(1);
+}
 pub(crate) fn sandbox_closing(reason: &'static str) {
     counter!(SANDBOXES_CLOSED, "reason" => reason).increment(1);
 }

@@ -151,6 +151,7 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         rejoin_ms: config.worker_rejoin.as_millis() as u64,
         job_weights: config.job_weights.clone(),
         job_caps: config.job_caps.clone(),
+        providers: config.providers.clone(),
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.
         reachable_every_ms: (config.lease_ttl / 4 + TICK).as_millis() as u64,

@@ -23,6 +23,10 @@ pub struct EngineConfig {
     pub rejoin_ms: u64,
     /// Jobs' weights for shares of external API quota.
     pub job_weights: BTreeMap<String, f64>,
+    /// The operator's definitions of external API providers' quotas, by name: workers'
+    /// declarations must match them. Providers not defined take the quota their first
+    /// serving workers declared.
+    pub providers: BTreeMap<String, crate::quota::ProviderQuota>,
     /// Caps per job (see [`super::JobCaps`]), by job; [`super::EVERY_JOB`] (`*`) for every
     /// job not listed. Empty: no caps.
     pub job_caps: BTreeMap<String, super::JobCaps>,
@@ -80,6 +84,7 @@ impl Default for EngineConfig {
             rejoin_ms: 30_000,
             job_weights: BTreeMap::new(),
             job_caps: BTreeMap::new(),
+            providers: BTreeMap::new(),
             limits: Limits::default(),
             // Short, so that actions held by a scheduler that died come back quickly; the
             // consumer's ack wait is 10 s.

@@ -321,6 +321,16 @@ pub enum Observation {
         /// Waiting.
         waiting: usize,
     },
+    /// A worker's declaration of a fleet-wide definition (a provider's quota) differs from the
+    /// one in force: it was refused, and the worker is not given its calls.
+    DeclarationRefused {
+        /// What was declared (`provider`).
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The worker.
+        worker: WorkerId,
+    },
     /// The scheduler asked to close a sandbox no rollout closed, for this reason.
     Closing(tangram_shared::CloseReason),
     /// An api action was admitted.

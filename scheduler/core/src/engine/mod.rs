@@ -144,6 +144,7 @@ impl Engine {
         let cpu = pools::cpu::CpuPool::new(policy);
         let provisioning = cpu.provisioning();
         let backlog_pending = config.await_backlog;
+        let api = pools::api::ApiPool::with_definitions(config.providers.clone());
         Self {
             config,
             provisioning,
@@ -159,7 +160,7 @@ impl Engine {
             pools: pools::Pools {
                 cpu,
                 gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
-                api: Default::default(),
+                api,
             },
             recent: VecDeque::new(),
             dirty: false,

@@ -3,6 +3,7 @@
 
 mod adopt;
 mod caps;
+mod declarations;
 mod dispatch;
 mod fleet;
 mod identity;

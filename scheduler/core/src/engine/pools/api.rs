@@ -1,7 +1,12 @@
 //! The API quota pool: each external provider's pooled quota for the whole fleet (a token
 //! bucket, a concurrency cap, an adaptive rate; `quota.rs`), shared between jobs by weighted
 //! fair share, or under per-trajectory provisioning (`static`) cut into even per-trajectory
-//! slices of each provider's rate. Providers are declared by the workers that can call them.
+//! slices of each provider's rate. Providers are declared by the workers that can call them;
+//! their quota is the operator's definition in the scheduler's configuration where there is
+//! one, else the one the workers serving the provider declared first. A worker whose
+//! declaration differs is refused (it is not given the provider's calls) and counted: a
+//! worker's credential cannot redefine a fleet-wide quota or draw another worker's calls by
+//! declaring a larger one.
 
 use super::{Fleet, Planned, Pool, Release, Waiting, WorkerReport};
 use crate::engine::{Now, Observation};
@@ -32,8 +37,31 @@ struct Provider {
 #[derive(Debug, Default)]
 pub(crate) struct ApiPool {
     providers: BTreeMap<String, Provider>,
+    /// The operator's definitions, by provider.
+    defined: BTreeMap<String, ProviderQuota>,
+    /// Declarations refused, by worker and provider (each is counted once, until the
+    /// worker declares the provider as defined again).
+    refused: BTreeSet<(WorkerId, String)>,
     /// Per-trajectory provisioning: each trajectory's slice of each provider's rate.
     slices: HashMap<(JobId, TrajectoryId, String), Quota>,
+}
+
+impl ApiPool {
+    /// A pool whose providers' quotas are the operator's `defined` ones.
+    pub(crate) fn with_definitions(defined: BTreeMap<String, ProviderQuota>) -> Self {
+        Self {
+            defined,
+            ..Self::default()
+        }
+    }
+}
+
+/// Whether two declarations of a provider's quota say the same.
+fn same_quota(a: &ProviderQuota, b: &ProviderQuota) -> bool {
+    (a.rate_per_s - b.rate_per_s).abs() <= 1e-9 * a.rate_per_s.abs().max(1.0)
+        && a.burst == b.burst
+        && a.concurrency == b.concurrency
+        && a.slow_ms == b.slow_ms
 }
 
 impl Pool for ApiPool {
@@ -45,6 +73,7 @@ impl Pool for ApiPool {
         for p in self.providers.values_mut() {
             p.workers.remove(&hb.worker);
         }
+        let mut seen = Vec::new();
         for r in &hb.providers {
             let spec = ProviderQuota {
                 name: r.name.clone(),
@@ -53,6 +82,28 @@ impl Pool for ApiPool {
                 concurrency: r.concurrency,
                 slow_ms: r.slow_ms,
             };
+            let standing = match self.defined.get(&r.name) {
+                Some(def) => Some(def),
+                // Established by the workers that serve it now.
+                None => self
+                    .providers
+                    .get(&r.name)
+                    .filter(|p| !p.workers.is_empty())
+                    .map(|p| p.quota.spec()),
+            };
+            let key = (hb.worker.clone(), r.name.clone());
+            if standing.is_some_and(|s| !same_quota(s, &spec)) {
+                if self.refused.insert(key) {
+                    seen.push(Observation::DeclarationRefused {
+                        kind: "provider",
+                        name: r.name.clone(),
+                        worker: hb.worker.clone(),
+                    });
+                }
+                continue;
+            }
+            self.refused.remove(&key);
+            let spec = self.defined.get(&r.name).cloned().unwrap_or(spec);
             let p = self
                 .providers
                 .entry(r.name.clone())
@@ -65,7 +116,7 @@ impl Pool for ApiPool {
             p.report = r.clone();
             p.workers.insert(hb.worker.clone());
         }
-        Vec::new()
+        seen
     }
 
     fn forget_worker(&mut self, worker: &WorkerId) {
