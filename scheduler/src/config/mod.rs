@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod raw;
+mod tenancy;
 #[cfg(test)]
 mod tests;
 

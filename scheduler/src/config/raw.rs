@@ -48,10 +48,10 @@ pub struct RawConfig {
     /// Weights of jobs' shares of external API quota when demand exceeds it (default 1).
     pub job_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Caps per job (`[job_caps.<job>]`, and `[job_caps."*"]` for every job not listed).
-    pub job_caps: Option<std::collections::BTreeMap<String, RawJobCaps>>,
+    pub job_caps: Option<std::collections::BTreeMap<String, super::tenancy::RawJobCaps>>,
     /// The fleet's definitions of external API providers' quotas (`[[provider]]`): workers'
     /// declarations must match them.
-    pub provider: Option<Vec<RawProvider>>,
+    pub provider: Option<Vec<super::tenancy::RawProvider>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
     pub static_cores: Option<u32>,
     /// This scheduler's id in the leader lease (default: `<host>-<pid>`).
@@ -83,7 +83,7 @@ pub struct RawImages {
     pub load_ms: Option<u64>,
 }
 
-fn invalid(field: &'static str, why: impl Into<String>) -> ConfigError {
+pub(super) fn invalid(field: &'static str, why: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
         why: why.into(),
@@ -262,59 +262,8 @@ impl RawConfig {
                 format!("{job} is {w}; weights must be above 0"),
             ));
         }
-        let mut job_caps = std::collections::BTreeMap::new();
-        for (job, c) in self.job_caps.unwrap_or_default() {
-            if job != tangram_core::engine::EVERY_JOB
-                && tangram_shared::JobId::new(job.clone()).is_err()
-            {
-                return Err(invalid(
-                    "job_caps",
-                    format!("{job:?} is neither a job id nor \"*\" (every job not listed)"),
-                ));
-            }
-            if c.max_sandboxes == Some(0)
-                || c.max_sandbox_mem_mb == Some(0)
-                || c.max_cores == Some(0)
-            {
-                return Err(invalid(
-                    "job_caps",
-                    format!("{job}: a cap of 0 would stop the job; leave the cap out for none"),
-                ));
-            }
-            job_caps.insert(
-                job,
-                tangram_core::engine::JobCaps {
-                    max_sandboxes: c.max_sandboxes,
-                    max_sandbox_mem_mb: c.max_sandbox_mem_mb,
-                    max_cores: c.max_cores,
-                },
-            );
-        }
-        let mut providers = std::collections::BTreeMap::new();
-        for p in self.provider.unwrap_or_default() {
-            if !(p.rate_per_s > 0.0 && p.rate_per_s.is_finite())
-                || p.burst == 0
-                || p.concurrency == 0
-            {
-                return Err(invalid(
-                    "provider",
-                    format!(
-                        "{}: rate_per_s must be above 0, burst and concurrency at least 1",
-                        p.name
-                    ),
-                ));
-            }
-            let quota = tangram_core::quota::ProviderQuota {
-                name: p.name.clone(),
-                rate_per_s: p.rate_per_s,
-                burst: p.burst,
-                concurrency: p.concurrency,
-                slow_ms: p.slow_ms,
-            };
-            if providers.insert(p.name.clone(), quota).is_some() {
-                return Err(invalid("provider", format!("{} is defined twice", p.name)));
-            }
-        }
+        let job_caps = super::tenancy::job_caps(self.job_caps.unwrap_or_default())?;
+        let providers = super::tenancy::providers(self.provider.unwrap_or_default())?;
         let static_cores = self.static_cores.unwrap_or(4);
         if static_cores == 0 {
             return Err(invalid("static_cores", "must be at least 1"));
@@ -380,44 +329,4 @@ impl RawConfig {
             max_sandbox_idle_timeout: Duration::from_millis(max_idle_ms),
         })
     }
-}
-
-/// One job's caps as written (`[job_caps.<job>]`); absent fields are no cap.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawJobCaps {
-    /// Sandboxes open or opening at once.
-    pub max_sandboxes: Option<u32>,
-    /// Memory of those sandboxes, MiB.
-    pub max_sandbox_mem_mb: Option<u64>,
-    /// Cores its commands hold at once.
-    pub max_cores: Option<u32>,
-}
-
-/// The fleet's definition of an external API provider's quota, as written (`[[provider]]`):
-/// the same fields, and defaults, as a worker's `[[provider]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawProvider {
-    /// Its name.
-    pub name: String,
-    /// Requests per second for the whole fleet.
-    pub rate_per_s: f64,
-    /// Burst, requests.
-    #[serde(default = "one")]
-    pub burst: u32,
-    /// Requests in flight at most, fleet-wide.
-    #[serde(default = "sixteen")]
-    pub concurrency: u32,
-    /// Replies slower than this count as overload, ms.
-    #[serde(default)]
-    pub slow_ms: Option<u64>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn sixteen() -> u32 {
-    16
 }

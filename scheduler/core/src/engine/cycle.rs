@@ -315,6 +315,15 @@ impl Engine {
                     e.pin.clone().map_or(Constraint::Any, Constraint::OnWorker)
                 }
                 ActionKind::SandboxExec | ActionKind::SandboxClose => match sandbox {
+                    // A command for a sandbox the scheduler is closing waits for the close,
+                    // and is then told why (it would race the close on the worker).
+                    Some(s)
+                        if s.state == SandboxState::Open
+                            && a.kind() == ActionKind::SandboxExec
+                            && self.closing_asked(&key) =>
+                    {
+                        continue
+                    }
                     Some(s) if s.state == SandboxState::Open => {
                         Constraint::OnWorker(s.worker.clone())
                     }

@@ -203,6 +203,14 @@ impl Engine {
         }
     }
 
+    /// Whether this engine asked to close the sandbox and its close has not settled.
+    pub(crate) fn closing_asked(&self, key: &SandboxKey) -> bool {
+        self.idle
+            .clocks
+            .get(key)
+            .is_some_and(|c| c.closing.is_some())
+    }
+
     /// Why this engine closed the trajectory's sandbox, if it did (for the rejection of a
     /// command sent to it afterwards).
     pub(crate) fn closed_because(&self, key: &SandboxKey) -> Option<CloseReason> {
@@ -282,8 +290,12 @@ impl Engine {
         }
     }
 
-    /// The next idle or lease deadline.
+    /// The next idle or lease deadline (none while this engine closes nothing: not leading,
+    /// or stopping; a wake-up it would not act on would come back at once).
     pub(crate) fn next_idle_ms(&self) -> Option<u64> {
+        if !self.leading || self.stopping {
+            return None;
+        }
         let lease = self.idle.leases.values().min().copied();
         match (lease, self.idle.next_scan_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),

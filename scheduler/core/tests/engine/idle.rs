@@ -253,3 +253,57 @@ fn with_no_idle_timeout_configured_nothing_is_closed() {
     let fx = h.advance(10_000_000);
     assert!(submitted(&fx).is_empty(), "{fx:?}");
 }
+
+/// Found in review: an engine that did not hold the lease (or was stopping) kept an idle
+/// sandbox's deadline as its next wake-up but closed nothing when woken, so it asked to be
+/// woken at once, again and again.
+#[test]
+fn an_engine_that_does_not_lead_asks_for_no_wake_up_it_would_not_act_on() {
+    let mut h = Harness::with(idle_cfg(10_000), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "t");
+    h.step(Event::Lease {
+        job: JobId::new("j").unwrap(),
+        ttl_ms: 5_000,
+    });
+    h.step(Event::Leadership { held: false });
+    let fx = h.advance(20_000);
+    assert!(submitted(&fx).is_empty(), "{fx:?}");
+    for e in &fx {
+        if let Effect::WakeAt(at) = e {
+            assert!(*at > h.now, "woken at once: {fx:?}");
+        }
+    }
+    // Leading again, it closes what is due.
+    let fx = h.step(Event::Leadership { held: true });
+    let fx = [fx, h.advance(1)].concat();
+    assert_eq!(
+        submitted(&fx),
+        vec![("j".into(), "t".into(), CloseReason::LeaseExpired)]
+    );
+}
+
+/// Regression (seen in a clean-clone CI run of the Python tests): a command sent right after
+/// `close_job()` reached the scheduler before the close it had asked for, was dispatched, and
+/// raced the close on the worker (`infra_error: sandbox_lost`). It now waits for the close
+/// and is told why.
+#[test]
+fn a_command_for_a_sandbox_being_closed_waits_for_the_close_and_is_told_why() {
+    let mut h = Harness::with(idle_cfg(0), &[("w1", 4, 8192)]);
+    h.open_sandbox("j", "t");
+    assert_eq!(h.engine.close_job(&JobId::new("j").unwrap(), h.at()), 1);
+    let fx = h.step(Event::Tick);
+    let close = submitted_actions(&fx).pop().expect("a close submitted");
+    let (_, fx) = h.arrive(exec("x", "j", "t", 1, 1));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "the command raced the close: {fx:?}"
+    );
+    let (_, fx) = h.arrive(close);
+    let (w, d) = dispatched(&fx).pop().expect("the close is dispatched");
+    h.stored(&d);
+    let fx = h.complete(&d, &w);
+    let (id, code, reason) = rejected(&fx).pop().expect("the command is answered");
+    assert_eq!(id.as_deref(), Some("x"));
+    assert_eq!(code, RejectCode::NoSandbox);
+    assert!(reason.contains("job_closed"), "{reason}");
+}

@@ -1,0 +1,110 @@
+//! The scheduler's tenancy settings as written: caps per job (`[job_caps.<job>]`) and the
+//! fleet's provider definitions (`[[provider]]`), and their validation.
+
+use super::raw::invalid;
+use super::ConfigError;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use tangram_core::engine::JobCaps;
+use tangram_core::quota::ProviderQuota;
+
+/// Checks the caps per job and turns them into the engine's.
+pub(super) fn job_caps(
+    raw: BTreeMap<String, RawJobCaps>,
+) -> Result<BTreeMap<String, JobCaps>, ConfigError> {
+    let mut job_caps = BTreeMap::new();
+    for (job, c) in raw {
+        if job != tangram_core::engine::EVERY_JOB
+            && tangram_shared::JobId::new(job.clone()).is_err()
+        {
+            return Err(invalid(
+                "job_caps",
+                format!("{job:?} is neither a job id nor \"*\" (every job not listed)"),
+            ));
+        }
+        if c.max_sandboxes == Some(0) || c.max_sandbox_mem_mb == Some(0) || c.max_cores == Some(0) {
+            return Err(invalid(
+                "job_caps",
+                format!("{job}: a cap of 0 would stop the job; leave the cap out for none"),
+            ));
+        }
+        job_caps.insert(
+            job,
+            JobCaps {
+                max_sandboxes: c.max_sandboxes,
+                max_sandbox_mem_mb: c.max_sandbox_mem_mb,
+                max_cores: c.max_cores,
+            },
+        );
+    }
+    Ok(job_caps)
+}
+
+/// Checks the provider definitions and turns them into the engine's quotas.
+pub(super) fn providers(
+    raw: Vec<RawProvider>,
+) -> Result<BTreeMap<String, ProviderQuota>, ConfigError> {
+    let mut providers = BTreeMap::new();
+    for p in raw {
+        if !(p.rate_per_s > 0.0 && p.rate_per_s.is_finite()) || p.burst == 0 || p.concurrency == 0 {
+            return Err(invalid(
+                "provider",
+                format!(
+                    "{}: rate_per_s must be above 0, burst and concurrency at least 1",
+                    p.name
+                ),
+            ));
+        }
+        let quota = ProviderQuota {
+            name: p.name.clone(),
+            rate_per_s: p.rate_per_s,
+            burst: p.burst,
+            concurrency: p.concurrency,
+            slow_ms: p.slow_ms,
+        };
+        if providers.insert(p.name.clone(), quota).is_some() {
+            return Err(invalid("provider", format!("{} is defined twice", p.name)));
+        }
+    }
+    Ok(providers)
+}
+
+/// One job's caps as written (`[job_caps.<job>]`); absent fields are no cap.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobCaps {
+    /// Sandboxes open or opening at once.
+    pub max_sandboxes: Option<u32>,
+    /// Memory of those sandboxes, MiB.
+    pub max_sandbox_mem_mb: Option<u64>,
+    /// Cores its commands hold at once.
+    pub max_cores: Option<u32>,
+}
+
+/// The fleet's definition of an external API provider's quota, as written (`[[provider]]`):
+/// the same fields, and defaults, as a worker's `[[provider]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProvider {
+    /// Its name.
+    pub name: String,
+    /// Requests per second for the whole fleet.
+    pub rate_per_s: f64,
+    /// Burst, requests.
+    #[serde(default = "one")]
+    pub burst: u32,
+    /// Requests in flight at most, fleet-wide.
+    #[serde(default = "sixteen")]
+    pub concurrency: u32,
+    /// Replies slower than this count as overload, ms.
+    #[serde(default)]
+    pub slow_ms: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn sixteen() -> u32 {
+    16
+}
