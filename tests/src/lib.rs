@@ -144,6 +144,26 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
     }
 }
 
+/// The ids of the running containers of `worker`, narrowed by more `docker ps` filters
+/// (`label=tangram.job=j`, `ancestor=image`...).
+pub fn running_containers(worker: &str, filters: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("docker");
+    cmd.args([
+        "ps",
+        "-q",
+        "--filter",
+        &format!("label=tangram.worker={worker}"),
+    ]);
+    for f in filters {
+        cmd.args(["--filter", f]);
+    }
+    let out = cmd.output().expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// Counts containers labelled for `worker`.
 pub fn containers_of(worker: &str) -> usize {
     let out = Command::new("docker")

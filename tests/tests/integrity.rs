@@ -164,20 +164,13 @@ async fn a_command_cannot_end_its_sandbox_and_a_dead_sandbox_is_lost_not_broken(
 
 /// The container of worker `worker`'s sandbox for trajectory `traj` of job `ri`.
 fn sandbox_container(worker: &str, traj: &str) -> anyhow::Result<String> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("label=tangram.worker={worker}"),
-            "--filter",
+    let ids = tangram_tests::running_containers(
+        worker,
+        &[
             "label=tangram.job=ri",
-            "--filter",
             &format!("label=tangram.trajectory={traj}"),
-        ])
-        .output()?;
-    let ids = String::from_utf8(out.stdout)?;
-    let ids: Vec<&str> = ids.split_whitespace().collect();
+        ],
+    );
     anyhow::ensure!(ids.len() == 1, "containers of {worker}/{traj}: {ids:?}");
-    Ok(ids[0].to_string())
+    Ok(ids[0].clone())
 }

@@ -43,22 +43,9 @@ fn scheduler_close(job: &str, traj: &str, open_id: &str, reason: CloseReason) ->
 
 /// The job's containers on the worker, of this cluster only.
 fn sandboxes_of(c: &Cluster, worker: &str, job: &str) -> usize {
-    let out = Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("label=tangram.cluster={}", c.nats.url()),
-            "--filter",
-            &format!("label=tangram.worker={worker}"),
-            "--filter",
-            &format!("label=tangram.job={job}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .count()
+    let cluster = format!("label=tangram.cluster={}", c.nats.url());
+    tangram_tests::running_containers(worker, &[&cluster, &format!("label=tangram.job={job}")])
+        .len()
 }
 
 fn ok(r: &tangram_shared::ActionResult) {

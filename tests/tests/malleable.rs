@@ -10,19 +10,7 @@ const T: Duration = Duration::from_secs(60);
 
 /// Container ids of a worker's sandboxes.
 fn sandboxes_of(worker: &str) -> Vec<String> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("label=tangram.worker={worker}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    tangram_tests::running_containers(worker, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

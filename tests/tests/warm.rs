@@ -113,17 +113,7 @@ async fn an_open_claims_a_warm_hardened_sandbox_and_the_pool_fills_again() -> an
 
 /// Containers of `worker` running `image`.
 fn running_of(worker: &str, image: &str) -> usize {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--filter",
-            &format!("label=tangram.worker={worker}"),
-        ])
-        .args(["--filter", &format!("ancestor={image}")])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().count()
+    tangram_tests::running_containers(worker, &[&format!("ancestor={image}")]).len()
 }
 
 /// What a command printed, trimmed.
