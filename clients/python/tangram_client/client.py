@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
@@ -98,8 +99,8 @@ class Tangram:
             check_id("job", job)
         except TangramError as e:
             raise ValueError(str(e)) from None
-        if lease_s is not None and lease_s < 1:
-            raise ValueError(f"lease_s is {lease_s}; it must be at least 1 (or None for no lease)")
+        if lease_s is not None and not (math.isfinite(lease_s) and 1 <= lease_s <= 3600):
+            raise ValueError(f"lease_s is {lease_s}; it must be between 1 and 3600 (or None for no lease)")
         nc = await open_connection(url, nkeys_seed, nats_options)
         self = cls(nc, job, publish_retries, publish_timeout_s)
         try:

@@ -6,7 +6,7 @@ import time
 import unittest
 import uuid
 
-from support import JOB, SEED, URL, run
+from support import JOB, OPERATOR_SEED, SEED, URL, run
 from tangram_client import Outcome, Tangram
 
 
@@ -39,15 +39,17 @@ class Leaks(unittest.TestCase):
 
     def test_a_job_whose_clients_stop_renewing_the_lease_loses_its_sandboxes(self):
         async def go():
-            t = f"ls-{uuid.uuid4().hex[:8]}"
-            crashed = await Tangram.connect(URL, job=JOB, nkeys_seed=SEED, lease_s=2)
+            # A job of its own (the lease is the job's: the other tests' clients renewed
+            # py-sdk's for 300 s), with the operator's credentials.
+            job, t = f"py-lease-{uuid.uuid4().hex[:6]}", "t1"
+            crashed = await Tangram.connect(URL, job=job, nkeys_seed=OPERATOR_SEED, lease_s=2)
             await crashed.open_sandbox(t)
             # Still renewed after twice the lease: the sandbox is there.
             await asyncio.sleep(4)
             r = await crashed.run(t, {"kind": "sandbox_exec", "argv": ["true"]})
             self.assertIs(r.outcome, Outcome.COMPLETED, r)
             await crashed.close()  # renews no more, as a crashed rollout would
-            async with await Tangram.connect(URL, job=JOB, nkeys_seed=SEED, lease_s=None) as c:
+            async with await Tangram.connect(URL, job=job, nkeys_seed=OPERATOR_SEED, lease_s=None) as c:
                 self.assertIn("lease_expired", await closed_because(c, t, 30))
         run(go())
 

@@ -124,14 +124,12 @@ impl Quota {
         }
     }
 
-    /// Updates the declared quota (a worker's config changed); keeps live state.
     /// The quota as declared.
     pub fn spec(&self) -> &ProviderQuota {
         &self.spec
     }
 
-    /// Takes a new declaration (the rate in force is lowered to it at once, raised to it
-    /// gradually).
+    /// Updates the declared quota (a worker's config changed); keeps live state.
     pub fn redeclare(&mut self, spec: ProviderQuota, now_ms: u64) {
         if spec != self.spec {
             let burst = usable_burst(&spec);

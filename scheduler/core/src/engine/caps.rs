@@ -3,10 +3,15 @@
 //! and never closes them would block every other job's opens until their idle timeout).
 //!
 //! An open that would take its job past a cap waits in the queue (the status report says
-//! which cap) until the job closes something; one that could never fit its job's memory cap
-//! is rejected. An exec is granted at most the cores its job has left under its cap, and a
+//! which cap) until the job closes something; one that could never fit its job's caps is
+//! rejected. An exec is granted at most the cores its job has left under its cap, and a
 //! malleable policy widens a job's execs only into what is left; one whose least width does
-//! not fit waits.
+//! not fit now waits, one that never could is rejected. Under `static`, where a command runs
+//! on its sandbox's cores, the cores cap bounds the sandboxes' cores instead.
+//!
+//! Within one planning cycle an exec takes its widest allowed width from what its job has
+//! left before the pool places anything, so an exec that cannot be placed this cycle may
+//! hold back its job's others until the next (its job only; never another job).
 
 use super::lifecycle::{Entry, SandboxState};
 use super::Engine;
@@ -108,19 +113,37 @@ impl Engine {
         None
     }
 
-    /// Why an open can never fit its job's caps, if it cannot.
-    pub(crate) fn open_never_fits(&self, e: &Entry) -> Option<String> {
-        let ActionSpec::SandboxOpen(o) = &e.action.spec else {
-            return None;
-        };
+    /// Why a sandbox action can never fit its job's caps, if it cannot: an open larger than
+    /// the memory cap (or, under `static`, than the cores cap), an exec whose least width is
+    /// past the cores cap.
+    pub(crate) fn never_fits(&self, e: &Entry) -> Option<String> {
         let caps = self.caps_of(&e.action.job);
-        let max = caps.max_sandbox_mem_mb?;
-        (o.memory_mb > max).then(|| {
-            format!(
-                "memory_mb is {}; job {}'s sandboxes may hold {max} MiB in all",
-                o.memory_mb, e.action.job
-            )
-        })
+        let job = &e.action.job;
+        let held = self.provisioning.trajectory_cores();
+        match &e.action.spec {
+            ActionSpec::SandboxOpen(o) => {
+                if let Some(max) = caps.max_sandbox_mem_mb.filter(|m| o.memory_mb > *m) {
+                    return Some(format!(
+                        "memory_mb is {}; job {job}'s sandboxes may hold {max} MiB in all",
+                        o.memory_mb
+                    ));
+                }
+                let (cores, max) = (held?, caps.max_cores?);
+                (cores > max).then(|| {
+                    format!("a sandbox holds {cores} cores here; job {job} may hold {max}")
+                })
+            }
+            ActionSpec::SandboxExec(x) if held.is_none() => {
+                let max = caps.max_cores?;
+                (x.cpus.min > max).then(|| {
+                    format!(
+                        "cpus.min is {}; job {job}'s commands may hold {max} cores in all",
+                        x.cpus.min
+                    )
+                })
+            }
+            _ => None,
+        }
     }
 
     /// The cores a job holding `u` may still be granted under its cap (`None`: no cap).
@@ -142,7 +165,8 @@ impl Engine {
             .unwrap_or_default();
         match &e.action.spec {
             ActionSpec::SandboxOpen(o) => self.open_over_cap(&e.action.job, u, o.memory_mb),
-            ActionSpec::SandboxExec(x) => {
+            // Under `static` a command runs on its sandbox's own cores.
+            ActionSpec::SandboxExec(x) if self.provisioning.trajectory_cores().is_none() => {
                 let left = self.cores_left(&e.action.job, u)?;
                 let open = self
                     .sandbox(&e.action.job, &e.action.trajectory)

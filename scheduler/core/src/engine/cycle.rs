@@ -74,10 +74,15 @@ impl Engine {
         let routes = self.plan_gpu(now, &mut rejections);
         let api = self.plan_api(now, &mut rejections);
         let mut forget = Vec::new();
-        let pending = self.plan_sandboxes(&mut rejections, &mut forget);
+        let mut dropped = Vec::new();
+        let pending = self.plan_sandboxes(&mut rejections, &mut forget, &mut dropped);
         // A lost sandbox's close is answered (rejected: nothing to close) and forgets it.
         for key in forget {
+            self.idle_forget(&key);
             self.sandboxes.remove(&key);
+        }
+        for key in dropped {
+            self.close_dropped(&key);
         }
         let cpu = self.plan_cpu(&pending, now);
         rejections.extend(cpu.rejections);
@@ -265,6 +270,7 @@ impl Engine {
         &self,
         rejections: &mut Vec<(ActionId, Rejection)>,
         forget: &mut Vec<SandboxKey>,
+        dropped: &mut Vec<SandboxKey>,
     ) -> Vec<Pending> {
         let mut pending = Vec::with_capacity(self.queue.len());
         let mut queued_opens: HashSet<SandboxKey> = HashSet::new();
@@ -284,6 +290,9 @@ impl Engine {
                 ActionKind::Reward | ActionKind::Api => continue,
                 ActionKind::SandboxOpen => {
                     let exists = sandbox.is_some_and(|s| s.state != SandboxState::Lost);
+                    if exists && self.closing_asked(&key) {
+                        continue; // the scheduler is closing it: the open goes after
+                    }
                     if exists || !queued_opens.insert(key) {
                         rejections.push((
                             a.id.clone(),
@@ -298,7 +307,7 @@ impl Engine {
                         continue;
                     }
                     if let Some(used) = &mut used {
-                        if let Some(why) = self.open_never_fits(e) {
+                        if let Some(why) = self.never_fits(e) {
                             let rejection = Rejection::new(RejectCode::Unsatisfiable, why);
                             rejections.push((a.id.clone(), rejection));
                             continue;
@@ -323,6 +332,23 @@ impl Engine {
                             && self.closing_asked(&key) =>
                     {
                         continue
+                    }
+                    Some(s)
+                        if s.state == SandboxState::Open
+                            && a.kind() == ActionKind::SandboxClose =>
+                    {
+                        if let Some(why) = self.stale_close(&key, a) {
+                            rejections.push((
+                                a.id.clone(),
+                                Rejection::new(
+                                    RejectCode::NoSandbox,
+                                    format!("the scheduler's close of trajectory {} of job {} is dropped: {why}", a.trajectory, a.job),
+                                ),
+                            ));
+                            dropped.push(key.clone());
+                            continue;
+                        }
+                        Constraint::OnWorker(s.worker.clone())
                     }
                     Some(s) if s.state == SandboxState::Open => {
                         Constraint::OnWorker(s.worker.clone())
@@ -367,7 +393,13 @@ impl Engine {
                 },
             };
             let mut demand = a.demand();
-            if let (Some(used), Some(range)) = (&mut used, &mut demand.cores) {
+            let per_command = self.provisioning.trajectory_cores().is_none();
+            if let (Some(used), Some(range), true) = (&mut used, &mut demand.cores, per_command) {
+                if let Some(why) = self.never_fits(e) {
+                    let rejection = Rejection::new(RejectCode::Unsatisfiable, why);
+                    rejections.push((a.id.clone(), rejection));
+                    continue;
+                }
                 let u = used.entry(a.job.clone()).or_default();
                 if let Some(left) = self.cores_left(&a.job, *u) {
                     if left < range.min {

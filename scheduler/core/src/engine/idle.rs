@@ -13,7 +13,12 @@
 //! worker removes the container and reports, the booking is settled by the close's result,
 //! that result (on the job's results subject) is the job's notice, and a second leader
 //! asking for the same close is deduplicated by the stream (the close's id is derived from
-//! the sandbox's open and the reason). A close that never comes back is asked again.
+//! the sandbox's open: one close per sandbox, whatever the reasons). A close that has not
+//! come back within [`ASK_AGAIN_MS`] is asked again. A close of ours that reaches planning
+//! for a sandbox it was not asked for (the trajectory reopened meanwhile) is dropped, and so
+//! is an idle close of a sandbox used again since it was asked for. Commands and opens for a
+//! sandbox being closed wait for the close (they would race it on the worker) and are then
+//! told why.
 //!
 //! Idle time starts at the open's launch (or when this engine first learns of the sandbox)
 //! and restarts whenever an action for the sandbox arrives or settles; a sandbox with an
@@ -42,20 +47,26 @@ const CLOSED_MEMORY: usize = 10_000;
 pub(crate) struct Clock {
     /// The open that created it, when known: closes of it are named after it.
     pub(crate) open: Option<ActionId>,
+    /// When this engine first knew of it (wall clock, µs): names the closes of one whose
+    /// open is unknown.
+    pub(crate) created_unix_us: u64,
     /// The idle timeout its open asked for.
     pub(crate) asked_timeout_ms: Option<u64>,
     /// Last used (an action for it arrived or settled), engine ms.
     pub(crate) active_ms: u64,
     /// A close of ours was asked for at this time, and why.
     pub(crate) closing: Option<(u64, CloseReason)>,
+    /// Closes of ours dropped before they ran: the next one is named apart (the dropped
+    /// one's id is settled).
+    pub(crate) dropped: u32,
 }
 
 /// The engine's idle clocks, leases and memory of its closes.
 #[derive(Debug, Default)]
 pub(crate) struct Idle {
     pub(crate) clocks: HashMap<SandboxKey, Clock>,
-    /// When each leased job's lease runs out, engine ms.
-    pub(crate) leases: HashMap<JobId, u64>,
+    /// When each leased job's lease runs out, engine ms, and its last renewal's length.
+    pub(crate) leases: HashMap<JobId, (u64, u64)>,
     /// The earliest an idle sandbox may be due (a lower bound; recomputed by each scan).
     next_scan_ms: Option<u64>,
     /// Sandboxes this engine closed, and why (bounded, oldest first out).
@@ -96,9 +107,11 @@ impl Engine {
             key.clone(),
             Clock {
                 open,
+                created_unix_us: now.unix_us,
                 asked_timeout_ms,
                 active_ms: now.ms,
                 closing: None,
+                dropped: 0,
             },
         );
         if let Some(t) = self.idle_timeout(asked_timeout_ms) {
@@ -118,10 +131,21 @@ impl Engine {
         *next = Some(next.map_or(at, |n| n.min(at)));
     }
 
-    /// A rollout renewed its job's lease.
+    /// A rollout renewed its job's lease: it lasts until the latest any renewal promised.
     pub(crate) fn on_lease(&mut self, job: JobId, ttl_ms: u64, now: Now) {
         let ttl = ttl_ms.clamp(LEASE_MIN_MS, LEASE_MAX_MS);
-        self.idle.leases.insert(job, now.ms + ttl);
+        let lease = self.idle.leases.entry(job).or_insert((0, ttl));
+        if now.ms + ttl >= lease.0 {
+            *lease = (now.ms + ttl, ttl);
+        }
+    }
+
+    /// Renewals could not reach this engine for a while (it did not lead, or NATS did not
+    /// answer): every lease runs at least its length from now, as if renewed.
+    pub(crate) fn leases_restart(&mut self, now: Now) {
+        for (at, ttl) in self.idle.leases.values_mut() {
+            *at = (*at).max(now.ms + *ttl);
+        }
     }
 
     /// Closes every sandbox of `job` that is open or opening (`tangram close --job`):
@@ -155,6 +179,7 @@ impl Engine {
         };
         let worker = s.worker.clone();
         let clock = self.idle.clocks.entry(key.clone()).or_insert(Clock {
+            created_unix_us: now.unix_us,
             active_ms: now.ms,
             ..Clock::default()
         });
@@ -164,14 +189,11 @@ impl Engine {
         {
             return false;
         }
-        // Named after the sandbox's open (or, for one whose open is unknown, its place) and
-        // the reason, so that two leaders asking for the same close ask for one action.
-        let incarnation = clock
-            .open
-            .as_ref()
-            .map_or_else(|| format!("{}@{worker}", key.1), |o| o.to_string());
-        let id = close_id(&key.0, &key.1, &incarnation, reason);
+        // Asked again: with the reason first given (the id is the same either way).
+        let reason = clock.closing.map_or(reason, |(_, r)| r);
+        let id = close_id(&key.0, &key.1, &incarnation_of(clock, &key.1, &worker));
         clock.closing = Some((now.ms, reason));
+        self.idle_due_by(now.ms + ASK_AGAIN_MS);
         self.out.push(Effect::Submit(Box::new(Action {
             id,
             job: key.0.clone(),
@@ -203,6 +225,39 @@ impl Engine {
         }
     }
 
+    /// Whether a close of ours reaching planning for the sandbox at `key` should be dropped
+    /// rather than run, and why: it names another sandbox than the one there now (the
+    /// trajectory reopened meanwhile), or it is an idle close of a sandbox used since.
+    pub(crate) fn stale_close(&self, key: &SandboxKey, close: &Action) -> Option<&'static str> {
+        let ActionSpec::SandboxClose(SandboxClose {
+            reason: Some(reason),
+        }) = &close.spec
+        else {
+            return None; // a rollout's own
+        };
+        let (Some(clock), Some(s)) = (self.idle.clocks.get(key), self.sandboxes.get(key)) else {
+            return Some("the sandbox it was for is gone");
+        };
+        if close_id(&key.0, &key.1, &incarnation_of(clock, &key.1, &s.worker)) != close.id {
+            return Some("the sandbox it was for is gone (the trajectory opened another)");
+        }
+        match clock.closing {
+            Some((asked, _)) if *reason == CloseReason::IdleTimeout && clock.active_ms >= asked => {
+                Some("the sandbox was used again after it was found idle")
+            }
+            _ => None,
+        }
+    }
+
+    /// A close of ours was dropped ([`Engine::stale_close`]): what waited for it goes on.
+    pub(crate) fn close_dropped(&mut self, key: &SandboxKey) {
+        if let Some(c) = self.idle.clocks.get_mut(key) {
+            c.closing = None;
+            c.dropped += 1;
+        }
+        self.dirty = true;
+    }
+
     /// Whether this engine asked to close the sandbox and its close has not settled.
     pub(crate) fn closing_asked(&self, key: &SandboxKey) -> bool {
         self.idle
@@ -227,7 +282,7 @@ impl Engine {
             .idle
             .leases
             .iter()
-            .filter(|(_, t)| now.ms >= **t)
+            .filter(|(_, (t, _))| now.ms >= *t)
             .map(|(j, _)| j.clone())
             .collect();
         for job in expired {
@@ -246,45 +301,66 @@ impl Engine {
         self.idle
             .clocks
             .retain(|k, _| self.sandboxes.contains_key(k));
-        // Sandboxes with an action not yet settled are in use.
-        let busy: HashSet<SandboxKey> = self
-            .actions
-            .values()
-            .filter(|e| {
-                matches!(
-                    e.action.kind(),
-                    ActionKind::SandboxOpen | ActionKind::SandboxExec | ActionKind::SandboxClose
-                )
-            })
-            .map(|e| (e.action.job.clone(), e.action.trajectory.clone()))
-            .collect();
+        // Sandboxes with an action not yet settled are in use; those with a close among them
+        // have theirs on its way.
+        let mut busy: HashSet<SandboxKey> = HashSet::new();
+        let mut closing: HashSet<SandboxKey> = HashSet::new();
+        for e in self.actions.values() {
+            let kind = e.action.kind();
+            if matches!(
+                kind,
+                ActionKind::SandboxOpen | ActionKind::SandboxExec | ActionKind::SandboxClose
+            ) {
+                let key = (e.action.job.clone(), e.action.trajectory.clone());
+                if kind == ActionKind::SandboxClose {
+                    closing.insert(key.clone());
+                }
+                busy.insert(key);
+            }
+        }
         let (default, max) = (
             self.config.idle_timeout_ms,
             self.config.limits.max_idle_timeout_ms,
         );
         let mut due = Vec::new();
+        let mut again = Vec::new();
         let mut next: Option<u64> = None;
+        let mut earliest = |at: u64| next = Some(next.map_or(at, |n: u64| n.min(at)));
         for (key, s) in &self.sandboxes {
             let clock = self.idle.clocks.entry(key.clone()).or_insert(Clock {
+                created_unix_us: now.unix_us,
                 active_ms: now.ms,
                 ..Clock::default()
             });
+            // A close of ours that has not come back (its publish failed, or it is lost) is
+            // asked again, whatever its reason.
+            if let Some((asked, _)) = clock.closing {
+                if closing.contains(key) {
+                    // On its way; settles or is dropped.
+                } else if now.ms >= asked + ASK_AGAIN_MS {
+                    again.push(key.clone());
+                    earliest(now.ms + ASK_AGAIN_MS);
+                } else {
+                    earliest(asked + ASK_AGAIN_MS);
+                }
+                continue;
+            }
             let Some(timeout) = timeout_of(clock.asked_timeout_ms, default, max) else {
                 continue;
             };
             let mut at = clock.active_ms + timeout;
-            if let Some((asked, _)) = clock.closing {
-                at = at.max(asked + ASK_AGAIN_MS);
-            }
             if s.state == SandboxState::Open && !busy.contains(key) && now.ms >= at {
                 due.push(key.clone());
                 at = now.ms + ASK_AGAIN_MS;
             } else if now.ms >= at {
                 at = now.ms + timeout.min(ASK_AGAIN_MS);
             }
-            next = Some(next.map_or(at, |n: u64| n.min(at)));
+            earliest(at);
         }
         self.idle.next_scan_ms = next;
+        for key in again {
+            self.ask_close(&key, CloseReason::IdleTimeout, now);
+        }
         for key in due {
             self.ask_close(&key, CloseReason::IdleTimeout, now);
         }
@@ -296,7 +372,7 @@ impl Engine {
         if !self.leading || self.stopping {
             return None;
         }
-        let lease = self.idle.leases.values().min().copied();
+        let lease = self.idle.leases.values().map(|(t, _)| *t).min();
         match (lease, self.idle.next_scan_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -304,19 +380,29 @@ impl Engine {
     }
 }
 
-/// The id of the scheduler's close of a trajectory's sandbox for `reason`: the same in every
-/// scheduler, from the job, the trajectory, the sandbox's open (`incarnation`: its action id;
-/// `<trajectory>@<worker>` when the open is not known) and the reason
-/// (`tangram-close-<reason>-<16 hex digits>`).
-pub fn close_id(
-    job: &JobId,
+/// The id of the scheduler's close of a sandbox: the same in every scheduler, from the job,
+/// the trajectory and the sandbox's `incarnation` (its open's action id; for a sandbox whose
+/// open is not known, `<trajectory>@<worker>@<when this scheduler first knew of it>`), so
+/// that one sandbox gets one close whoever asks and why (`tangram-close-<16 hex digits>`).
+pub fn close_id(job: &JobId, trajectory: &TrajectoryId, incarnation: &str) -> ActionId {
+    let digest = fnv1a(&[job.as_str(), trajectory.as_str(), incarnation]);
+    ActionId::new(format!("tangram-close-{digest:016x}")).expect("letters, digits and '-'")
+}
+
+/// A sandbox's incarnation, for [`close_id`].
+fn incarnation_of(
+    clock: &Clock,
     trajectory: &TrajectoryId,
-    incarnation: &str,
-    reason: CloseReason,
-) -> ActionId {
-    let name = reason.as_str();
-    let digest = fnv1a(&[job.as_str(), trajectory.as_str(), incarnation, name]);
-    ActionId::new(format!("tangram-close-{name}-{digest:016x}")).expect("letters, digits and '-'")
+    worker: &tangram_shared::WorkerId,
+) -> String {
+    let base = clock.open.as_ref().map_or_else(
+        || format!("{trajectory}@{worker}@{}", clock.created_unix_us),
+        |o| o.to_string(),
+    );
+    match clock.dropped {
+        0 => base,
+        n => format!("{base}#{n}"),
+    }
 }
 
 /// The idle timeout of a sandbox whose open asked for `asked`, under the fleet's default

@@ -164,7 +164,13 @@ impl Engine {
             return;
         }
         let id = a.action.id.clone();
-        self.idle_touch(&a.action.job, &a.action.trajectory, now);
+        // The scheduler's own closes are not a use of the sandbox.
+        if !matches!(
+            &a.action.spec,
+            tangram_shared::ActionSpec::SandboxClose(c) if c.reason.is_some()
+        ) {
+            self.idle_touch(&a.action.job, &a.action.trajectory, now);
+        }
         let pin = self.task_pool_home(&a.action);
         self.actions.insert(
             id.clone(),

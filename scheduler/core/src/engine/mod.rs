@@ -246,6 +246,7 @@ impl Engine {
             Event::Leadership { held } => {
                 if held && !self.leading {
                     self.dirty = true; // plan what waited while the lease was in doubt
+                    self.leases_restart(now); // renewals meanwhile did not reach it
                 }
                 self.leading = held;
             }

@@ -233,7 +233,7 @@ impl Engine {
                             image: super::lifecycle::open_image(&e.action),
                         });
                 }
-                _ => self.settle_sandbox(&e, &r.outcome),
+                _ => self.settle_sandbox(&e, &r.outcome, now),
             }
             self.dirty = true;
             return;
@@ -290,7 +290,7 @@ impl Engine {
                 .then_some(r.timing.overhead_us / 1000),
         };
         self.unbook(&job, &trajectory, worker, booking, release, now);
-        self.settle_sandbox(&e, &r.outcome);
+        self.settle_sandbox(&e, &r.outcome, now);
         self.dirty = true;
     }
 
@@ -338,7 +338,7 @@ impl Engine {
     }
 
     /// What a sandbox action's outcome means for its sandbox.
-    fn settle_sandbox(&mut self, e: &Entry, outcome: &Outcome) {
+    fn settle_sandbox(&mut self, e: &Entry, outcome: &Outcome, now: Now) {
         let key = (e.action.job.clone(), e.action.trajectory.clone());
         match (e.action.kind(), outcome) {
             (ActionKind::SandboxOpen, Outcome::Completed { exit_code: 0 }) => {
@@ -356,6 +356,7 @@ impl Engine {
                     // close or a lost exec of the trajectory settled meanwhile removed it),
                     // but the worker has the sandbox: record it (heartbeats add sandboxes
                     // only when a worker joins).
+                    self.idle_opened(&key, &e.action, now);
                     self.sandboxes.insert(
                         key,
                         super::lifecycle::Sandbox {
@@ -383,6 +384,7 @@ impl Engine {
                     ..
                 },
             ) => {
+                self.idle_forget(&key);
                 self.sandboxes.remove(&key);
             }
             _ => {}
@@ -460,7 +462,7 @@ impl Engine {
         .for_action(&e.action, attempt);
         result.timing =
             tangram_shared::Timing::new(now.unix_us.saturating_sub(e.submitted_at_us), 0, 0);
-        self.settle_sandbox(&e, &outcome);
+        self.settle_sandbox(&e, &outcome, now);
         self.out.push(Effect::PublishResult {
             result: Box::new(result),
             encoding: e.encoding,

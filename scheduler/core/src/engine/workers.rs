@@ -257,6 +257,7 @@ impl Engine {
                         *deadline_ms = deadline_ms.saturating_add(gap);
                     }
                 }
+                self.leases_restart(now);
                 self.out
                     .push(Effect::Observe(Observation::Unreachable { gap_ms: gap }));
             }

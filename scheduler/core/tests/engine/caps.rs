@@ -142,3 +142,42 @@ fn a_jobs_commands_hold_at_most_its_cores_cap_under_every_policy() {
         }
     }
 }
+
+/// Found in review: under `static` a command runs on its sandbox's own cores, but the cores
+/// cap was charged again for each command, so a job whose sandboxes reached the cap could
+/// run nothing. The cap bounds the sandboxes' cores there, and what can never fit is
+/// rejected instead of waiting for ever.
+#[test]
+fn under_static_the_cores_cap_bounds_sandboxes_and_their_commands_still_run() {
+    let caps = JobCaps {
+        max_cores: Some(4),
+        ..JobCaps::default()
+    };
+    let mut h = Harness::with(
+        EngineConfig {
+            policy: "static".into(),
+            static_cores: 2,
+            job_caps: [("a".to_string(), caps)].into(),
+            ..cfg()
+        },
+        &[("w1", 16, 65536)],
+    );
+    h.open_sandbox("a", "t1");
+    h.open_sandbox("a", "t2");
+    let (_, fx) = h.arrive(open("a3", "a", "t3"));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "past 4 cores of sandboxes: {fx:?}"
+    );
+    for (i, t) in ["t1", "t2"].iter().enumerate() {
+        let (_, fx) = h.arrive(exec(&format!("x{i}"), "a", t, 1, 2));
+        assert_eq!(dispatched(&fx).len(), 1, "{t}'s command waits: {fx:?}");
+    }
+    // Per-command policies: a command wider than the cap at its least is rejected.
+    let mut h = capped("tangram", &[("a", caps)], &[("w1", 16, 65536)]);
+    h.open_sandbox("a", "t1");
+    let (_, fx) = h.arrive(exec("wide", "a", "t1", 6, 8));
+    let (_, code, reason) = rejected(&fx).pop().expect("rejected");
+    assert_eq!(code, RejectCode::Unsatisfiable);
+    assert!(reason.contains("4 cores in all"), "{reason}");
+}

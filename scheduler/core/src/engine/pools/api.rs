@@ -123,6 +123,7 @@ impl Pool for ApiPool {
         for p in self.providers.values_mut() {
             p.workers.remove(worker);
         }
+        self.refused.retain(|(w, _)| w != worker);
     }
 
     fn forget_trajectory(&mut self, job: &JobId, trajectory: &TrajectoryId) {
