@@ -153,16 +153,14 @@ impl Engine {
             .map(|m| m.saturating_sub(u.cores))
     }
 
-    /// Why a queued sandbox action of this job waits on its caps, for the status report.
-    pub(crate) fn cap_wait(&self, e: &Entry) -> Option<String> {
-        if !self.any_caps() {
-            return None;
-        }
-        let u = self
-            .job_use()
-            .get(&e.action.job)
-            .copied()
-            .unwrap_or_default();
+    /// Why a queued sandbox action of this job waits on its caps, for the status report
+    /// (`used`: [`Engine::job_use`], taken once per report; `None` when no job has caps).
+    pub(crate) fn cap_wait(
+        &self,
+        e: &Entry,
+        used: Option<&HashMap<JobId, JobUse>>,
+    ) -> Option<String> {
+        let u = used?.get(&e.action.job).copied().unwrap_or_default();
         match &e.action.spec {
             ActionSpec::SandboxOpen(o) => self.open_over_cap(&e.action.job, u, o.memory_mb),
             // Under `static` a command runs on its sandbox's own cores.

@@ -87,11 +87,7 @@ impl Engine {
 
     /// An open was launched (or adopted): its sandbox's idle clock starts.
     pub(crate) fn idle_opened(&mut self, key: &SandboxKey, open: &Action, now: Now) {
-        let asked = match &open.spec {
-            ActionSpec::SandboxOpen(o) => o.idle_timeout_ms,
-            _ => None,
-        };
-        self.idle_start(key, Some(open.id.clone()), asked, now);
+        self.idle_start(key, Some(open.id.clone()), asked_timeout(open), now);
     }
 
     /// A sandbox this engine did not open became known (a worker reported it).
@@ -402,6 +398,14 @@ fn incarnation_of(
     match clock.dropped {
         0 => base,
         n => format!("{base}#{n}"),
+    }
+}
+
+/// The idle timeout an open asks for, if it is an open and asks for one.
+pub(crate) fn asked_timeout(open: &Action) -> Option<u64> {
+    match &open.spec {
+        ActionSpec::SandboxOpen(o) => o.idle_timeout_ms,
+        _ => None,
     }
 }
 

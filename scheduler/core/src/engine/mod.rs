@@ -30,6 +30,7 @@ mod pools;
 mod queue;
 pub mod resize;
 mod results;
+mod sandboxes;
 mod status;
 mod workers;
 

@@ -127,6 +127,7 @@ impl Engine {
             .map(|(i, u)| (i, u))
             .collect();
         let mut out: BTreeMap<String, usize> = BTreeMap::new();
+        let used = self.any_caps().then(|| self.job_use());
         for (id, e) in &self.actions {
             let why = match &e.state {
                 ActionState::Backoff { .. } => {
@@ -134,7 +135,9 @@ impl Engine {
                 }
                 ActionState::Queued { .. } => match cpu.get(id) {
                     Some(u) => unplaced_reason(u),
-                    None => self.cap_wait(e).unwrap_or_else(|| self.wait_of(e)),
+                    None => self
+                        .cap_wait(e, used.as_ref())
+                        .unwrap_or_else(|| self.wait_of(e)),
                 },
                 _ => continue,
             };
