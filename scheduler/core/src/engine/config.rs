@@ -21,8 +21,13 @@ pub struct EngineConfig {
     /// rejected for want of capacity: a restarting worker may bring back the service's GPUs,
     /// the provider or the sandbox size the action needs.
     pub rejoin_ms: u64,
-    /// Jobs' weights for shares of external API quota.
+    /// Jobs' weights (default 1) for their shares of every pool: the order in which the
+    /// CPU and GPU pools take waiting actions (`engine/shares.rs`), widening under
+    /// `tangram-v2`, and external API quota.
     pub job_weights: BTreeMap<String, f64>,
+    /// Pools take waiting actions in weighted fair order between jobs (`engine/shares.rs`);
+    /// off, in queue order (first come, first served: the simulator's baseline).
+    pub fair_share: bool,
     /// The operator's definitions of external API providers' quotas, by name: workers'
     /// declarations must match them. Providers not defined take the quota their first
     /// serving workers declared.
@@ -83,6 +88,7 @@ impl Default for EngineConfig {
             settle_ms: 2_000,
             rejoin_ms: 30_000,
             job_weights: BTreeMap::new(),
+            fair_share: true,
             job_caps: BTreeMap::new(),
             providers: BTreeMap::new(),
             limits: Limits::default(),

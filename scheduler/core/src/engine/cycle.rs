@@ -206,6 +206,7 @@ impl Engine {
         // The pool is out of the engine while it plans on a read of the ledger.
         let mut pool = std::mem::replace(&mut self.pools.gpu, GpuPool::new(false));
         let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Reward(_)));
+        let waiting = self.fair_gpu(waiting);
         // Planned even with nothing waiting: under `static` the pool pins the services at
         // the first cycle after settling in.
         let held = if waiting.is_empty() {
@@ -280,6 +281,7 @@ impl Engine {
             w.cpu = by_id.get(w.id).copied();
             w.cpu.is_some()
         });
+        let waiting = self.fair_cpu(waiting);
         let held = self.held();
         let held: Vec<_> = held.cpu.iter().map(|(w, h)| (*w, h)).collect();
         let accepting = |w: &WorkerId| self.takes_work(w);

@@ -31,6 +31,7 @@ mod queue;
 pub mod resize;
 mod results;
 mod sandboxes;
+mod shares;
 mod status;
 mod workers;
 

@@ -152,6 +152,14 @@ impl Engine {
                 }
                 jobs
             });
+        // While more than one job wants cores, each widens only into its weighted share.
+        if let Some(fair) = self.fair_headroom() {
+            let caps = headroom.get_or_insert_with(HashMap::new);
+            for (job, left) in fair {
+                let left = caps.get(&job).map_or(left, |&cap| cap.min(left));
+                caps.insert(job, left);
+            }
+        }
         // The widest an exec holding `cores` may become; less than `min` (and nothing
         // taken) when its job's cap leaves it no room.
         let mut widest = |job: &tangram_shared::JobId, cores: u32, min: u32, max: u32| -> u32 {
@@ -167,7 +175,11 @@ impl Engine {
                 None => max,
             }
         };
-        for (id, e) in &self.actions {
+        // In id order, so that a job's headroom is shared out the same way every time.
+        let mut ids: Vec<&ActionId> = self.actions.keys().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let e = &self.actions[id];
             let Some((worker, booking)) = e.placed() else {
                 continue;
             };

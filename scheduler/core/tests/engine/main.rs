@@ -14,6 +14,7 @@ mod observe;
 mod prepull;
 mod props;
 mod resize;
+mod shares;
 mod transitions;
 
 use std::collections::BTreeMap;
