@@ -10,6 +10,7 @@ mod connect;
 mod cordon;
 mod creds;
 mod errors;
+mod fair_sim;
 mod fleet;
 mod gpu_sim;
 mod image_sim;

@@ -2,7 +2,7 @@
 //! trace, every policy side by side (the GPU, API and image workloads have their own
 //! comparisons: `gpu_sim.rs`, `image_sim.rs`).
 
-use crate::{errors, gpu_sim, image_sim, progress, report};
+use crate::{errors, fair_sim, gpu_sim, image_sim, progress, report};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 use std::path::PathBuf;
@@ -10,7 +10,8 @@ use tangram_core::sim::{self, trace, AiCoding, Workload, WorkloadName};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimulateArgs {
-    /// Built-in workload generator: ai-coding, bursty, mopd, deepsearch or swe-images.
+    /// Built-in workload generator: ai-coding, bursty, mopd, deepsearch, swe-images or
+    /// fairness.
     #[arg(long, conflicts_with = "trace")]
     pub(crate) workload: Option<String>,
     /// A JSON-lines trace, one trajectory per line (docs/SIMULATOR.md).
@@ -20,7 +21,8 @@ pub(crate) struct SimulateArgs {
     /// tangram,static,fifo-dop-4,first-fit; swe-images leaves static out of it]
     #[arg(long)]
     pub(crate) policies: Option<String>,
-    /// Trajectories in the batch (built-in workloads).
+    /// Trajectories in the batch (built-in workloads; `fairness` scales its scenarios'
+    /// trajectories and cores by this over 1280).
     #[arg(long, default_value_t = 1280)]
     pub(crate) batch: usize,
     /// RL jobs sharing the cluster (built-in workloads); job k gets a share of the batch
@@ -114,6 +116,7 @@ pub(crate) fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 WorkloadName::Mopd => return gpu_sim::mopd(&args),
                 WorkloadName::DeepSearch => return gpu_sim::deepsearch(&args),
                 WorkloadName::SweImages => return image_sim::swe_images(&args),
+                WorkloadName::Fairness => return fair_sim::fairness(&args),
             }
         }
         (None, Some(path)) => {

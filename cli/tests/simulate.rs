@@ -489,3 +489,45 @@ fn swe_images_runs_with_the_default_policies_and_refuses_static_when_named() {
         );
     }
 }
+
+#[test]
+fn simulate_fairness_reports_every_job_alone_and_shared_with_jains_index() {
+    let (code, out, err) = tangram(&[
+        "simulate",
+        "--workload",
+        "fairness",
+        "--batch",
+        "320",
+        "--policies",
+        "tangram",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let scenarios = v["scenarios"].as_array().expect("scenarios");
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["two-jobs-3-1", "flood", "flood-capped", "four-jobs"]
+    );
+    assert!(v["load_avg_before"].is_array(), "{v}");
+    for s in scenarios {
+        let jain = s["fair_order_jain"].as_f64().unwrap();
+        assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{s}");
+        for j in s["jobs"].as_array().unwrap() {
+            for k in [
+                "alone_mean_act_s",
+                "queue_order_mean_act_s",
+                "fair_order_mean_act_s",
+            ] {
+                assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+            }
+        }
+    }
+    let four = &scenarios[3]["jobs"];
+    assert_eq!(four.as_array().unwrap().len(), 4);
+    assert_eq!(four[1]["weight"].as_f64(), Some(3.0));
+}

@@ -329,3 +329,31 @@ fn a_workload_without_images_places_the_same_with_and_without_image_locality() {
     let (off, _) = run_images(&w, policy.as_ref(), Elasticity::Oracle, None);
     assert_eq!(on, off);
 }
+
+#[test]
+fn beside_a_flooding_job_fair_order_cuts_the_other_jobs_slowdown() {
+    use tangram_core::sim::fairness::{compare, scenarios};
+    let flood = scenarios(1, 0.5)
+        .into_iter()
+        .find(|s| s.name == "flood")
+        .expect("the flood scenario");
+    let r = compare(&flood, "tangram-v2").expect("a known policy");
+    let calm = r.jobs.iter().find(|j| j.job == "calm").expect("calm");
+    let (fifo, fair) = (
+        calm.queue_order_s / calm.alone_s,
+        calm.fair_s / calm.alone_s,
+    );
+    // In queue order the flood's backlog holds calm's commands back (about 10x alone);
+    // in fair order they go first as cores free up.
+    assert!(fifo > 6.0, "queue order: calm {fifo:.2}x alone");
+    assert!(
+        fair < fifo / 2.0,
+        "fair order: calm {fair:.2}x, queue order {fifo:.2}x"
+    );
+    assert!(
+        r.fair_order_jain > r.queue_order_jain + 0.05,
+        "Jain's index {:.3} fair, {:.3} queue order",
+        r.fair_order_jain,
+        r.queue_order_jain
+    );
+}

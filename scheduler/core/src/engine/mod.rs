@@ -31,7 +31,7 @@ mod queue;
 pub mod resize;
 mod results;
 mod sandboxes;
-mod shares;
+pub(crate) mod shares;
 mod status;
 mod workers;
 

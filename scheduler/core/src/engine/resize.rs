@@ -152,17 +152,20 @@ impl Engine {
                 }
                 jobs
             });
-        // While more than one job wants cores, each widens only into its weighted share.
-        if let Some(fair) = self.fair_headroom() {
-            let caps = headroom.get_or_insert_with(HashMap::new);
-            for (job, left) in fair {
-                let left = caps.get(&job).map_or(left, |&cap| cap.min(left));
-                caps.insert(job, left);
-            }
-        }
+        // While more than one job wants cores, a running exec widens only into what is left
+        // of its job's weighted share (a queued one, which needs its least to run at all,
+        // is not held back by it).
+        let mut fair = self.fair_headroom();
         // The widest an exec holding `cores` may become; less than `min` (and nothing
         // taken) when its job's cap leaves it no room.
         let mut widest = |job: &tangram_shared::JobId, cores: u32, min: u32, max: u32| -> u32 {
+            let mut max = max;
+            if cores > 0 {
+                if let Some(left) = fair.as_mut().and_then(|h| h.get_mut(job)) {
+                    max = max.min(cores + *left).max(cores);
+                    *left -= max - cores;
+                }
+            }
             match headroom.as_mut().and_then(|h| h.get_mut(job)) {
                 Some(left) => {
                     let max = max.min(cores + *left).max(cores);

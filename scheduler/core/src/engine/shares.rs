@@ -284,6 +284,12 @@ impl super::Engine {
             };
             *wants.entry(&e.action.job).or_default() += more;
         }
+        // A job never wants more than its cores cap lets it hold.
+        for (job, n) in wants.iter_mut() {
+            if let Some(cap) = self.caps_of(job).max_cores {
+                *n = (*n).min(cap);
+            }
+        }
         if wants.values().filter(|&&w| w > 0).count() < 2 {
             return None;
         }

@@ -84,7 +84,7 @@ impl Bursty {
             services: Self::services(),
             gpus: vec![vec![8], vec![8]],
             providers: vec![Self::provider()],
-            images: Default::default(),
+            ..Default::default()
         }
     }
 

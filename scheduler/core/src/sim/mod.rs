@@ -13,6 +13,7 @@
 pub mod api;
 mod bursty;
 pub mod calibrate;
+pub mod fairness;
 pub mod gpu;
 mod images;
 mod k8s;
@@ -133,6 +134,13 @@ pub struct Workload {
     pub providers: Vec<crate::quota::ProviderQuota>,
     /// Sandbox images and the pull model (none: every sandbox uses the default image).
     pub images: SimImages,
+    /// Jobs' weights (the operator's `job_weights`; default 1).
+    pub job_weights: std::collections::BTreeMap<String, f64>,
+    /// Pools take waiting actions in queue order, not in weighted fair order between jobs
+    /// (the baseline of the fairness comparison, `fairness.rs`).
+    pub queue_order: bool,
+    /// Caps per job (the operator's `[job_caps.<job>]`).
+    pub job_caps: std::collections::BTreeMap<String, crate::engine::JobCaps>,
 }
 
 /// Per-action record.
@@ -146,6 +154,12 @@ pub struct ActionRecord {
     pub overhead_ms: f64,
     /// Cores (CPU) or GPUs it ran with.
     pub cores: u32,
+    /// Its trajectory (an index into [`Workload::trajectories`]).
+    pub trajectory: usize,
+    /// When it started running, ms.
+    pub start_ms: f64,
+    /// Core-milliseconds it held (a re-sized exec's at each size; 0 for GPU and api calls).
+    pub core_ms: f64,
 }
 
 /// What a run measured.

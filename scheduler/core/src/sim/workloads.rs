@@ -13,15 +13,18 @@ pub enum WorkloadName {
     DeepSearch,
     /// Software-engineering tasks, each with its own image ([`super::SweImages`]).
     SweImages,
+    /// Jobs sharing one fleet, by weight, one of them flooding ([`super::fairness`]).
+    Fairness,
 }
 
 /// Every workload, by the name it is selected with.
-pub const WORKLOADS: [(&str, WorkloadName); 5] = [
+pub const WORKLOADS: [(&str, WorkloadName); 6] = [
     ("ai-coding", WorkloadName::AiCoding),
     ("bursty", WorkloadName::Bursty),
     ("mopd", WorkloadName::Mopd),
     ("deepsearch", WorkloadName::DeepSearch),
     ("swe-images", WorkloadName::SweImages),
+    ("fairness", WorkloadName::Fairness),
 ];
 
 /// A workload name that names none of [`WORKLOADS`].

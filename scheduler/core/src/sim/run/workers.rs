@@ -271,20 +271,27 @@ impl Driver<'_> {
                 let spec = &self.w.trajectories[s.t];
                 let step = &spec.steps[self.trajs[s.t].next];
                 let exec_ms = now - s.at_ms - s.overhead_ms;
+                // Re-sized execs held each size for part of their run.
+                let core_ms = match (&step.action.call, &s.exec) {
+                    (SimCall::Cpu, Some(run)) => {
+                        run.core_ms + s.cores as f64 * (now - run.since_ms)
+                    }
+                    (SimCall::Cpu, None) => s.cores as f64 * exec_ms,
+                    _ => 0.0,
+                };
                 self.report.actions.push(ActionRecord {
                     queue_ms: s.at_ms - self.trajs[s.t].due_ms,
                     exec_ms,
                     overhead_ms: s.overhead_ms,
                     cores: s.cores,
+                    trajectory: s.t,
+                    start_ms: s.at_ms,
+                    core_ms,
                 });
                 if step.action.call == SimCall::Cpu {
                     self.report.used_core_ms += step.action.t1_ms;
                     if self.static_cores.is_none() {
-                        // Re-sized execs held each size for part of their run.
-                        self.report.reserved_core_ms += match &s.exec {
-                            Some(run) => run.core_ms + s.cores as f64 * (now - run.since_ms),
-                            None => s.cores as f64 * exec_ms,
-                        };
+                        self.report.reserved_core_ms += core_ms;
                     }
                 }
                 let tr = &mut self.trajs[s.t];
