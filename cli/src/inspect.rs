@@ -315,6 +315,7 @@ mod tests {
 
     fn action() -> Action {
         Action {
+            queue_timeout_ms: None,
             id: ActionId::new("a1").unwrap(),
             job: JobId::new("j").unwrap(),
             trajectory: TrajectoryId::new("t").unwrap(),

@@ -205,6 +205,7 @@ fn build(a: &SubmitArgs) -> anyhow::Result<Action> {
         }
     };
     Ok(Action {
+        queue_timeout_ms: None,
         id: ActionId(id.into()),
         job: JobId(a.job.clone()),
         trajectory: TrajectoryId(a.trajectory.clone()),

@@ -145,6 +145,7 @@ pub(crate) async fn admit(
                 seen,
                 model: None,
                 dispatched,
+                bytes: u32::try_from(msg.payload().len()).unwrap_or(u32::MAX),
             })))
         }
         Err(bad) => Some(Event::Bad(bad)),

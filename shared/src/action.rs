@@ -26,6 +26,12 @@ pub struct Action {
     #[serde(default = "default_timeout_ms")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
+    /// Longest wait in the scheduler's queue, in milliseconds from its arrival there: an
+    /// action not started by then is rejected `queue_timeout` (nothing ran). No limit when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub queue_timeout_ms: Option<u64>,
     /// What to do; its `kind` field selects the variant.
     pub spec: ActionSpec,
 }
@@ -370,6 +376,14 @@ impl Action {
                 self.timeout_ms, limits.max_timeout_ms
             )));
         }
+        if let Some(t) = self.queue_timeout_ms {
+            if t == 0 || t > limits.max_timeout_ms {
+                return Err(invalid(format!(
+                    "queue_timeout_ms is {t}; it must be between 1 and {}",
+                    limits.max_timeout_ms
+                )));
+            }
+        }
         match &self.spec {
             ActionSpec::SandboxOpen(o) => {
                 if o.memory_mb < 16 {
@@ -489,6 +503,7 @@ mod tests {
 
     fn exec(argv: &[&str]) -> Action {
         Action {
+            queue_timeout_ms: None,
             id: ActionId::new("a1").unwrap(),
             job: JobId::new("j1").unwrap(),
             trajectory: TrajectoryId::new("t1").unwrap(),
@@ -534,6 +549,7 @@ mod tests {
         let a = exec(&["true"]);
         assert_eq!(a.demand().cores, Some(CpuRange { min: 1, max: 1 }));
         let open = Action {
+            queue_timeout_ms: None,
             spec: ActionSpec::SandboxOpen(SandboxOpen::default()),
             ..a
         };

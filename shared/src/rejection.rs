@@ -31,6 +31,11 @@ pub enum RejectCode {
     SandboxExists,
     /// The subject, header and body disagree (job or action id).
     Mismatch,
+    /// The job already has as many actions queued at the scheduler as its cap allows;
+    /// nothing ran (submit it again later, under a new id).
+    QueueFull,
+    /// The action waited in the queue past its `queue_timeout_ms`; nothing ran.
+    QueueTimeout,
 }
 
 impl RejectCode {
@@ -48,6 +53,8 @@ impl RejectCode {
             RejectCode::NotAllowed => "not_allowed",
             RejectCode::SandboxExists => "sandbox_exists",
             RejectCode::Mismatch => "mismatch",
+            RejectCode::QueueFull => "queue_full",
+            RejectCode::QueueTimeout => "queue_timeout",
         }
     }
 }

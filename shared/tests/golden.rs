@@ -44,6 +44,7 @@ fn bytes_of(hex: &str) -> Vec<u8> {
 
 fn exec_action() -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new("a-1").unwrap(),
         job: JobId::new("job1").unwrap(),
         trajectory: TrajectoryId::new("t17").unwrap(),
@@ -62,6 +63,7 @@ fn exec_action() -> Action {
 fn actions() {
     golden("action_sandbox_exec", &exec_action());
     let open = Action {
+        queue_timeout_ms: None,
         spec: ActionSpec::SandboxOpen(SandboxOpen {
             image: Some("tangram/sandbox:py3-v1".into()),
             memory_mb: 1024,
@@ -75,6 +77,7 @@ fn actions() {
     golden(
         "action_sandbox_close",
         &Action {
+            queue_timeout_ms: None,
             spec: ActionSpec::SandboxClose(SandboxClose::default()),
             ..exec_action()
         },
@@ -268,6 +271,7 @@ fn dispatch_and_heartbeat() {
 
 fn api_action() -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new("q-1").unwrap(),
         job: JobId::new("job1").unwrap(),
         trajectory: TrajectoryId::new("t17").unwrap(),
@@ -352,6 +356,7 @@ fn api_action_and_result() {
 
 fn reward_action() -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new("r-1").unwrap(),
         job: JobId::new("job1").unwrap(),
         trajectory: TrajectoryId::new("t17").unwrap(),

@@ -106,6 +106,7 @@ fn every_golden_message_is_valid() {
 
 fn action(id: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new("job1").unwrap(),
         trajectory: TrajectoryId::new("t1").unwrap(),

@@ -231,7 +231,7 @@ fn dead_letter_headers_carry_every_code_and_nothing_else() {
         .iter()
         .map(|c| c["const"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(codes.len(), 11, "{codes:?}");
+    assert_eq!(codes.len(), 13, "{codes:?}");
     for code in &codes {
         // The schema's value is the code's wire name, also its dead-letter subject token.
         let parsed: RejectCode = serde_json::from_value(json!(code)).unwrap();

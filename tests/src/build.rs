@@ -8,6 +8,7 @@ use tangram_shared::{
 
 fn action(id: &str, job: &str, traj: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).expect("id"),
         job: JobId::new(job).expect("job"),
         trajectory: TrajectoryId::new(traj).expect("trajectory"),

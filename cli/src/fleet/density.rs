@@ -134,6 +134,7 @@ fn action(t: usize, what: &str, spec: ActionSpec) -> Action {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Action {
+        queue_timeout_ms: None,
         id: ActionId(format!("density-{}-{what}-{n}", std::process::id()).into()),
         job: JobId(JOB.into()),
         trajectory: TrajectoryId(format!("d{t}")),

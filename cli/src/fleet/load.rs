@@ -305,6 +305,7 @@ impl Lanes {
 
     fn action(&self, lane: usize, what: &str, spec: ActionSpec) -> Action {
         Action {
+            queue_timeout_ms: None,
             id: self.next_id(what),
             job: JobId(JOB.into()),
             trajectory: self.trajectory(lane),

@@ -164,6 +164,7 @@ impl Ids {
     fn action(&self, t: &str, what: &str, spec: ActionSpec) -> Action {
         let n = self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Action {
+            queue_timeout_ms: None,
             id: ActionId(format!("opens-{}-{what}-{n}", std::process::id()).into()),
             job: JobId(JOB.into()),
             trajectory: TrajectoryId(t.into()),

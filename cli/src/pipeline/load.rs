@@ -5,6 +5,7 @@ use super::*;
 
 pub(super) fn exec_action(id: &str, trajectory: &str) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId(id.into()),
         job: JobId(JOB.into()),
         trajectory: TrajectoryId(trajectory.into()),
@@ -21,6 +22,7 @@ pub(super) fn exec_action(id: &str, trajectory: &str) -> Action {
 
 pub(super) fn open_action(id: &str, trajectory: &str) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId(id.into()),
         job: JobId(JOB.into()),
         trajectory: TrajectoryId(trajectory.into()),

@@ -261,6 +261,7 @@ mod tests {
 
     fn rec(id: &str, traj: &str, spec: ActionSpec, at_s: f64, cores: u32, exec_s: f64) -> Recorded {
         let action = Action {
+            queue_timeout_ms: None,
             id: ActionId::new(id).unwrap(),
             job: JobId::new("j").unwrap(),
             trajectory: TrajectoryId::new(traj).unwrap(),

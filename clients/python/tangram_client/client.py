@@ -18,8 +18,8 @@ from ._feed import ResultFeed
 from ._retry import Backoff, is_transient
 from ._wire import (RESULTS_STREAM, STREAM_FULL, action_subject, check_id, decode, encode_action, new_id,
                     result_subject)
-from .errors import (ActionFailed, TangramBackpressure, TangramConnectError, TangramError, TangramTimeout,
-                     TangramUnavailable)
+from .errors import (ActionFailed, InvalidAction, TangramBackpressure, TangramConnectError, TangramError,
+                     TangramTimeout, TangramUnavailable)
 from .results import HttpReply, Outcome, Result
 
 log = logging.getLogger("tangram_client")
@@ -241,17 +241,22 @@ class Tangram:
     # ---- submitting -----------------------------------------------------------------------
 
     async def submit(self, trajectory: str, spec: Mapping[str, Any], *, timeout_s: float = 60.0,
-                     action_id: Optional[str] = None) -> str:
+                     action_id: Optional[str] = None, queue_timeout_s: Optional[float] = None) -> str:
         """Publishes one action and returns its id without waiting for the result; collect
         it with :meth:`result`. ``spec`` is the kind-specific part, with ``kind`` set.
-        Raises :class:`InvalidAction` (nothing sent), :class:`TangramBackpressure` or
-        :class:`TangramError`."""
+        ``queue_timeout_s``: if the scheduler has not started it that long after it arrived,
+        it is rejected ``queue_timeout`` (nothing ran). Raises :class:`InvalidAction`
+        (nothing sent), :class:`TangramBackpressure` or :class:`TangramError`."""
         kind = check_id("kind", spec.get("kind", ""))
         check_id("trajectory", trajectory)
         generated = action_id is None
         action_id = check_id("action id", new_id(kind) if action_id is None else action_id)
         action = {"id": action_id, "job": self.job, "trajectory": trajectory,
                   "timeout_ms": int(timeout_s * 1000), "spec": dict(spec)}
+        if queue_timeout_s is not None:
+            if not (queue_timeout_s > 0 and math.isfinite(queue_timeout_s)):
+                raise InvalidAction(f"queue_timeout_s must be a positive number of seconds, not {queue_timeout_s!r}")
+            action["queue_timeout_ms"] = max(1, int(queue_timeout_s * 1000))
         payload = encode_action(action)
         headers = {"Nats-Msg-Id": action_id, "Content-Type": "application/msgpack"}
         # Registered before publishing, so the feed cannot deliver the result unclaimed.
@@ -292,9 +297,11 @@ class Tangram:
             del self._waiters[action_id]
 
     async def run(self, trajectory: str, spec: Mapping[str, Any], *, timeout_s: float = 60.0,
-                  wait_s: Optional[float] = None, action_id: Optional[str] = None) -> Result:
+                  wait_s: Optional[float] = None, action_id: Optional[str] = None,
+                  queue_timeout_s: Optional[float] = None) -> Result:
         """Submits and waits. ``wait_s`` defaults to the timeout plus 10 minutes of queueing."""
-        action_id = await self.submit(trajectory, spec, timeout_s=timeout_s, action_id=action_id)
+        action_id = await self.submit(trajectory, spec, timeout_s=timeout_s, action_id=action_id,
+                                      queue_timeout_s=queue_timeout_s)
         return await self.result(action_id, wait_s if wait_s is not None else timeout_s + 600.0)
 
     async def submit_batch(self, actions: Sequence[Action], *,
@@ -429,12 +436,14 @@ class Sandbox:
 
     async def exec(self, argv: Sequence[str], cpus: Union[int, Tuple[int, int]] = 1, timeout_s: float = 60.0,
                    files: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
-                   stdin: Optional[str] = None, wait_s: Optional[float] = None) -> Result:
+                   stdin: Optional[str] = None, wait_s: Optional[float] = None,
+                   queue_timeout_s: Optional[float] = None) -> Result:
         """Runs ``argv`` (no shell). ``cpus`` is a count or a (min, max) range; the command
         sees the grant as ``TANGRAM_CPUS`` and every ``{cpus}`` in argv. A non-zero exit is
-        ``Outcome.COMPLETED`` with that ``exit_code``."""
+        ``Outcome.COMPLETED`` with that ``exit_code``. ``queue_timeout_s``: see :meth:`Tangram.submit`."""
         spec = self.exec_spec(argv, cpus, files, env, stdin)
-        return await self.client.run(self.trajectory, spec, timeout_s=timeout_s, wait_s=wait_s)
+        return await self.client.run(self.trajectory, spec, timeout_s=timeout_s, wait_s=wait_s,
+                                     queue_timeout_s=queue_timeout_s)
 
     async def close(self) -> Result:
         """Removes the sandbox."""

@@ -90,19 +90,21 @@ class SyncClient:
     # ---- the same calls as Tangram --------------------------------------------------------
 
     def submit(self, trajectory: str, spec: Mapping[str, Any], *, timeout_s: float = 60.0,
-               action_id: Optional[str] = None) -> str:
+               action_id: Optional[str] = None, queue_timeout_s: Optional[float] = None) -> str:
         """:meth:`Tangram.submit`."""
-        return self._call(self._client.submit(trajectory, spec, timeout_s=timeout_s, action_id=action_id))
+        return self._call(self._client.submit(trajectory, spec, timeout_s=timeout_s, action_id=action_id,
+                                              queue_timeout_s=queue_timeout_s))
 
     def result(self, action_id: str, wait_s: float = 300.0) -> Result:
         """:meth:`Tangram.result`."""
         return self._call(self._client.result(action_id, wait_s))
 
     def run(self, trajectory: str, spec: Mapping[str, Any], *, timeout_s: float = 60.0,
-            wait_s: Optional[float] = None, action_id: Optional[str] = None) -> Result:
+            wait_s: Optional[float] = None, action_id: Optional[str] = None,
+            queue_timeout_s: Optional[float] = None) -> Result:
         """:meth:`Tangram.run`."""
         return self._call(self._client.run(trajectory, spec, timeout_s=timeout_s, wait_s=wait_s,
-                                           action_id=action_id))
+                                           action_id=action_id, queue_timeout_s=queue_timeout_s))
 
     def submit_batch(self, actions: Sequence[Action], *, max_in_flight: int = 256) -> List[Union[str, TangramError]]:
         """:meth:`Tangram.submit_batch`."""
@@ -176,9 +178,11 @@ class SyncSandbox:
 
     def exec(self, argv: Sequence[str], cpus: Union[int, Tuple[int, int]] = 1, timeout_s: float = 60.0,
              files: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None,
-             stdin: Optional[str] = None, wait_s: Optional[float] = None) -> Result:
+             stdin: Optional[str] = None, wait_s: Optional[float] = None,
+             queue_timeout_s: Optional[float] = None) -> Result:
         """:meth:`Sandbox.exec`."""
-        return self._client._call(self._sandbox.exec(argv, cpus, timeout_s, files, env, stdin, wait_s))
+        return self._client._call(self._sandbox.exec(argv, cpus, timeout_s, files, env, stdin, wait_s,
+                                                     queue_timeout_s))
 
     def close(self) -> Result:
         """:meth:`Sandbox.close`."""

@@ -101,6 +101,7 @@ impl Bench {
             seen: false,
             model: None,
             dispatched: None,
+            bytes: 0,
         };
         Event::Arrived(Box::new(arrival))
     }
@@ -149,6 +150,7 @@ fn dispatched(fx: Vec<Effect>) -> Vec<(WorkerId, Dispatch)> {
 
 fn action(id: String, job: &str, traj: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).expect("id"),
         job: JobId::new(job).expect("job"),
         trajectory: TrajectoryId::new(traj).expect("trajectory"),

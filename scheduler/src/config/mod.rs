@@ -31,6 +31,10 @@ pub struct Config {
     pub max_queued_actions: usize,
     /// Bytes of action messages held in memory at most.
     pub max_queued_bytes: u64,
+    /// Action messages one job may have queued at most (past it: `queue_full`).
+    pub max_queued_per_job: u32,
+    /// Bytes of action messages one job may have queued at most.
+    pub max_queued_bytes_per_job: u64,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: u32,
     /// Scheduling policy name.

@@ -32,6 +32,12 @@ pub struct RawConfig {
     pub max_queued_actions: Option<u64>,
     /// Bytes of action messages held in memory at most.
     pub max_queued_bytes: Option<u64>,
+    /// Action messages one job may have queued at most (default: a quarter of
+    /// `max_queued_actions`).
+    pub max_queued_per_job: Option<u64>,
+    /// Bytes of action messages one job may have queued at most (default: a quarter of
+    /// `max_queued_bytes`).
+    pub max_queued_bytes_per_job: Option<u64>,
     /// Heartbeat periods a worker may miss before it is declared lost.
     pub worker_missed_heartbeats: Option<u32>,
     /// Scheduling policy, by name (see `tangram_core::policies::NAMES`).
@@ -117,6 +123,10 @@ impl RawConfig {
             max_timeout_ms: over.max_timeout_ms.or(self.max_timeout_ms),
             max_queued_actions: over.max_queued_actions.or(self.max_queued_actions),
             max_queued_bytes: over.max_queued_bytes.or(self.max_queued_bytes),
+            max_queued_per_job: over.max_queued_per_job.or(self.max_queued_per_job),
+            max_queued_bytes_per_job: over
+                .max_queued_bytes_per_job
+                .or(self.max_queued_bytes_per_job),
             worker_missed_heartbeats: over
                 .worker_missed_heartbeats
                 .or(self.worker_missed_heartbeats),
@@ -208,6 +218,12 @@ impl RawConfig {
                 format!("{max_queued_bytes} is below 8 MiB (one action may be that large)"),
             ));
         }
+        let (max_queued_per_job, max_queued_bytes_per_job) = super::tenancy::queued_per_job(
+            self.max_queued_per_job,
+            self.max_queued_bytes_per_job,
+            max_queued_actions,
+            max_queued_bytes,
+        )?;
         let max_timeout_ms = self.max_timeout_ms.unwrap_or(DEFAULT_MAX_TIMEOUT_MS);
         if max_timeout_ms == 0 {
             return Err(invalid("max_timeout_ms", "must be positive"));
@@ -321,6 +337,8 @@ impl RawConfig {
             max_timeout: Duration::from_millis(max_timeout_ms),
             max_queued_actions: max_queued_actions as usize,
             max_queued_bytes,
+            max_queued_per_job,
+            max_queued_bytes_per_job,
             worker_missed_heartbeats,
             policy,
             settle: Duration::from_millis(self.settle_ms.unwrap_or(DEFAULT_SETTLE_MS)),

@@ -22,7 +22,12 @@ pub(super) fn job_caps(
                 format!("{job:?} is neither a job id nor \"*\" (every job not listed)"),
             ));
         }
-        if c.max_sandboxes == Some(0) || c.max_sandbox_mem_mb == Some(0) || c.max_cores == Some(0) {
+        let zero = c.max_sandboxes == Some(0)
+            || c.max_sandbox_mem_mb == Some(0)
+            || c.max_cores == Some(0)
+            || c.max_queued == Some(0)
+            || c.max_gpu_calls == Some(0);
+        if zero {
             return Err(invalid(
                 "job_caps",
                 format!("{job}: a cap of 0 would stop the job; leave the cap out for none"),
@@ -34,10 +39,37 @@ pub(super) fn job_caps(
                 max_sandboxes: c.max_sandboxes,
                 max_sandbox_mem_mb: c.max_sandbox_mem_mb,
                 max_cores: c.max_cores,
+                max_queued: c.max_queued,
+                max_gpu_calls: c.max_gpu_calls,
             },
         );
     }
     Ok(job_caps)
+}
+
+/// The queued actions and bytes one job may hold: as written, else a quarter of the whole
+/// (so that one job's backlog leaves room for others'); at least 1 and at most the whole.
+pub(super) fn queued_per_job(
+    count: Option<u64>,
+    bytes: Option<u64>,
+    max_count: u64,
+    max_bytes: u64,
+) -> Result<(u32, u64), ConfigError> {
+    let count = count.unwrap_or((max_count / 4).max(1));
+    if !(1..=max_count).contains(&count) {
+        return Err(invalid(
+            "max_queued_per_job",
+            format!("{count} is outside 1 to max_queued_actions ({max_count})"),
+        ));
+    }
+    let bytes = bytes.unwrap_or((max_bytes / 4).max(8 << 20));
+    if !(8 << 20..=max_bytes).contains(&bytes) {
+        return Err(invalid(
+            "max_queued_bytes_per_job",
+            format!("{bytes} is outside 8 MiB (one action may be that large) to max_queued_bytes ({max_bytes})"),
+        ));
+    }
+    Ok((u32::try_from(count).unwrap_or(u32::MAX), bytes))
 }
 
 /// Checks the provider definitions and turns them into the engine's quotas.
@@ -79,6 +111,10 @@ pub struct RawJobCaps {
     pub max_sandbox_mem_mb: Option<u64>,
     /// Cores its commands hold at once.
     pub max_cores: Option<u32>,
+    /// Actions queued at the scheduler (else the fleet's `max_queued_per_job`).
+    pub max_queued: Option<u32>,
+    /// Reward calls running at once.
+    pub max_gpu_calls: Option<u32>,
 }
 
 /// The fleet's definition of an external API provider's quota, as written (`[[provider]]`):

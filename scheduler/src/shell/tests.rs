@@ -68,6 +68,7 @@ fn rig() -> Rig {
 
 fn action(id: &str, trajectory: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new("j").unwrap(),
         trajectory: TrajectoryId::new(trajectory).unwrap(),
@@ -140,6 +141,7 @@ impl Rig {
             seen: false,
             model: None,
             dispatched: None,
+            bytes: 0,
         }));
         self.tx
             .send(Input::Message(Box::new(msg), event))

@@ -151,6 +151,8 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         rejoin_ms: config.worker_rejoin.as_millis() as u64,
         job_weights: config.job_weights.clone(),
         job_caps: config.job_caps.clone(),
+        max_queued_per_job: Some(config.max_queued_per_job),
+        max_queued_bytes_per_job: Some(config.max_queued_bytes_per_job),
         providers: config.providers.clone(),
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.

@@ -111,6 +111,7 @@ impl Engine {
                 failures: 0,
                 pin: None,
                 pinned_since_ms: None,
+                bytes: 0,
                 state: ActionState::Running {
                     worker,
                     // The replica slot and the provider's quota are not booked again: the

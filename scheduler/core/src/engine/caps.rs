@@ -27,6 +27,11 @@ pub struct JobCaps {
     pub max_sandbox_mem_mb: Option<u64>,
     /// Cores held by its running commands (and, under `static`, by its sandboxes).
     pub max_cores: Option<u32>,
+    /// Actions queued at the scheduler (past it, arrivals are rejected `queue_full`); the
+    /// fleet's [`super::EngineConfig::max_queued_per_job`] when not set.
+    pub max_queued: Option<u32>,
+    /// Reward calls running at once on the GPU pool (each holds a replica slot).
+    pub max_gpu_calls: Option<u32>,
 }
 
 /// The key of [`super::EngineConfig::job_caps`] whose caps apply to every job not listed.

@@ -35,6 +35,12 @@ pub struct EngineConfig {
     /// Caps per job (see [`super::JobCaps`]), by job; [`super::EVERY_JOB`] (`*`) for every
     /// job not listed. Empty: no caps.
     pub job_caps: BTreeMap<String, super::JobCaps>,
+    /// The most actions one job may have queued unless its caps say otherwise (see
+    /// `engine/admission.rs`); `None`: no limit but the intake gate's.
+    pub max_queued_per_job: Option<u32>,
+    /// The most bytes of action messages one job may have queued; `None`: no limit but the
+    /// intake gate's.
+    pub max_queued_bytes_per_job: Option<u64>,
     /// Validation limits.
     pub limits: Limits,
     /// In-progress acks for queued actions this often (inside the consumer's ack wait).
@@ -91,6 +97,8 @@ impl Default for EngineConfig {
             fair_share: true,
             job_caps: BTreeMap::new(),
             providers: BTreeMap::new(),
+            max_queued_per_job: None,
+            max_queued_bytes_per_job: None,
             limits: Limits::default(),
             // Short, so that actions held by a scheduler that died come back quickly; the
             // consumer's ack wait is 10 s.

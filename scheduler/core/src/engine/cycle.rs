@@ -69,6 +69,10 @@ impl Engine {
         if self.stopping || !self.leading || self.backlog_pending {
             return;
         }
+        if self.expire_queued(now) {
+            let actions = &self.actions;
+            self.queue.retain(|id| actions.contains_key(id));
+        }
         let mut rejections: Vec<(ActionId, Rejection)> = Vec::new();
         let routes = self.plan_gpu(now, &mut rejections);
         let api = self.plan_api(now, &mut rejections);
@@ -126,6 +130,7 @@ impl Engine {
                 .get(id)
                 .is_some_and(|e| matches!(e.state, ActionState::Queued { .. }))
         });
+        self.recount_queued();
         if cfg!(debug_assertions) {
             self.check_postconditions(&booked_on);
         }
@@ -312,6 +317,10 @@ impl Engine {
         };
         if !matches!(e.state, ActionState::Queued { .. }) {
             return;
+        }
+        if let Some(t) = e.action.queue_timeout_ms {
+            let at = (e.arrived_ms.saturating_add(t), launch.id.clone());
+            self.admission.forget_deadline(&at);
         }
         e.attempts += 1;
         let attempt = e.attempts;

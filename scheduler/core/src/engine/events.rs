@@ -50,6 +50,8 @@ pub struct Arrival {
     /// For a redelivery: the dispatch stored for this action already, if any (an earlier
     /// leader dispatched it and ended before acking the message), with its worker.
     pub dispatched: Option<Box<(WorkerId, Dispatch)>>,
+    /// The size of its message, bytes (what it takes of the intake gate).
+    pub bytes: u32,
 }
 
 /// What the outside world tells the engine.

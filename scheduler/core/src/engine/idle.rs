@@ -191,6 +191,7 @@ impl Engine {
         clock.closing = Some((now.ms, reason));
         self.idle_due_by(now.ms + ASK_AGAIN_MS);
         self.out.push(Effect::Submit(Box::new(Action {
+            queue_timeout_ms: None,
             id,
             job: key.0.clone(),
             trajectory: key.1.clone(),

@@ -163,6 +163,12 @@ impl Engine {
             self.out.push(Effect::Nak(a.delivery));
             return;
         }
+        if let Some(rejection) = self.refused_admission(&a.action) {
+            let (id, job) = (a.action.id.to_string(), a.action.job.0.clone());
+            self.reject(a.delivery, Some(id), Some(job), a.encoding, rejection, now);
+            return;
+        }
+        self.admitted(&a.action, a.bytes, now);
         let id = a.action.id.clone();
         // The scheduler's own closes are not a use of the sandbox.
         if !matches!(
@@ -185,6 +191,7 @@ impl Engine {
                 failures: 0,
                 pin,
                 pinned_since_ms: None,
+                bytes: a.bytes,
                 state: ActionState::Queued {
                     last_progress_ms: now.ms,
                 },

@@ -232,6 +232,8 @@ pub struct Entry {
     pub pinned_since_ms: Option<u64>,
     /// Where it is.
     pub state: ActionState,
+    /// The size of its message, bytes (0 for one adopted from a heartbeat).
+    pub bytes: u32,
 }
 
 impl Entry {

@@ -14,6 +14,7 @@
 //! replicas under Evict-on-Execution, API quotas), each with its own state. See
 //! `scheduler/core/README.md` for the pool interface and the lifecycle diagrams.
 
+mod admission;
 mod adopt;
 mod api;
 mod caps;
@@ -131,6 +132,8 @@ pub struct Engine {
     pub(crate) touched: std::collections::BTreeSet<WorkerId>,
     /// Idle clocks, leases and the closes the engine asked for itself ([`idle`]).
     pub(crate) idle: idle::Idle,
+    /// Queued actions per job and queueing deadlines ([`admission`]).
+    pub(crate) admission: admission::Admission,
 }
 
 impl Engine {
@@ -182,6 +185,7 @@ impl Engine {
             regrant_seq: 0,
             touched: Default::default(),
             idle: Default::default(),
+            admission: Default::default(),
         }
     }
 
@@ -298,6 +302,9 @@ impl Engine {
             earliest(t);
         }
         if let Some(t) = self.next_idle_ms() {
+            earliest(t);
+        }
+        if let Some(t) = self.next_queue_deadline_ms() {
             earliest(t);
         }
         for e in self.actions.values() {

@@ -231,9 +231,11 @@ impl super::Engine {
     }
 
     /// The GPU pool's waiting reward calls in weighted fair order by the calls each job has
-    /// running.
+    /// running, less those of a job at its cap of calls running at once (`max_gpu_calls`),
+    /// which wait.
     pub(crate) fn fair_gpu<'a>(&self, waiting: Vec<Waiting<'a>>) -> Vec<Waiting<'a>> {
-        if !self.shared(&waiting) {
+        let capped = self.any_caps();
+        if !capped && !self.shared(&waiting) {
             return waiting;
         }
         let mut running: HashMap<&JobId, f64> = HashMap::new();
@@ -241,6 +243,33 @@ impl super::Engine {
             if let Some((_, Booking::Gpu(_))) = e.placed() {
                 *running.entry(&e.action.job).or_default() += 1.0;
             }
+        }
+        let waiting = if capped {
+            let mut room: HashMap<&JobId, Option<u32>> = HashMap::new();
+            waiting
+                .into_iter()
+                .filter(|w| {
+                    let left = room.entry(w.job).or_insert_with(|| {
+                        self.caps_of(w.job).max_gpu_calls.map(|cap| {
+                            let now = running.get(w.job).copied().unwrap_or(0.0) as u32;
+                            cap.saturating_sub(now)
+                        })
+                    });
+                    match left {
+                        None => true,
+                        Some(0) => false,
+                        Some(n) => {
+                            *n -= 1;
+                            true
+                        }
+                    }
+                })
+                .collect()
+        } else {
+            waiting
+        };
+        if !self.shared(&waiting) {
+            return waiting;
         }
         let weights = &self.config.job_weights;
         fair_order(

@@ -269,6 +269,7 @@ impl Engine {
     pub(crate) fn on_tick(&mut self, now: Now) {
         self.on_drain_deadlines(now);
         self.on_idle_deadlines(now);
+        self.on_queue_deadlines(now);
         // Judged at the last confirmation that NATS answered, when there is one: a worker is
         // lost only if it had been silent past its grace while NATS was known to work.
         let judged_at = self.reachable_ms.unwrap_or(now.ms).min(now.ms);

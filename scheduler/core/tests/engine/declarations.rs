@@ -37,6 +37,7 @@ fn refusals(fx: &[Effect]) -> Vec<(String, String)> {
 
 fn call(id: &str) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new("j").unwrap(),
         trajectory: TrajectoryId::new("t").unwrap(),

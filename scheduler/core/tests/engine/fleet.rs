@@ -41,6 +41,7 @@ fn gpu_heartbeat(instance: &str) -> Heartbeat {
 
 fn reward(id: &str) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new("j").unwrap(),
         trajectory: TrajectoryId::new("t").unwrap(),

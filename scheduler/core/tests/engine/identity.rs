@@ -11,6 +11,7 @@ fn dispatch(epoch: u64, attempt: u32, submitted_at_us: u64) -> Dispatch {
         epoch,
         attempt,
         action: Action {
+            queue_timeout_ms: None,
             id: ActionId("a1".into()),
             job: JobId("j".into()),
             trajectory: TrajectoryId("t".into()),

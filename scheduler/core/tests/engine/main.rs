@@ -1,6 +1,7 @@
 //! The decision engine, stepped: one test per lifecycle transition (`transitions.rs`) and
 //! property tests over random event sequences (`props.rs`).
 
+mod admission;
 mod adopt;
 mod caps;
 mod declarations;
@@ -142,6 +143,7 @@ impl Harness {
             seen,
             model: None,
             dispatched: None,
+            bytes: 0,
         })))
     }
 
@@ -186,6 +188,7 @@ pub(crate) fn id(s: &str) -> ActionId {
 
 fn action(id: &str, job: &str, traj: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new(job).unwrap(),
         trajectory: TrajectoryId::new(traj).unwrap(),

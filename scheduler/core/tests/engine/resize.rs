@@ -19,6 +19,7 @@ fn arrive_parallel(h: &mut Harness, id: &str, traj: &str) -> Vec<Effect> {
             speedup: Speedup::Amdahl(0.95),
         }),
         dispatched: None,
+        bytes: 0,
     })))
 }
 

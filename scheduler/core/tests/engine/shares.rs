@@ -122,6 +122,7 @@ fn a_job_whose_share_is_wanted_widens_only_to_its_weighted_share() {
             seen: false,
             model: Some(model.clone()),
             dispatched: None,
+            bytes: 0,
         })));
         for (_, d) in dispatched(&fx) {
             h.stored(&d);

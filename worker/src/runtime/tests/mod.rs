@@ -299,6 +299,7 @@ impl Harness {
 
 fn action(id: &str, traj: &str, spec: ActionSpec) -> Action {
     Action {
+        queue_timeout_ms: None,
         id: ActionId::new(id).unwrap(),
         job: JobId::new("job1").unwrap(),
         trajectory: TrajectoryId::new(traj).unwrap(),

@@ -443,6 +443,7 @@ impl Driver<'_> {
 
     fn action(&self, t: usize, what: &str, spec: ActionSpec) -> Action {
         Action {
+            queue_timeout_ms: None,
             id: ActionId::new(format!("t{t}-{what}")).expect("valid id"),
             job: self.jobs[t].clone(),
             trajectory: self.ids[t].clone(),
@@ -462,6 +463,7 @@ impl Driver<'_> {
             seen: false,
             model,
             dispatched: None,
+            bytes: 0,
         }))
     }
 

@@ -135,6 +135,7 @@ impl World {
                 seen,
                 model: None,
                 dispatched,
+                bytes: 0,
             })));
             self.absorb(fx);
         }

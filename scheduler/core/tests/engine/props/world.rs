@@ -299,6 +299,7 @@ impl World {
                     })
                 };
                 let a = Action {
+                    queue_timeout_ms: None,
                     id: ActionId::new(id).unwrap(),
                     job: JobId::new("j").unwrap(),
                     trajectory: TrajectoryId::new("calls").unwrap(),

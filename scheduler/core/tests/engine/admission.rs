@@ -1,0 +1,232 @@
+//! Admission per job: a job past its cap of queued actions is refused `queue_full` while
+//! other jobs are admitted; an action not started within its `queue_timeout_ms` is rejected
+//! `queue_timeout`; a job at its cap of reward calls running waits while others' run.
+
+use super::*;
+use tangram_core::engine::JobCaps;
+use tangram_shared::RejectCode;
+
+fn queue_capped(per_job: u32, caps: &[(&str, JobCaps)]) -> Harness {
+    Harness::with(
+        EngineConfig {
+            max_queued_per_job: Some(per_job),
+            job_caps: caps.iter().map(|(j, c)| (j.to_string(), *c)).collect(),
+            ..cfg()
+        },
+        &[],
+    )
+}
+
+#[test]
+fn past_its_queued_cap_a_jobs_actions_are_refused_and_other_jobs_are_admitted() {
+    // No worker: every open waits in the queue.
+    let mut h = queue_capped(3, &[]);
+    for i in 0..3 {
+        let (_, fx) = h.arrive(open(&format!("a{i}"), "a", &format!("t{i}")));
+        assert!(rejected(&fx).is_empty(), "{fx:?}");
+    }
+    let (d, fx) = h.arrive(open("a3", "a", "t3"));
+    let (id, code, reason) = rejected(&fx).pop().expect("a's fourth is refused");
+    assert_eq!((id.as_deref(), code), (Some("a3"), RejectCode::QueueFull));
+    assert!(
+        reason.contains("3 actions queued, its cap is 3"),
+        "{reason}"
+    );
+    // The refusal is a result the submitter reads, for that message.
+    let refusal = fx.iter().find_map(|e| match e {
+        Effect::Reject(r) => Some(r),
+        _ => None,
+    });
+    let refusal = refusal.expect("a rejection");
+    assert_eq!(refusal.message.delivery, d);
+    let result = refusal.result.as_ref().expect("addressed to a3");
+    assert!(
+        matches!(
+            &result.outcome,
+            Outcome::Rejected {
+                code: RejectCode::QueueFull,
+                ..
+            }
+        ),
+        "{result:?}"
+    );
+    // Another job is admitted, and so is a close of a's.
+    let (_, fx) = h.arrive(open("b0", "b", "t0"));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    let (_, fx) = h.arrive(close("a-close", "a", "t0"));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    // A worker comes: a's opens run and leave the queue, and a is admitted again.
+    h.heartbeat("w1", 8, 65536, &[], &[]);
+    let (_, fx) = h.arrive(open("a4", "a", "t4"));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+}
+
+#[test]
+fn a_jobs_own_queued_cap_overrides_the_fleets() {
+    let roomy = JobCaps {
+        max_queued: Some(5),
+        ..JobCaps::default()
+    };
+    let mut h = queue_capped(1, &[("big", roomy)]);
+    for i in 0..5 {
+        let (_, fx) = h.arrive(open(&format!("b{i}"), "big", &format!("t{i}")));
+        assert!(rejected(&fx).is_empty(), "big's {i}: {fx:?}");
+    }
+    let (_, fx) = h.arrive(open("s0", "small", "t0"));
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    let (_, fx) = h.arrive(open("s1", "small", "t1"));
+    assert_eq!(
+        rejected(&fx).pop().map(|r| r.1),
+        Some(RejectCode::QueueFull)
+    );
+}
+
+fn with_queue_timeout(mut a: Action, ms: u64) -> Action {
+    a.queue_timeout_ms = Some(ms);
+    a
+}
+
+#[test]
+fn an_action_not_started_within_its_queue_timeout_is_rejected_and_a_started_one_is_not() {
+    let mut h = Harness::new(&[]);
+    let (_, fx) = h.arrive(with_queue_timeout(open("late", "j", "t1"), 500));
+    assert!(rejected(&fx).is_empty());
+    let wake = fx.iter().find_map(|e| match e {
+        Effect::WakeAt(t) => Some(*t),
+        _ => None,
+    });
+    assert_eq!(
+        wake,
+        Some(h.now + 500),
+        "the engine asks to be woken at the deadline: {fx:?}"
+    );
+    h.now += 499;
+    let fx = h.step(Event::Tick);
+    assert!(rejected(&fx).is_empty(), "not yet: {fx:?}");
+    h.now += 1;
+    let fx = h.step(Event::Tick);
+    let (id, code, reason) = rejected(&fx).pop().expect("past its deadline");
+    assert_eq!(
+        (id.as_deref(), code),
+        (Some("late"), RejectCode::QueueTimeout)
+    );
+    assert!(reason.contains("500 ms"), "{reason}");
+    // One that starts in time is not rejected when its deadline passes.
+    h.heartbeat("w1", 8, 65536, &[], &[]);
+    let (_, fx) = h.arrive(with_queue_timeout(open("prompt", "j", "t2"), 500));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+    h.now += 1_000;
+    let fx = h.step(Event::Tick);
+    assert!(rejected(&fx).is_empty(), "{fx:?}");
+    // The late one's trajectory can be opened again: nothing of it ran.
+    let (_, fx) = h.arrive(open("again", "j", "t1"));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}
+
+/// A GPU worker serving `judge` on one GPU with `slots` calls at once.
+fn judge_heartbeat(slots: u32) -> Heartbeat {
+    Heartbeat {
+        worker: WorkerId::new("g1").unwrap(),
+        instance: "i1".into(),
+        seq: 0,
+        interval_ms: 1_000,
+        cores: 0,
+        mem_mb: 0,
+        running: vec![],
+        finished: vec![],
+        dispatch_seq: 0,
+        known_epoch: 0,
+        sandboxes: vec![],
+        draining: false,
+        gpus: Some(tangram_shared::GpuInventory {
+            source: "declared".into(),
+            groups: vec![vec![0]],
+            devices: vec![],
+        }),
+        services: vec![tangram_shared::ServiceReport {
+            name: "judge".into(),
+            gpus: 1,
+            restore_ms: 10,
+            slots,
+            replicas: vec![],
+        }],
+        providers: vec![],
+        warm: None,
+        images: Vec::new(),
+        resized: Default::default(),
+    }
+}
+
+fn score(id: &str, job: &str) -> Action {
+    let mut a = open(id, job, "t");
+    a.spec = ActionSpec::Reward(tangram_shared::Reward {
+        service: "judge".into(),
+        inputs: vec!["x".into()],
+        options: Default::default(),
+    });
+    a
+}
+
+#[test]
+fn a_job_at_its_cap_of_reward_calls_waits_and_another_jobs_calls_run() {
+    let one = JobCaps {
+        max_gpu_calls: Some(1),
+        ..JobCaps::default()
+    };
+    let mut h = queue_capped(100, &[("a", one)]);
+    h.step(Event::Heartbeat(Box::new(judge_heartbeat(4))));
+    let mut out = Vec::new();
+    for id in ["a1", "a2", "a3"] {
+        let (_, fx) = h.arrive(score(id, "a"));
+        out.extend(dispatched(&fx));
+    }
+    let ids: Vec<String> = out.iter().map(|(_, d)| d.action.id.to_string()).collect();
+    assert_eq!(ids, vec!["a1"], "a runs one call at a time");
+    let (_, fx) = h.arrive(score("b1", "b"));
+    assert_eq!(
+        dispatched(&fx).len(),
+        1,
+        "b is not held back by a's cap: {fx:?}"
+    );
+    // a's call ends: its next one runs.
+    let (_, a1) = out.pop().expect("a1");
+    h.stored(&a1);
+    let fx = h.complete(&a1, "g1");
+    let next: Vec<String> = dispatched(&fx)
+        .iter()
+        .map(|(_, d)| d.action.id.to_string())
+        .collect();
+    assert_eq!(next, vec!["a2"]);
+}
+
+#[test]
+fn a_freed_replica_slot_goes_to_the_job_with_fewer_calls_running() {
+    for (fair, want) in [(true, "b1"), (false, "a3")] {
+        let mut h = Harness::with(
+            EngineConfig {
+                fair_share: fair,
+                ..cfg()
+            },
+            &[],
+        );
+        h.step(Event::Heartbeat(Box::new(judge_heartbeat(2))));
+        let mut running = Vec::new();
+        for id in ["a1", "a2"] {
+            let (_, fx) = h.arrive(score(id, "a"));
+            let (_, d) = dispatched(&fx).pop().expect("runs");
+            h.stored(&d);
+            running.push(d);
+        }
+        for (id, job) in [("a3", "a"), ("a4", "a"), ("b1", "b")] {
+            let (_, fx) = h.arrive(score(id, job));
+            assert!(dispatched(&fx).is_empty(), "two slots: {fx:?}");
+        }
+        // a1 ends: a still has a2 running, b nothing.
+        let fx = h.complete(&running[0], "g1");
+        let next: Vec<String> = dispatched(&fx)
+            .iter()
+            .map(|(_, d)| d.action.id.to_string())
+            .collect();
+        assert_eq!(next, vec![want], "fair order {fair}");
+    }
+}
