@@ -51,6 +51,8 @@ pub struct Config {
     pub job_weights: std::collections::BTreeMap<String, f64>,
     /// The fleet's definitions of providers' quotas, by name.
     pub providers: std::collections::BTreeMap<String, tangram_core::quota::ProviderQuota>,
+    /// The fleet's definitions of GPU services' sizes and slots, by name.
+    pub services: std::collections::BTreeMap<String, tangram_core::gpu::ServiceSpec>,
     /// Caps per job; `*` for every job not listed.
     pub job_caps: std::collections::BTreeMap<String, tangram_core::engine::JobCaps>,
     /// Cores per sandbox under `static`.

@@ -58,6 +58,9 @@ pub struct RawConfig {
     /// The fleet's definitions of external API providers' quotas (`[[provider]]`): workers'
     /// declarations must match them.
     pub provider: Option<Vec<super::tenancy::RawProvider>>,
+    /// The fleet's definitions of GPU services' sizes and slots (`[[service]]`): workers'
+    /// declarations must match them.
+    pub service: Option<Vec<super::tenancy::RawService>>,
     /// Cores each trajectory's sandbox holds under the `static` policy.
     pub static_cores: Option<u32>,
     /// This scheduler's id in the leader lease (default: `<host>-<pid>`).
@@ -142,6 +145,7 @@ impl RawConfig {
             job_weights: over.job_weights.or(self.job_weights),
             job_caps: over.job_caps.or(self.job_caps),
             provider: over.provider.or(self.provider),
+            service: over.service.or(self.service),
             static_cores: over.static_cores.or(self.static_cores),
             id: over.id.or(self.id),
             lease_ttl_ms: over.lease_ttl_ms.or(self.lease_ttl_ms),
@@ -280,6 +284,7 @@ impl RawConfig {
         }
         let job_caps = super::tenancy::job_caps(self.job_caps.unwrap_or_default())?;
         let providers = super::tenancy::providers(self.provider.unwrap_or_default())?;
+        let services = super::tenancy::services(self.service.unwrap_or_default())?;
         let static_cores = self.static_cores.unwrap_or(4);
         if static_cores == 0 {
             return Err(invalid("static_cores", "must be at least 1"));
@@ -329,6 +334,7 @@ impl RawConfig {
             job_weights,
             job_caps,
             providers,
+            services,
             nats_url,
             credentials,
             metrics_addr,

@@ -101,6 +101,61 @@ pub(super) fn providers(
     Ok(providers)
 }
 
+/// Checks the GPU service definitions and turns them into the engine's specs.
+pub(super) fn services(
+    raw: Vec<RawService>,
+) -> Result<BTreeMap<String, tangram_core::gpu::ServiceSpec>, ConfigError> {
+    let mut services = BTreeMap::new();
+    for s in raw {
+        if !tangram_shared::CHUNK_SIZES.contains(&s.gpus) || s.slots == 0 {
+            return Err(invalid(
+                "service",
+                format!("{}: gpus must be 1, 2, 4 or 8 and slots at least 1", s.name),
+            ));
+        }
+        let spec = tangram_core::gpu::ServiceSpec {
+            name: s.name.clone(),
+            gpus: s.gpus,
+            restore_ms: s.restore_ms,
+            slots: s.slots,
+        };
+        if services.insert(s.name.clone(), spec).is_some() {
+            return Err(invalid("service", format!("{} is defined twice", s.name)));
+        }
+    }
+    Ok(services)
+}
+
+/// The fleet's definition of a GPU service's size and slots, as written (`[[service]]`): the
+/// same fields, and defaults, as a worker's `[[service]]` has for them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawService {
+    /// Its name.
+    pub name: String,
+    /// GPUs per replica: 1, 2, 4 or 8.
+    #[serde(default = "one_gpu")]
+    pub gpus: u8,
+    /// Requests one replica serves at once.
+    #[serde(default = "eight")]
+    pub slots: u32,
+    /// The first estimate of a restore, ms.
+    #[serde(default = "five_hundred")]
+    pub restore_ms: u64,
+}
+
+fn one_gpu() -> u8 {
+    1
+}
+
+fn eight() -> u32 {
+    8
+}
+
+fn five_hundred() -> u64 {
+    500
+}
+
 /// One job's caps as written (`[job_caps.<job>]`); absent fields are no cap.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]

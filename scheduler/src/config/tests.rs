@@ -172,3 +172,45 @@ fn unreadable_and_unparsable_files_are_told_apart() {
     assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
     assert!(err.to_string().contains("unknown_key"), "{err}");
 }
+
+#[test]
+fn admission_per_job_gpu_caps_and_service_definitions_are_read_and_bad_ones_refused() {
+    let text = "max_queued_per_job = 500\n\
+                [job_caps.eval]\nmax_queued = 50\nmax_gpu_calls = 4\n\
+                [[service]]\nname = \"judge\"\nslots = 32\nrestore_ms = 2000\n";
+    let c = toml::from_str::<RawConfig>(text)
+        .unwrap()
+        .validate()
+        .unwrap();
+    assert_eq!(c.max_queued_per_job, 500);
+    assert_eq!(c.job_caps["eval"].max_queued, Some(50));
+    assert_eq!(c.job_caps["eval"].max_gpu_calls, Some(4));
+    let judge = &c.services["judge"];
+    assert_eq!((judge.gpus, judge.slots, judge.restore_ms), (1, 32, 2000));
+    // By default a job may hold a quarter of what the scheduler holds.
+    let defaults = RawConfig::default().validate().unwrap();
+    assert_eq!(defaults.max_queued_per_job, 25_000);
+    assert_eq!(defaults.max_queued_bytes_per_job, 256 << 20);
+    assert!(defaults.services.is_empty());
+    for (bad, field) in [
+        ("max_queued_per_job = 0", "max_queued_per_job"),
+        ("max_queued_per_job = 200000", "max_queued_per_job"),
+        (
+            "max_queued_bytes_per_job = 1024",
+            "max_queued_bytes_per_job",
+        ),
+        ("[job_caps.a]\nmax_gpu_calls = 0", "job_caps"),
+        ("[[service]]\nname = \"j\"\ngpus = 3", "service"),
+        (
+            "[[service]]\nname = \"j\"\n[[service]]\nname = \"j\"",
+            "service",
+        ),
+    ] {
+        let err = toml::from_str::<RawConfig>(bad)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), Some(field), "{bad}");
+    }
+    assert!(toml::from_str::<RawConfig>("[[service]]\nname = \"j\"\ndriver = \"vllm\"").is_err());
+}

@@ -154,6 +154,7 @@ fn engine_for(config: &Config, epoch: u64, limits: Limits) -> anyhow::Result<Eng
         max_queued_per_job: Some(config.max_queued_per_job),
         max_queued_bytes_per_job: Some(config.max_queued_bytes_per_job),
         providers: config.providers.clone(),
+        services: config.services.clone(),
         limits,
         // Renewals come every quarter lease; the ticker passes each on within a tick.
         reachable_every_ms: (config.lease_ttl / 4 + TICK).as_millis() as u64,

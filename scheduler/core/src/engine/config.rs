@@ -32,6 +32,10 @@ pub struct EngineConfig {
     /// declarations must match them. Providers not defined take the quota their first
     /// serving workers declared.
     pub providers: BTreeMap<String, crate::quota::ProviderQuota>,
+    /// The operator's definitions of GPU services' sizes and slots, by name: workers'
+    /// declarations must match them. Services not defined take the spec their first
+    /// serving workers declared.
+    pub services: BTreeMap<String, crate::gpu::ServiceSpec>,
     /// Caps per job (see [`super::JobCaps`]), by job; [`super::EVERY_JOB`] (`*`) for every
     /// job not listed. Empty: no caps.
     pub job_caps: BTreeMap<String, super::JobCaps>,
@@ -97,6 +101,7 @@ impl Default for EngineConfig {
             fair_share: true,
             job_caps: BTreeMap::new(),
             providers: BTreeMap::new(),
+            services: BTreeMap::new(),
             max_queued_per_job: None,
             max_queued_bytes_per_job: None,
             limits: Limits::default(),

@@ -150,6 +150,10 @@ impl Engine {
         let provisioning = cpu.provisioning();
         let backlog_pending = config.await_backlog;
         let api = pools::api::ApiPool::with_definitions(config.providers.clone());
+        let gpu = pools::gpu::GpuPool::with_definitions(
+            provisioning.malleable(),
+            config.services.clone(),
+        );
         Self {
             config,
             provisioning,
@@ -162,11 +166,7 @@ impl Engine {
             settled: VecDeque::new(),
             settled_set: Default::default(),
             sandboxes: HashMap::new(),
-            pools: pools::Pools {
-                cpu,
-                gpu: pools::gpu::GpuPool::new(provisioning.malleable()),
-                api,
-            },
+            pools: pools::Pools { cpu, gpu, api },
             recent: VecDeque::new(),
             dirty: false,
             queues_observed_ms: None,

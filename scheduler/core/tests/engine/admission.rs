@@ -123,50 +123,6 @@ fn an_action_not_started_within_its_queue_timeout_is_rejected_and_a_started_one_
     assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
 }
 
-/// A GPU worker serving `judge` on one GPU with `slots` calls at once.
-fn judge_heartbeat(slots: u32) -> Heartbeat {
-    Heartbeat {
-        worker: WorkerId::new("g1").unwrap(),
-        instance: "i1".into(),
-        seq: 0,
-        interval_ms: 1_000,
-        cores: 0,
-        mem_mb: 0,
-        running: vec![],
-        finished: vec![],
-        dispatch_seq: 0,
-        known_epoch: 0,
-        sandboxes: vec![],
-        draining: false,
-        gpus: Some(tangram_shared::GpuInventory {
-            source: "declared".into(),
-            groups: vec![vec![0]],
-            devices: vec![],
-        }),
-        services: vec![tangram_shared::ServiceReport {
-            name: "judge".into(),
-            gpus: 1,
-            restore_ms: 10,
-            slots,
-            replicas: vec![],
-        }],
-        providers: vec![],
-        warm: None,
-        images: Vec::new(),
-        resized: Default::default(),
-    }
-}
-
-fn score(id: &str, job: &str) -> Action {
-    let mut a = open(id, job, "t");
-    a.spec = ActionSpec::Reward(tangram_shared::Reward {
-        service: "judge".into(),
-        inputs: vec!["x".into()],
-        options: Default::default(),
-    });
-    a
-}
-
 #[test]
 fn a_job_at_its_cap_of_reward_calls_waits_and_another_jobs_calls_run() {
     let one = JobCaps {
@@ -174,7 +130,8 @@ fn a_job_at_its_cap_of_reward_calls_waits_and_another_jobs_calls_run() {
         ..JobCaps::default()
     };
     let mut h = queue_capped(100, &[("a", one)]);
-    h.step(Event::Heartbeat(Box::new(judge_heartbeat(4))));
+    let hb = judge_heartbeat(&h, "g1", 1, 1, 4);
+    h.step(Event::Heartbeat(Box::new(hb)));
     let mut out = Vec::new();
     for id in ["a1", "a2", "a3"] {
         let (_, fx) = h.arrive(score(id, "a"));
@@ -209,7 +166,8 @@ fn a_freed_replica_slot_goes_to_the_job_with_fewer_calls_running() {
             },
             &[],
         );
-        h.step(Event::Heartbeat(Box::new(judge_heartbeat(2))));
+        let hb = judge_heartbeat(&h, "g1", 1, 1, 2);
+        h.step(Event::Heartbeat(Box::new(hb)));
         let mut running = Vec::new();
         for id in ["a1", "a2"] {
             let (_, fx) = h.arrive(score(id, "a"));

@@ -108,3 +108,76 @@ fn the_operators_definition_is_the_quota_and_workers_must_match_it() {
     assert_eq!(st.providers.len(), 1);
     assert_eq!(st.providers[0].rate_per_s, 5.0);
 }
+
+fn gpu_declares(h: &mut Harness, w: &str, gpus: usize, size: u8, slots: u32) -> Vec<Effect> {
+    let hb = judge_heartbeat(h, w, gpus, size, slots);
+    h.step(Event::Heartbeat(Box::new(hb)))
+}
+
+fn judge_status(h: &Harness) -> tangram_shared::status::ServiceStatus {
+    let st = h.engine.status(h.at());
+    st.services
+        .into_iter()
+        .find(|s| s.name == "judge")
+        .expect("judge")
+}
+
+/// Regression (issue 30): any worker's heartbeat redeclared a service's size and slots for
+/// the whole fleet.
+#[test]
+fn a_worker_cannot_resize_a_service_or_change_its_slots() {
+    let mut h = Harness::new(&[]);
+    assert!(refusals(&gpu_declares(&mut h, "g1", 1, 1, 1)).is_empty());
+    // Another worker's credential declares the service 8 GPUs wide with 100 slots: refused,
+    // counted once.
+    let fx = gpu_declares(&mut h, "g2", 0, 8, 100);
+    assert_eq!(refusals(&fx), vec![("judge".into(), "g2".into())]);
+    assert!(
+        refusals(&gpu_declares(&mut h, "g2", 0, 8, 100)).is_empty(),
+        "counted once"
+    );
+    let judge = judge_status(&h);
+    assert_eq!(judge.gpus, 1, "the fleet's size stands");
+    // One slot per replica still: g1's one GPU takes one call at a time.
+    let (_, fx) = h.arrive(score("s1", "j"));
+    assert_eq!(dispatched(&fx).len(), 1);
+    let (_, fx) = h.arrive(score("s2", "j"));
+    assert!(
+        dispatched(&fx).is_empty(),
+        "a second call shared g1's one slot: {fx:?}"
+    );
+}
+
+#[test]
+fn the_operators_service_definition_stands_and_workers_must_match_it() {
+    let defined = tangram_core::gpu::ServiceSpec {
+        name: "judge".into(),
+        gpus: 1,
+        restore_ms: 700,
+        slots: 2,
+    };
+    let mut h = Harness::with(
+        EngineConfig {
+            services: [("judge".to_string(), defined)].into(),
+            ..cfg()
+        },
+        &[],
+    );
+    // A worker that declares one slot is refused; one that declares two serves it.
+    let fx = gpu_declares(&mut h, "g1", 1, 1, 1);
+    assert_eq!(refusals(&fx), vec![("judge".into(), "g1".into())]);
+    assert!(refusals(&gpu_declares(&mut h, "g2", 1, 1, 2)).is_empty());
+    let judge = judge_status(&h);
+    assert_eq!(judge.restore_ms, 700, "the operator's first estimate");
+    // Two calls share one replica (the fleet's two slots), wherever it is: a worker refused
+    // for a service still lends its GPUs to it, at the fleet's size and slots.
+    let mut on = Vec::new();
+    for id in ["s1", "s2"] {
+        let (_, fx) = h.arrive(score(id, "j"));
+        let out = dispatched(&fx);
+        assert_eq!(out.len(), 1, "{fx:?}");
+        let route = out[0].1.gpu.clone().expect("a route");
+        on.push((out[0].0.clone(), route.chunk));
+    }
+    assert_eq!(on[0], on[1], "one replica, two slots: {on:?}");
+}

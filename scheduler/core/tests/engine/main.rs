@@ -278,3 +278,39 @@ pub(crate) fn booked_cores(engine: &Engine, w: &str) -> u32 {
         .get(&WorkerId::new(w).unwrap())
         .map_or(0, |b| b.0)
 }
+
+/// A worker's heartbeat with `gpus` GPUs (one group; none for 0) serving `judge` at `size`
+/// GPUs per replica and `slots` calls at once.
+pub(crate) fn judge_heartbeat(
+    h: &Harness,
+    w: &str,
+    gpus: usize,
+    size: u8,
+    slots: u32,
+) -> Heartbeat {
+    let mut hb = h.heartbeat_of(w, 0, 0, &[], &[]);
+    hb.gpus = (gpus > 0).then(|| tangram_shared::GpuInventory {
+        source: "declared".into(),
+        groups: vec![(0..gpus as u32).collect()],
+        devices: vec![],
+    });
+    hb.services = vec![tangram_shared::ServiceReport {
+        name: "judge".into(),
+        gpus: size,
+        restore_ms: 10,
+        slots,
+        replicas: vec![],
+    }];
+    hb
+}
+
+/// A reward call of `job` on `judge`.
+pub(crate) fn score(id: &str, job: &str) -> Action {
+    let mut a = open(id, job, "t");
+    a.spec = ActionSpec::Reward(tangram_shared::Reward {
+        service: "judge".into(),
+        inputs: vec!["x".into()],
+        options: Default::default(),
+    });
+    a
+}

@@ -3,12 +3,18 @@
 //! a free slot, or one is restored (evicting idle ones when no chunk is free); under
 //! re-balancing (`tangram-v2`) the longest queue goes first, with aging. Under per-trajectory
 //! provisioning (`static`) the GPUs are split evenly between the services once, for good.
+//!
+//! A service's size (GPUs per replica) and slots are fleet-wide: the operator's definition in
+//! the scheduler's configuration where there is one, else the first declaration of the
+//! workers serving it now. A worker whose declaration differs is refused (the fleet's spec
+//! stays) and counted, so that a worker's credential cannot resize another worker's replicas
+//! or change how many calls each takes.
 
 use super::{Fleet, Planned, Pool, Release, WorkerReport};
 use crate::engine::cycle::{chunk_of, chunk_ref};
 use crate::engine::{Now, Observation};
 use crate::gpu::{Chunk, Eoe, ServiceSpec, Unrouted};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use tangram_shared::status::{ServiceStatus, Status};
 use tangram_shared::{
     ActionSpec, Evict, GpuRoute, JobId, RejectCode, Rejection, TrajectoryId, WorkerId,
@@ -47,14 +53,81 @@ pub(crate) struct GpuPool {
     eoe: Eoe,
     /// `static`: the services are pinned.
     pinned: bool,
+    /// The operator's definitions, by service.
+    defined: BTreeMap<String, ServiceSpec>,
+    /// Per service, the workers whose declaration matches the fleet's spec.
+    declared_by: BTreeMap<String, BTreeSet<WorkerId>>,
+    /// Declarations refused, by worker and service (each counted once, until the worker
+    /// declares the service as the fleet has it again).
+    refused: BTreeSet<(WorkerId, String)>,
 }
 
 impl GpuPool {
     /// An empty pool; replicas follow demand under re-balancing.
     pub(crate) fn new(rebalance: bool) -> Self {
+        Self::with_definitions(rebalance, BTreeMap::new())
+    }
+
+    /// An empty pool whose services' sizes and slots are the operator's `defined` ones.
+    pub(crate) fn with_definitions(
+        rebalance: bool,
+        defined: BTreeMap<String, ServiceSpec>,
+    ) -> Self {
         let mut eoe = Eoe::new(Vec::new());
         eoe.rebalance = rebalance;
-        Self { eoe, pinned: false }
+        Self {
+            eoe,
+            pinned: false,
+            defined,
+            declared_by: BTreeMap::new(),
+            refused: BTreeSet::new(),
+        }
+    }
+
+    /// Takes in a worker's service declarations: each that agrees with the fleet's spec (the
+    /// operator's, else the one its serving workers established) declares the service;
+    /// each that differs is refused, and counted once.
+    fn declare_services(&mut self, hb: &tangram_shared::Heartbeat) -> Vec<Observation> {
+        for workers in self.declared_by.values_mut() {
+            workers.remove(&hb.worker);
+        }
+        let mut seen = Vec::new();
+        for s in &hb.services {
+            let spec = ServiceSpec {
+                name: s.name.clone(),
+                gpus: s.gpus,
+                restore_ms: s.restore_ms,
+                slots: s.slots.max(1),
+            };
+            let standing = match self.defined.get(&s.name) {
+                Some(def) => Some(def),
+                None => self
+                    .declared_by
+                    .get(&s.name)
+                    .filter(|w| !w.is_empty())
+                    .and_then(|_| self.eoe.service(&s.name)),
+            };
+            let key = (hb.worker.clone(), s.name.clone());
+            if standing.is_some_and(|d| d.gpus != spec.gpus || d.slots != spec.slots) {
+                if self.refused.insert(key) {
+                    seen.push(Observation::DeclarationRefused {
+                        kind: "service",
+                        name: s.name.clone(),
+                        worker: hb.worker.clone(),
+                    });
+                }
+                continue;
+            }
+            self.refused.remove(&key);
+            // A service already known keeps its measured restore time (`Eoe::declare`).
+            self.eoe
+                .declare(self.defined.get(&s.name).cloned().unwrap_or(spec));
+            self.declared_by
+                .entry(s.name.clone())
+                .or_default()
+                .insert(hb.worker.clone());
+        }
+        seen
     }
 
     /// Evict-on-Execution, read only.
@@ -92,19 +165,12 @@ impl Pool for GpuPool {
     /// authoritative while a worker instance lives; a new instance's report replaces it.
     fn ingest(&mut self, report: &WorkerReport<'_>, now: Now) -> Vec<Observation> {
         let hb = report.hb;
-        for s in &hb.services {
-            self.eoe.declare(ServiceSpec {
-                name: s.name.clone(),
-                gpus: s.gpus,
-                restore_ms: s.restore_ms,
-                slots: s.slots.max(1),
-            });
-        }
+        let mut seen = self.declare_services(hb);
         let Some(inv) = &hb.gpus else {
             if report.fresh {
                 self.eoe.remove_node(&hb.worker);
             }
-            return Vec::new();
+            return seen;
         };
         let sizes: Vec<u8> = inv.groups.iter().map(|g| g.len().min(8) as u8).collect();
         if report.fresh {
@@ -120,7 +186,8 @@ impl Pool for GpuPool {
             }
         }
         let (total, resident) = self.eoe.gpus();
-        vec![Observation::Gpus { total, resident }]
+        seen.push(Observation::Gpus { total, resident });
+        seen
     }
 
     fn accepting(&mut self, report: &WorkerReport<'_>) {
@@ -133,6 +200,10 @@ impl Pool for GpuPool {
 
     fn forget_worker(&mut self, worker: &WorkerId) {
         self.eoe.remove_node(worker);
+        for workers in self.declared_by.values_mut() {
+            workers.remove(worker);
+        }
+        self.refused.retain(|(w, _)| w != worker);
     }
 
     fn forget_trajectory(&mut self, _job: &JobId, _trajectory: &TrajectoryId) {}
