@@ -549,7 +549,6 @@ mod tests {
         let a = exec(&["true"]);
         assert_eq!(a.demand().cores, Some(CpuRange { min: 1, max: 1 }));
         let open = Action {
-            queue_timeout_ms: None,
             spec: ActionSpec::SandboxOpen(SandboxOpen::default()),
             ..a
         };

@@ -63,7 +63,6 @@ fn exec_action() -> Action {
 fn actions() {
     golden("action_sandbox_exec", &exec_action());
     let open = Action {
-        queue_timeout_ms: None,
         spec: ActionSpec::SandboxOpen(SandboxOpen {
             image: Some("tangram/sandbox:py3-v1".into()),
             memory_mb: 1024,
@@ -77,7 +76,6 @@ fn actions() {
     golden(
         "action_sandbox_close",
         &Action {
-            queue_timeout_ms: None,
             spec: ActionSpec::SandboxClose(SandboxClose::default()),
             ..exec_action()
         },

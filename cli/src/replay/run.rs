@@ -145,7 +145,6 @@ async fn publish(
 ) -> anyhow::Result<tokio::task::JoinHandle<(String, Result<ActionResult, String>)>> {
     let id = ActionId::new(format!("{}-{n}", ctx.stamp))?;
     let action = Action {
-        queue_timeout_ms: None,
         id: id.clone(),
         job: ctx.job.clone(),
         ..rec.action.clone()

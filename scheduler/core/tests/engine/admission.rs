@@ -188,3 +188,18 @@ fn a_freed_replica_slot_goes_to_the_job_with_fewer_calls_running() {
         assert_eq!(next, vec![want], "fair order {fair}");
     }
 }
+
+#[test]
+fn a_queue_timeout_outside_one_ms_to_the_longest_timeout_is_an_invalid_field() {
+    let limits = tangram_shared::Limits::default();
+    for bad in [0, limits.max_timeout_ms + 1] {
+        let r = with_queue_timeout(open("o", "j", "t"), bad)
+            .validate(&limits)
+            .unwrap_err();
+        assert_eq!(r.code, RejectCode::InvalidField);
+        assert!(r.reason.contains("queue_timeout_ms"), "{}", r.reason);
+    }
+    assert!(with_queue_timeout(open("o", "j", "t"), 1)
+        .validate(&limits)
+        .is_ok());
+}
