@@ -146,6 +146,7 @@ pub(crate) async fn admit(
                 model: None,
                 dispatched,
                 bytes: u32::try_from(msg.payload().len()).unwrap_or(u32::MAX),
+                redelivered: !first_delivery,
             })))
         }
         Err(bad) => Some(Event::Bad(bad)),

@@ -111,7 +111,9 @@ async fn a_restarted_scheduler_adopts_what_is_running() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(&[WorkerSpec::new("adopt-a")]).await?;
     let c = cluster.client("job1").await?;
     c.run(&open("o1", "job1", "t1"), T).await?;
-    let long = exec("long", "job1", "t1", &["sleep", "4"], 1, 1);
+    // Long enough to outlast the restart: under a loaded clean-clone run the restarted
+    // scheduler's first status came after a 4 s command had ended (CI, once).
+    let long = exec("long", "job1", "t1", &["sleep", "15"], 1, 1);
     c.submit(&long).await?;
     c.wait_for_status(T, "the exec runs", |s| {
         s.running.get("sandbox_exec") == Some(&1)

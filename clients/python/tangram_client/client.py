@@ -254,7 +254,7 @@ class Tangram:
         action = {"id": action_id, "job": self.job, "trajectory": trajectory,
                   "timeout_ms": int(timeout_s * 1000), "spec": dict(spec)}
         if queue_timeout_s is not None:
-            if not (queue_timeout_s > 0 and math.isfinite(queue_timeout_s)):
+            if not (0 < queue_timeout_s <= 86_400 * 365):
                 raise InvalidAction(f"queue_timeout_s must be a positive number of seconds, not {queue_timeout_s!r}")
             action["queue_timeout_ms"] = max(1, int(queue_timeout_s * 1000))
         payload = encode_action(action)

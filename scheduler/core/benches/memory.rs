@@ -102,6 +102,7 @@ impl Bench {
             model: None,
             dispatched: None,
             bytes: 0,
+            redelivered: false,
         };
         Event::Arrived(Box::new(arrival))
     }

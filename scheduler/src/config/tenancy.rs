@@ -107,6 +107,12 @@ pub(super) fn services(
 ) -> Result<BTreeMap<String, tangram_core::gpu::ServiceSpec>, ConfigError> {
     let mut services = BTreeMap::new();
     for s in raw {
+        if s.name.is_empty() || s.name.len() > 128 {
+            return Err(invalid(
+                "service",
+                "a service's name has 1 to 128 characters, as on a worker",
+            ));
+        }
         if !tangram_shared::CHUNK_SIZES.contains(&s.gpus) || s.slots == 0 {
             return Err(invalid(
                 "service",

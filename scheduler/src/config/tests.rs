@@ -201,6 +201,7 @@ fn admission_per_job_gpu_caps_and_service_definitions_are_read_and_bad_ones_refu
         ),
         ("[job_caps.a]\nmax_gpu_calls = 0", "job_caps"),
         ("[[service]]\nname = \"j\"\ngpus = 3", "service"),
+        ("[[service]]\nname = \"\"", "service"),
         (
             "[[service]]\nname = \"j\"\n[[service]]\nname = \"j\"",
             "service",

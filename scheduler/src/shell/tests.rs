@@ -142,6 +142,7 @@ impl Rig {
             model: None,
             dispatched: None,
             bytes: 0,
+            redelivered: false,
         }));
         self.tx
             .send(Input::Message(Box::new(msg), event))

@@ -8,11 +8,15 @@
 //! cap of actions queued (`max_queued` in its `job_caps`, else the fleet's
 //! `max_queued_per_job`). An action that arrives past it is rejected `queue_full`: nothing
 //! ran, and it may be submitted again later under a new id (the stream's duplicate window
-//! would drop the same id). Closes are always admitted: they free what the job holds.
+//! would drop the same id). Closes are always admitted: they free what the job holds, and
+//! so is a message delivered before (an earlier leader admitted it, or this one before a
+//! failed acknowledgement): it was accepted once.
 //!
 //! **Queueing deadlines.** An action with `queue_timeout_ms` that has not been started that
 //! long after it reached the scheduler is rejected `queue_timeout`. One that was started and
-//! came back to the queue (its worker was lost) is not: it may have run.
+//! came back to the queue (its worker was lost) is not: it may have run. The clock is the
+//! scheduler's: after a change of leader it starts again when the action reaches the new
+//! one.
 
 use super::lifecycle::ActionState;
 use super::{Engine, Now};
@@ -22,8 +26,9 @@ use tangram_shared::{Action, ActionId, ActionSpec, JobId, RejectCode, Rejection}
 /// What admission keeps.
 #[derive(Debug, Default)]
 pub(crate) struct Admission {
-    /// Actions queued per job, and their bytes: counted exactly at each cycle, and up at
-    /// each arrival between cycles (so at most over, never under).
+    /// Actions queued per job, and their bytes: counted at each cycle, and up at each
+    /// arrival between cycles (actions put back in the queue between cycles, after a failed
+    /// dispatch or a lost worker, count from the next cycle).
     queued: HashMap<JobId, (u32, u64)>,
     /// Queueing deadlines: (when, action).
     deadlines: BTreeSet<(u64, ActionId)>,
@@ -90,7 +95,10 @@ impl Engine {
         let mut queued: HashMap<JobId, (u32, u64)> = HashMap::new();
         for id in &self.queue {
             if let Some(e) = self.actions.get(id) {
-                let q = queued.entry(e.action.job.clone()).or_default();
+                let q = match queued.get_mut(&e.action.job) {
+                    Some(q) => q,
+                    None => queued.entry(e.action.job.clone()).or_default(),
+                };
                 q.0 += 1;
                 q.1 += u64::from(e.bytes);
             }
@@ -132,8 +140,8 @@ impl Engine {
     /// The next queueing deadline (none while this engine rejects nothing: not leading, or
     /// stopping).
     pub(crate) fn next_queue_deadline_ms(&self) -> Option<u64> {
-        if !self.leading || self.stopping {
-            return None;
+        if !self.leading || self.stopping || self.backlog_pending {
+            return None; // no cycle runs to act on it (the backlog's end plans at once)
         }
         self.admission.deadlines.first().map(|(at, _)| *at)
     }

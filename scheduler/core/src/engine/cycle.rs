@@ -220,7 +220,8 @@ impl Engine {
             self.held().gpu
         };
         let accepting = |w: &WorkerId| self.takes_work(w);
-        let fleet = self.fleet(&accepting);
+        let mut fleet = self.fleet(&accepting);
+        fleet.gpu_room = self.gpu_room(&waiting);
         let planned = pool.plan(&waiting, &held, &fleet, now);
         drop((waiting, held, fleet));
         self.pools.gpu = pool;
@@ -266,6 +267,7 @@ impl Engine {
                 .config
                 .static_trajectories
                 .map_or(self.sandboxes.len(), |n| n as usize),
+            gpu_room: HashMap::new(),
         }
     }
 

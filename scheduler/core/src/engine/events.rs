@@ -52,6 +52,9 @@ pub struct Arrival {
     pub dispatched: Option<Box<(WorkerId, Dispatch)>>,
     /// The size of its message, bytes (what it takes of the intake gate).
     pub bytes: u32,
+    /// Its message was delivered before (to this or an earlier leader, which admitted it):
+    /// it is not refused for its job's cap of queued actions.
+    pub redelivered: bool,
 }
 
 /// What the outside world tells the engine.

@@ -163,7 +163,7 @@ impl Engine {
             self.out.push(Effect::Nak(a.delivery));
             return;
         }
-        if let Some(rejection) = self.refused_admission(&a.action) {
+        if let Some(rejection) = self.refused_admission(&a.action).filter(|_| !a.redelivered) {
             let (id, job) = (a.action.id.to_string(), a.action.job.0.clone());
             self.reject(a.delivery, Some(id), Some(job), a.encoding, rejection, now);
             return;

@@ -10,19 +10,20 @@
 //!
 //! A job's share of the CPU pool is its dominant share: the larger of its fraction of the
 //! fleet's cores (its running commands, and under `static` its sandboxes) and its fraction
-//! of the fleet's memory (its sandboxes and commands). Of the GPU pool, the reward calls it
+//! of the fleet's memory (its sandboxes). Of the GPU pool, the reward calls it
 //! has running. API quota has its own weighted shares (`pools/api.rs`). Weights are the
 //! operator's `job_weights` (default 1), the same weights API quota is shared by.
 //!
 //! Fair order decides who gets what frees up; it takes nothing back from what a job already
-//! holds. Widening under `tangram-v2` follows [`entitlements`]: a job whose share is
-//! wanted by another widens only up to its weighted max-min share of the fleet's cores.
+//! holds. Widening under `tangram-v2` follows [`entitlements`]: on a worker where another
+//! job wants cores, a job's commands widen only up to its weighted max-min share of that
+//! worker's cores, and queued commands join the re-sizing in fair order.
 
 use super::lifecycle::Booking;
 use super::pools::Waiting;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use tangram_shared::{ActionSpec, JobId};
+use tangram_shared::{ActionId, ActionSpec, JobId, WorkerId};
 
 /// A job's weight from `weights` (the operator's `job_weights`): its own, else 1. A weight
 /// that is not a positive finite number counts as 1 (the configuration refuses such).
@@ -230,121 +231,157 @@ impl super::Engine {
         )
     }
 
-    /// The GPU pool's waiting reward calls in weighted fair order by the calls each job has
-    /// running, less those of a job at its cap of calls running at once (`max_gpu_calls`),
-    /// which wait.
-    pub(crate) fn fair_gpu<'a>(&self, waiting: Vec<Waiting<'a>>) -> Vec<Waiting<'a>> {
-        let capped = self.any_caps();
-        if !capped && !self.shared(&waiting) {
-            return waiting;
-        }
-        let mut running: HashMap<&JobId, f64> = HashMap::new();
-        for e in self.actions.values() {
-            if let Some((_, Booking::Gpu(_))) = e.placed() {
-                *running.entry(&e.action.job).or_default() += 1.0;
-            }
-        }
-        let waiting = if capped {
-            let mut room: HashMap<&JobId, Option<u32>> = HashMap::new();
-            waiting
-                .into_iter()
-                .filter(|w| {
-                    let left = room.entry(w.job).or_insert_with(|| {
-                        self.caps_of(w.job).max_gpu_calls.map(|cap| {
-                            let now = running.get(w.job).copied().unwrap_or(0.0) as u32;
-                            cap.saturating_sub(now)
-                        })
-                    });
-                    match left {
-                        None => true,
-                        Some(0) => false,
-                        Some(n) => {
-                            *n -= 1;
-                            true
-                        }
-                    }
-                })
-                .collect()
-        } else {
-            waiting
+    /// Queued commands (ids of queued `sandbox_exec`s, in queue order) in weighted fair
+    /// order by the cores each job holds, for the re-sizing (`resize.rs`).
+    pub(crate) fn fair_queued_execs<'a>(&self, queued: Vec<&'a ActionId>) -> Vec<&'a ActionId> {
+        let items: Vec<(&'a ActionId, &JobId, u32)> = queued
+            .iter()
+            .map(|id| {
+                let e = &self.actions[*id];
+                let min = e.action.demand().cores.map_or(0, |r| r.min);
+                (*id, &e.action.job, min)
+            })
+            .collect();
+        let Some(first) = items.first().map(|i| i.1) else {
+            return queued;
         };
+        if !self.config.fair_share || items.iter().all(|i| i.1 == first) {
+            return queued;
+        }
+        let used = self.job_use();
+        let weights = &self.config.job_weights;
+        fair_order(
+            items,
+            |i| i.1,
+            |i| f64::from(i.2),
+            |j| used.get(j).map_or(0.0, |u| f64::from(u.cores)),
+            |j| weight_of(weights, j),
+        )
+        .into_iter()
+        .map(|i| i.0)
+        .collect()
+    }
+
+    /// The GPU pool's waiting reward calls in weighted fair order by the calls each job has
+    /// running.
+    pub(crate) fn fair_gpu<'a>(&self, waiting: Vec<Waiting<'a>>) -> Vec<Waiting<'a>> {
         if !self.shared(&waiting) {
             return waiting;
         }
+        let running = self.gpu_running();
         let weights = &self.config.job_weights;
         fair_order(
             waiting,
             |w| w.job,
             |_| 1.0,
-            |job| running.get(job).copied().unwrap_or(0.0),
+            |job| f64::from(running.get(job).copied().unwrap_or(0)),
             |job| weight_of(weights, job),
         )
+    }
+
+    /// Reward calls running, per job.
+    fn gpu_running(&self) -> HashMap<&JobId, u32> {
+        let mut running: HashMap<&JobId, u32> = HashMap::new();
+        for e in self.actions.values() {
+            if let Some((_, Booking::Gpu(_))) = e.placed() {
+                *running.entry(&e.action.job).or_default() += 1;
+            }
+        }
+        running
+    }
+
+    /// How many more reward calls each job with a `max_gpu_calls` cap among `waiting` may
+    /// start now.
+    pub(crate) fn gpu_room(&self, waiting: &[Waiting<'_>]) -> HashMap<JobId, u32> {
+        let mut room = HashMap::new();
+        if !self.any_caps() || waiting.is_empty() {
+            return room;
+        }
+        let running = self.gpu_running();
+        for w in waiting {
+            if room.contains_key(w.job) {
+                continue;
+            }
+            if let Some(cap) = self.caps_of(w.job).max_gpu_calls {
+                let now = running.get(w.job).copied().unwrap_or(0);
+                room.insert(w.job.clone(), cap.saturating_sub(now));
+            }
+        }
+        room
     }
 }
 
 impl super::Engine {
-    /// How many more cores each job may widen into under `tangram-v2` while more than one
-    /// job wants cores: its [`entitlements`] share of the fleet's cores, less what it holds.
-    /// `None` when fewer than two jobs want cores (widening is then the policy's alone).
-    pub(crate) fn fair_headroom(&self) -> Option<HashMap<JobId, u32>> {
+    /// How many more cores each job may widen into on each of `workers` under `tangram-v2`
+    /// while more than one job wants that worker's cores: its [`entitlements`] share of the
+    /// worker's cores, less what it holds there. A worker where fewer than two jobs want
+    /// cores has no entry (widening there is the policy's alone): a command runs where its
+    /// sandbox is, so only the jobs with commands on a worker compete for its cores.
+    pub(crate) fn fair_headroom(
+        &self,
+        workers: &std::collections::BTreeSet<WorkerId>,
+    ) -> HashMap<(WorkerId, JobId), u32> {
+        let mut out = HashMap::new();
         if !self.config.fair_share {
-            return None;
+            return out;
         }
-        let used = self.job_use();
-        // What each job wants: what it holds, widened to the most its elastic commands
-        // take, and the least its queued commands need.
-        let mut wants: HashMap<&JobId, u32> = HashMap::new();
-        for (job, u) in &used {
-            wants.insert(job, u.cores);
-        }
+        // Per worker and job: (what it holds, what it wants).
+        let mut by_worker: HashMap<&WorkerId, HashMap<&JobId, (u32, u32)>> = HashMap::new();
         for e in self.actions.values() {
             let ActionSpec::SandboxExec(_) = &e.action.spec else {
                 continue;
             };
-            let Some(range) = e.action.demand().cores else {
-                continue;
-            };
-            let more = match e.placed() {
-                Some((_, b)) if b.counted_cores() > 0 => {
-                    range.max.saturating_sub(b.counted_cores())
+            let (worker, held, more) = match e.placed() {
+                Some((w, b)) => {
+                    let held = b.counted_cores();
+                    let max = e.action.demand().cores.map_or(held, |r| r.max);
+                    (w, held, max.saturating_sub(held))
                 }
-                Some(_) => 0,
-                None => range.min,
+                None => {
+                    let key = (e.action.job.clone(), e.action.trajectory.clone());
+                    let Some(s) = self.sandboxes.get(&key) else {
+                        continue;
+                    };
+                    (&s.worker, 0, e.action.demand().cores.map_or(0, |r| r.min))
+                }
             };
-            *wants.entry(&e.action.job).or_default() += more;
+            if !workers.contains(worker) || held + more == 0 {
+                continue;
+            }
+            let u = by_worker
+                .entry(worker)
+                .or_default()
+                .entry(&e.action.job)
+                .or_default();
+            u.0 += held;
+            u.1 += held + more;
         }
-        // A job never wants more than its cores cap lets it hold.
-        for (job, n) in wants.iter_mut() {
-            if let Some(cap) = self.caps_of(job).max_cores {
-                *n = (*n).min(cap);
+        let weights = &self.config.job_weights;
+        for (worker, jobs) in by_worker {
+            if jobs.len() < 2 {
+                continue;
+            }
+            let cores = self.workers.get(worker).map_or(0, |w| w.hb.cores);
+            let mut wants: Vec<(JobId, u32, f64)> = jobs
+                .iter()
+                .map(|(j, (_, want))| {
+                    // A job never wants more than its cores cap lets it hold.
+                    let want = match self.caps_of(j).max_cores {
+                        Some(cap) => (*want).min(cap),
+                        None => *want,
+                    };
+                    ((*j).clone(), want, weight_of(weights, j))
+                })
+                .collect();
+            wants.sort_by(|a, b| a.0.cmp(&b.0));
+            let shares = entitlements(cores, &wants);
+            for (job, _, _) in wants {
+                let held = jobs.get(&job).map_or(0, |u| u.0);
+                let share = shares.get(&job).copied().unwrap_or(0);
+                out.insert((worker.clone(), job), share.saturating_sub(held));
             }
         }
-        if wants.values().filter(|&&w| w > 0).count() < 2 {
-            return None;
-        }
-        let cores: u32 = self
-            .workers
-            .iter()
-            .filter(|(id, _)| self.takes_work(id))
-            .map(|(_, w)| w.hb.cores)
-            .sum();
-        let weights = &self.config.job_weights;
-        let mut wants: Vec<(JobId, u32, f64)> = wants
-            .into_iter()
-            .map(|(j, n)| (j.clone(), n, weight_of(weights, j)))
-            .collect();
-        wants.sort_by(|a, b| a.0.cmp(&b.0));
-        let shares = entitlements(cores, &wants);
-        Some(
-            wants
-                .into_iter()
-                .map(|(job, _, _)| {
-                    let held = used.get(&job).map_or(0, |u| u.cores);
-                    let share = shares.get(&job).copied().unwrap_or(0);
-                    (job, share.saturating_sub(held))
-                })
-                .collect(),
-        )
+        out
     }
 }
 

@@ -229,8 +229,9 @@ fn per_job(w: &Workload, r: &SimReport, window_ms: f64) -> Vec<(String, f64, f64
         };
         out[k].1 += a.queue_ms + a.overhead_ms + a.exec_ms;
         out[k].3 += 1;
-        let end = a.start_ms + a.exec_ms;
-        let inside = (end.min(window_ms) - a.start_ms).max(0.0);
+        // It runs after its overhead (a replica's restore).
+        let start = a.start_ms + a.overhead_ms;
+        let inside = ((start + a.exec_ms).min(window_ms) - start).max(0.0);
         if a.exec_ms > 0.0 {
             out[k].2 += a.core_ms * inside / a.exec_ms;
         }

@@ -203,3 +203,63 @@ fn a_queue_timeout_outside_one_ms_to_the_longest_timeout_is_an_invalid_field() {
         .validate(&limits)
         .is_ok());
 }
+
+/// Found in review: after a change of leader, an action the earlier leader had admitted came
+/// back after newer ones had filled its job's cap, and was refused.
+#[test]
+fn a_message_delivered_before_is_not_refused_for_its_jobs_queued_cap() {
+    let mut h = queue_capped(1, &[]);
+    let (_, fx) = h.arrive(open("a0", "a", "t0"));
+    assert!(rejected(&fx).is_empty());
+    let d = h.next_delivery;
+    h.next_delivery += 1;
+    let fx = h.step(Event::Arrived(Box::new(Arrival {
+        action: open("a1", "a", "t1"),
+        encoding: Encoding::Msgpack,
+        submitted_at_us: h.now * 1000,
+        delivery: d,
+        seen: false,
+        model: None,
+        dispatched: None,
+        bytes: 0,
+        redelivered: true,
+    })));
+    assert!(
+        rejected(&fx).is_empty(),
+        "admitted once, admitted again: {fx:?}"
+    );
+    let (_, fx) = h.arrive(open("a2", "a", "t2"));
+    assert_eq!(
+        rejected(&fx).pop().map(|r| r.1),
+        Some(RejectCode::QueueFull)
+    );
+}
+
+/// Found in review: while a new term read the dispatch backlog, a passed queueing deadline
+/// asked for a wake-up at once, again and again (no cycle runs then to act on it).
+#[test]
+fn a_passed_deadline_asks_for_no_wake_up_until_the_backlog_is_read() {
+    let mut h = Harness::with(
+        EngineConfig {
+            await_backlog: true,
+            ..cfg()
+        },
+        &[],
+    );
+    let (_, fx) = h.arrive(with_queue_timeout(open("late", "j", "t1"), 100));
+    assert!(rejected(&fx).is_empty());
+    h.now += 200;
+    let fx = h.step(Event::Tick);
+    let now = h.now;
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::WakeAt(t) if *t <= now)),
+        "a wake-up it would not act on: {fx:?}"
+    );
+    let fx = h.step(Event::BacklogRead);
+    let (id, code, _) = rejected(&fx).pop().expect("rejected once the term plans");
+    assert_eq!(
+        (id.as_deref(), code),
+        (Some("late"), RejectCode::QueueTimeout)
+    );
+}

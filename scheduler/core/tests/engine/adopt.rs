@@ -71,6 +71,7 @@ fn an_action_whose_dispatch_is_stored_is_adopted_not_dispatched_again() {
         model: None,
         dispatched: Some(Box::new((WorkerId::new("w2").unwrap(), d.clone()))),
         bytes: 0,
+        redelivered: false,
     })));
     assert!(dispatched(&fx).is_empty(), "dispatched again: {fx:?}");
     assert!(

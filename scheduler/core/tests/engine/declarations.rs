@@ -181,3 +181,26 @@ fn the_operators_service_definition_stands_and_workers_must_match_it() {
     }
     assert_eq!(on[0], on[1], "one replica, two slots: {on:?}");
 }
+
+/// Found in review: a service the operator defined, that every worker declared otherwise,
+/// was unknown to the fleet (its calls rejected `unknown_service`).
+#[test]
+fn a_defined_service_stands_even_when_no_worker_declares_it_as_defined() {
+    let defined = tangram_core::gpu::ServiceSpec {
+        name: "judge".into(),
+        gpus: 1,
+        restore_ms: 700,
+        slots: 32,
+    };
+    let mut h = Harness::with(
+        EngineConfig {
+            services: [("judge".to_string(), defined)].into(),
+            ..cfg()
+        },
+        &[],
+    );
+    let fx = gpu_declares(&mut h, "g1", 1, 1, 8);
+    assert_eq!(refusals(&fx), vec![("judge".into(), "g1".into())]);
+    let (_, fx) = h.arrive(score("s1", "j"));
+    assert_eq!(dispatched(&fx).len(), 1, "{fx:?}");
+}

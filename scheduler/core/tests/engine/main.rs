@@ -144,6 +144,7 @@ impl Harness {
             model: None,
             dispatched: None,
             bytes: 0,
+            redelivered: false,
         })))
     }
 

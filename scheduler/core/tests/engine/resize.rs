@@ -20,6 +20,7 @@ fn arrive_parallel(h: &mut Harness, id: &str, traj: &str) -> Vec<Effect> {
         }),
         dispatched: None,
         bytes: 0,
+        redelivered: false,
     })))
 }
 

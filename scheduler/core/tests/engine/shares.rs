@@ -123,6 +123,7 @@ fn a_job_whose_share_is_wanted_widens_only_to_its_weighted_share() {
             model: Some(model.clone()),
             dispatched: None,
             bytes: 0,
+            redelivered: false,
         })));
         for (_, d) in dispatched(&fx) {
             h.stored(&d);

@@ -109,6 +109,13 @@ impl GpuPool {
             };
             let key = (hb.worker.clone(), s.name.clone());
             if standing.is_some_and(|d| d.gpus != spec.gpus || d.slots != spec.slots) {
+                // The operator's definition stands for the fleet even when no worker
+                // declares it as written (the GPUs are pooled across services).
+                if let Some(def) = self.defined.get(&s.name) {
+                    if self.eoe.service(&s.name).is_none() {
+                        self.eoe.declare(def.clone());
+                    }
+                }
                 if self.refused.insert(key) {
                     seen.push(Observation::DeclarationRefused {
                         kind: "service",
@@ -246,8 +253,11 @@ impl Pool for GpuPool {
             });
         }
         let mut busy: HashSet<String> = HashSet::new();
+        let mut room = fleet.gpu_room.clone();
         for (w, service) in rewards {
-            if busy.contains(&service) {
+            if busy.contains(&service) || room.get(w.job) == Some(&0) {
+                // Its service is taken this cycle, or its job is at its cap of calls
+                // running (it waits; other jobs' calls go on).
                 continue;
             }
             let left = backlog.get(&service).copied().unwrap_or(1);
@@ -256,6 +266,9 @@ impl Pool for GpuPool {
                 Ok(route) => {
                     if let Some(b) = backlog.get_mut(&service) {
                         *b = b.saturating_sub(1);
+                    }
+                    if let Some(n) = room.get_mut(w.job) {
+                        *n = n.saturating_sub(1);
                     }
                     let evict = route
                         .evict

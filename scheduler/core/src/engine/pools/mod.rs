@@ -27,7 +27,7 @@ pub(crate) mod gpu;
 
 use super::lifecycle::Booking;
 use super::{Now, Observation};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use tangram_shared::status::Status;
 use tangram_shared::{ActionId, ActionSpec, Heartbeat, JobId, Rejection, TrajectoryId, WorkerId};
 
@@ -186,6 +186,9 @@ pub(crate) struct Fleet<'a> {
     pub(crate) job_weights: &'a BTreeMap<String, f64>,
     /// Trajectories a per-trajectory slice is cut for.
     pub(crate) trajectories: usize,
+    /// Reward calls each capped job may still start now (`max_gpu_calls` less those it has
+    /// running); a job not listed is not capped.
+    pub(crate) gpu_room: HashMap<JobId, u32>,
 }
 
 /// One cycle's plan of a pool.

@@ -464,6 +464,7 @@ impl Driver<'_> {
             model,
             dispatched: None,
             bytes: 0,
+            redelivered: false,
         }))
     }
 

@@ -136,6 +136,7 @@ impl World {
                 model: None,
                 dispatched,
                 bytes: 0,
+                redelivered: false,
             })));
             self.absorb(fx);
         }
