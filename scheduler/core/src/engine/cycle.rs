@@ -211,7 +211,8 @@ impl Engine {
         // The pool is out of the engine while it plans on a read of the ledger.
         let mut pool = std::mem::replace(&mut self.pools.gpu, GpuPool::new(false));
         let waiting = self.waiting_for(|s| matches!(s, ActionSpec::Reward(_)));
-        let waiting = self.fair_gpu(waiting);
+        let running = self.gpu_running(&waiting);
+        let waiting = self.fair_gpu(waiting, &running);
         // Planned even with nothing waiting: under `static` the pool pins the services at
         // the first cycle after settling in.
         let held = if waiting.is_empty() {
@@ -221,7 +222,7 @@ impl Engine {
         };
         let accepting = |w: &WorkerId| self.takes_work(w);
         let mut fleet = self.fleet(&accepting);
-        fleet.gpu_room = self.gpu_room(&waiting);
+        fleet.gpu_room = self.gpu_room(&waiting, &running);
         let planned = pool.plan(&waiting, &held, &fleet, now);
         drop((waiting, held, fleet));
         self.pools.gpu = pool;

@@ -264,11 +264,14 @@ impl super::Engine {
 
     /// The GPU pool's waiting reward calls in weighted fair order by the calls each job has
     /// running.
-    pub(crate) fn fair_gpu<'a>(&self, waiting: Vec<Waiting<'a>>) -> Vec<Waiting<'a>> {
+    pub(crate) fn fair_gpu<'a>(
+        &self,
+        waiting: Vec<Waiting<'a>>,
+        running: &HashMap<&JobId, u32>,
+    ) -> Vec<Waiting<'a>> {
         if !self.shared(&waiting) {
             return waiting;
         }
-        let running = self.gpu_running();
         let weights = &self.config.job_weights;
         fair_order(
             waiting,
@@ -279,8 +282,12 @@ impl super::Engine {
         )
     }
 
-    /// Reward calls running, per job.
-    fn gpu_running(&self) -> HashMap<&JobId, u32> {
+    /// Reward calls running, per job (none counted when neither fair order nor a cap needs
+    /// them: one job waiting, no caps).
+    pub(crate) fn gpu_running(&self, waiting: &[Waiting<'_>]) -> HashMap<&JobId, u32> {
+        if !self.any_caps() && !self.shared(waiting) {
+            return HashMap::new();
+        }
         let mut running: HashMap<&JobId, u32> = HashMap::new();
         for e in self.actions.values() {
             if let Some((_, Booking::Gpu(_))) = e.placed() {
@@ -292,12 +299,15 @@ impl super::Engine {
 
     /// How many more reward calls each job with a `max_gpu_calls` cap among `waiting` may
     /// start now.
-    pub(crate) fn gpu_room(&self, waiting: &[Waiting<'_>]) -> HashMap<JobId, u32> {
+    pub(crate) fn gpu_room(
+        &self,
+        waiting: &[Waiting<'_>],
+        running: &HashMap<&JobId, u32>,
+    ) -> HashMap<JobId, u32> {
         let mut room = HashMap::new();
         if !self.any_caps() || waiting.is_empty() {
             return room;
         }
-        let running = self.gpu_running();
         for w in waiting {
             if room.contains_key(w.job) {
                 continue;

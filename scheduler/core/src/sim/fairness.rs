@@ -109,45 +109,40 @@ pub fn scenarios(seed: u64, scale: f64) -> Vec<FairScenario> {
         max_cores: Some(((64.0 * scale).round() as u32).max(1)),
         ..Default::default()
     };
+    // One flooding job and one coding job beside it, in three scenarios.
+    let flood = flooding("flood", 1.0, n(256.0), 6, seed + 2);
+    let calm = coding("calm", 1.0, n(64.0), seed + 3);
+    let scenario = |name, jobs, caps| FairScenario {
+        name,
+        nodes: nodes(scale),
+        jobs,
+        caps,
+    };
     vec![
-        FairScenario {
-            name: "two-jobs-3-1",
-            nodes: nodes(scale),
-            jobs: vec![
+        scenario(
+            "two-jobs-3-1",
+            vec![
                 coding("a", 3.0, n(128.0), seed),
                 coding("b", 1.0, n(128.0), seed + 1),
             ],
-            caps: Vec::new(),
-        },
-        FairScenario {
-            name: "flood",
-            nodes: nodes(scale),
-            jobs: vec![
-                flooding("flood", 1.0, n(256.0), 6, seed + 2),
-                coding("calm", 1.0, n(64.0), seed + 3),
-            ],
-            caps: Vec::new(),
-        },
-        FairScenario {
-            name: "flood-capped",
-            nodes: nodes(scale),
-            jobs: vec![
-                flooding("flood", 1.0, n(256.0), 6, seed + 2),
-                coding("calm", 1.0, n(64.0), seed + 3),
-            ],
-            caps: vec![("flood".into(), cap)],
-        },
-        FairScenario {
-            name: "four-jobs",
-            nodes: nodes(scale),
-            jobs: vec![
-                flooding("flood", 1.0, n(256.0), 6, seed + 2),
+            Vec::new(),
+        ),
+        scenario("flood", vec![flood.clone(), calm.clone()], Vec::new()),
+        scenario(
+            "flood-capped",
+            vec![flood.clone(), calm],
+            vec![("flood".into(), cap)],
+        ),
+        scenario(
+            "four-jobs",
+            vec![
+                flood,
                 coding("a", 3.0, n(64.0), seed + 4),
                 coding("b", 1.0, n(64.0), seed + 5),
                 coding("c", 1.0, n(64.0), seed + 6),
             ],
-            caps: Vec::new(),
-        },
+            Vec::new(),
+        ),
     ]
 }
 
