@@ -19,6 +19,7 @@ fi
 bash deploy/install-tools.sh
 bash deploy/install-prometheus.sh
 bash deploy/install-registry.sh
+bash deploy/install-runsc.sh
 bash deploy/build-sandbox-image.sh
 cargo build --locked --bins
 profile=default

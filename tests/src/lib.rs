@@ -18,6 +18,7 @@ mod cluster;
 pub mod dockerd;
 pub mod faults;
 mod gpu;
+pub mod gvisor;
 pub mod images;
 mod nats;
 pub mod prometheus;

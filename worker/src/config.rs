@@ -290,6 +290,14 @@ impl RawConfig {
                 return conflict("provider", format!("{:?} is declared twice", p.name));
             }
         }
+        let grant_mode = self.grant_mode.unwrap_or(GrantMode::Cgroup);
+        if sandbox.gvisor() && grant_mode == GrantMode::Docker {
+            return conflict(
+                "grant_mode",
+                "\"docker\" cannot grant cores under gVisor (sandbox.runtime = \"runsc\"): \
+                 runsc has no update command, so Docker's update API fails; use \"cgroup\"",
+            );
+        }
         let state_dir = self
             .state_dir
             .map(std::path::PathBuf::from)
@@ -309,7 +317,7 @@ impl RawConfig {
             cores,
             parking_cores,
             mem_mb,
-            grant_mode: self.grant_mode.unwrap_or(GrantMode::Cgroup),
+            grant_mode,
             heartbeat,
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms.unwrap_or(10_000)),
             metrics_addr,

@@ -17,6 +17,7 @@ pub mod containment;
 pub mod cpuset;
 pub mod docker;
 pub mod gpu;
+pub mod memcg;
 pub mod metrics;
 pub mod pacer;
 pub mod pool;

@@ -141,6 +141,10 @@ pub struct ExecOutput {
     /// True when the kernel's out-of-memory killer killed a process of the sandbox while
     /// the command ran (the sandbox's memory limit was reached).
     pub oom_killed: bool,
+    /// True when the sandbox did not outlive the command (under gVisor, running out of
+    /// memory ends the whole sandbox): the worker forgets it, and the trajectory's next
+    /// command is told `sandbox_lost`.
+    pub sandbox_lost: bool,
     /// How long the command itself ran (files written first are not counted), µs.
     pub exec_us: u64,
 }

@@ -45,6 +45,11 @@ pub struct DensityArgs {
     /// The sandbox image.
     #[arg(long, default_value = "tangram/sandbox:poly-v2")]
     pub image: String,
+    /// The OCI runtime sandboxes run under (`runsc` for gVisor), as registered with the
+    /// Docker daemon; repeat it to measure several side by side in one run (each in a fresh
+    /// cluster). Docker's default when absent.
+    #[arg(long)]
+    pub runtime: Vec<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -61,32 +66,49 @@ pub fn density(a: DensityArgs) -> anyhow::Result<()> {
     let nats = crate::nats_server::find(a.nats_server.as_ref())?;
     let rt = tokio::runtime::Runtime::new()?;
     let load_before = crate::pipeline::loadavg();
-    let cold = {
-        let cluster = start(&nats, &a, 0)?;
-        let r = rt.block_on(cold_run(&a, &cluster.url));
-        r.with_context(|| cluster.log_tails())?
+    let runtimes: Vec<Option<String>> = match a.runtime.is_empty() {
+        true => vec![None],
+        false => a.runtime.iter().cloned().map(Some).collect(),
     };
-    let warm = if a.warm_pool > 0 {
-        let cluster = start(&nats, &a, a.warm_pool)?;
-        let r = rt.block_on(warm_run(&a, &cluster.url));
-        Some(r.with_context(|| cluster.log_tails())?)
-    } else {
-        None
-    };
-    let report = json!({
+    let mut runs = Vec::new();
+    for runtime in &runtimes {
+        let cold = {
+            let cluster = start(&nats, &a, 0, runtime.as_deref())?;
+            let r = rt.block_on(cold_run(&a, &cluster.url));
+            r.with_context(|| cluster.log_tails())?
+        };
+        let warm = if a.warm_pool > 0 {
+            let cluster = start(&nats, &a, a.warm_pool, runtime.as_deref())?;
+            let r = rt.block_on(warm_run(&a, &cluster.url));
+            Some(r.with_context(|| cluster.log_tails())?)
+        } else {
+            None
+        };
+        runs.push(json!({
+            "runtime": runtime.as_deref().unwrap_or("default"),
+            "cold": cold,
+            "warm": warm,
+        }));
+    }
+    let mut report = json!({
         "bench": "density",
         "load_before": load_before,
         "load_after": crate::pipeline::loadavg(),
         "cores": std::thread::available_parallelism().map_or(1, |n| n.get()),
         "sandboxes": a.sandboxes,
         "in_flight": a.in_flight,
-        "cold": cold,
-        "warm": warm,
+        // The first runtime's figures at the top, as before runtimes could be compared.
+        "runtime": runs[0]["runtime"],
+        "cold": runs[0]["cold"],
+        "warm": runs[0]["warm"],
     });
     if a.json {
+        report["runs"] = json!(runs);
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_table(&report);
+        for run in &runs {
+            print_table(&report, run);
+        }
     }
     Ok(())
 }
@@ -94,7 +116,12 @@ pub fn density(a: DensityArgs) -> anyhow::Result<()> {
 /// nats-server, the schedulers and the Docker worker, whose declared memory books every
 /// sandbox of the run (512 MiB each, the default open's limit) so that booking is not what
 /// stops the opens.
-fn start(nats: &std::path::Path, a: &DensityArgs, pool: u32) -> anyhow::Result<Cluster> {
+fn start(
+    nats: &std::path::Path,
+    a: &DensityArgs,
+    pool: u32,
+    runtime: Option<&str>,
+) -> anyhow::Result<Cluster> {
     let mut c = Cluster::start(
         nats,
         &ClusterShape {
@@ -124,7 +151,10 @@ fn start(nats: &std::path::Path, a: &DensityArgs, pool: u32) -> anyhow::Result<C
             ("TANGRAM_WORKER_SANDBOX__IMAGE", a.image.clone()),
             ("TANGRAM_WORKER_SANDBOX__WARM_POOL", pool.to_string()),
             ("TANGRAM_WORKER_SANDBOX__WARM_POOL_MIN", pool.to_string()),
-        ],
+        ]
+        .into_iter()
+        .chain(runtime.map(|r| ("TANGRAM_WORKER_SANDBOX__RUNTIME", r.to_string())))
+        .collect::<Vec<_>>()[..],
     )?;
     Ok(c)
 }
@@ -277,11 +307,12 @@ async fn warm_run(a: &DensityArgs, url: &str) -> anyhow::Result<Value> {
     }))
 }
 
-fn print_table(r: &Value) {
+fn print_table(r: &Value, run: &Value) {
     println!(
-        "tangram bench density: one Docker worker ({} cores), {} sandboxes, {} opens in flight; load {} before, {} after",
-        r["cores"], r["sandboxes"], r["in_flight"], r["load_before"], r["load_after"]
+        "tangram bench density: one Docker worker ({} cores, runtime {}), {} sandboxes, {} opens in flight; load {} before, {} after",
+        r["cores"], run["runtime"], r["sandboxes"], r["in_flight"], r["load_before"], r["load_after"]
     );
+    let r = run;
     let mut t = crate::table::new(["what", "n", "p50 ms", "p99 ms", "per s"]);
     crate::table::left(&mut t, &[0]);
     let c = &r["cold"];

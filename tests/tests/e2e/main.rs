@@ -4,6 +4,7 @@
 use std::time::Duration;
 use tangram_shared::{ActionSpec, CpuRange, InfraCode, Outcome, RejectCode};
 use tangram_tests::build::{close, exec, open};
+use tangram_tests::gvisor::Runtime;
 use tangram_tests::{containers_of, Cluster, WorkerSpec};
 use tokio::time::Instant;
 
@@ -289,8 +290,22 @@ async fn bad_input_gets_a_rejection_and_a_dead_letter_and_nothing_crashes() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_cores_run_two_cpu_bound_processes_faster_than_one() -> anyhow::Result<()> {
-    let cluster = Cluster::start(&[WorkerSpec::new("par-a")]).await?;
+    two_cores_faster_than_one(Runtime::Runc).await
+}
+
+/// Allocate-on-Execution under gVisor: the grant is written to the sandbox's cgroup, which
+/// holds gVisor's kernel and the processes running the sandboxed code, so the second core
+/// is used there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cores_run_two_cpu_bound_processes_faster_than_one_under_gvisor() -> anyhow::Result<()>
+{
+    two_cores_faster_than_one(Runtime::Gvisor).await
+}
+
+async fn two_cores_faster_than_one(rt: Runtime) -> anyhow::Result<()> {
+    let cluster = rt.cluster("par-a").await?;
     let c = cluster.client("job1").await?;
+    c.wait_for_workers(&["par-a"], T).await?;
     c.run(&open("o1", "job1", "t1"), T).await?;
     let burn = "python3 -c 'n=0\nfor i in range(12_000_000): n+=i'";
     let script = format!("{burn} & {burn} & wait");
@@ -314,7 +329,7 @@ async fn two_cores_run_two_cpu_bound_processes_faster_than_one() -> anyhow::Resu
     let exec_s = best;
     let ratio = exec_s[0] / exec_s[1];
     eprintln!(
-        "1 core: {:.2} s, 2 cores: {:.2} s, speedup {ratio:.2}",
+        "{rt:?}: 1 core: {:.2} s, 2 cores: {:.2} s, speedup {ratio:.2}",
         exec_s[0], exec_s[1]
     );
     // Ideal is 2x; on a shared 2-vCPU VM we have measured 1.45x to 2.05x. 1.25x still means

@@ -183,6 +183,20 @@ pub struct SandboxConfig {
     pub docker_host: Option<String>,
 }
 
+impl SandboxConfig {
+    /// True when sandboxes run under gVisor (`runtime = "runsc"`). Docker cannot update a
+    /// gVisor container (runsc has no `update`), and its processes on the host are gVisor's
+    /// own (its kernel, gofer and the stubs that run the sandboxed code), not the sandbox's:
+    /// cores and memory are set through the cgroup files, and processes are killed from
+    /// inside.
+    pub fn gvisor(&self) -> bool {
+        self.runtime.as_deref() == Some(GVISOR_RUNTIME)
+    }
+}
+
+/// gVisor's runtime under its usual name.
+pub const GVISOR_RUNTIME: &str = "runsc";
+
 /// The largest warm pool a worker may keep.
 pub const MAX_WARM: usize = 256;
 

@@ -110,6 +110,19 @@ fn unknown_fields_and_bad_values_are_refused() {
         fault("[sandbox]\nwarm_pool = 100000"),
         (Invalid, Some("sandbox.warm_pool"))
     );
+    // Docker cannot update a gVisor container: its grants would all fail.
+    assert_eq!(
+        fault("grant_mode = \"docker\"\n[sandbox]\nruntime = \"runsc\""),
+        (Conflict, Some("grant_mode"))
+    );
+    assert!(parse("[sandbox]\nruntime = \"runsc\"")
+        .unwrap()
+        .sandbox
+        .gvisor());
+    assert!(!parse("[sandbox]\nruntime = \"runc\"")
+        .unwrap()
+        .sandbox
+        .gvisor());
     let c = parse("id = \"w7\"\ncores = \"0-1\"\ngrant_mode = \"docker\"").unwrap();
     assert_eq!(
         (c.cores, c.grant_mode, c.parking_cores.as_str()),

@@ -3,6 +3,28 @@
 //! limits, and the processes of a sandbox killed.
 
 use super::*;
+use bollard::query_parameters::WaitContainerOptions;
+
+/// How long a kill from inside may take.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// `runsc exec`'s exit code when it could not run or wait for the process.
+const RUNSC_EXEC_FAILED: i64 = 128;
+
+/// True when host process `pid` exists and is not a zombie.
+fn process_alive(pid: i64) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
 
 /// Exit code of [`FILES_WRAPPER`] when the files could not be written.
 pub const FILES_FAILED_EXIT: i64 = 125;
@@ -173,11 +195,24 @@ impl DockerSandboxes {
             }
         };
         let mut feed = std::pin::pin!(feed);
+        // Under gVisor a command that runs the sandbox out of memory takes the whole sandbox
+        // with it (the host's out-of-memory killer ends gVisor's kernel), and the exec's
+        // stream can then stay open for minutes: the container's end is watched beside it.
+        let mut stopped = std::pin::pin!(self.stopped(id, self.config.gvisor()));
         loop {
             let next = tokio::select! {
                 _ = &mut feed, if !fed => {
                     fed = true;
                     continue;
+                }
+                oom = &mut stopped => {
+                    if !oom {
+                        return Err(DockerError::Gone(id.to_string()));
+                    }
+                    out.oom_killed = true;
+                    out.sandbox_lost = true;
+                    out.exit_code = Some(137);
+                    return Ok(out);
                 }
                 n = tokio::time::timeout_at(deadline, output.next()) => n,
             };
@@ -221,7 +256,78 @@ impl DockerSandboxes {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
+        // Under gVisor an exec whose sandbox died under it ends with runsc's own failure
+        // (exit 128, "waiting on pid ...: EOF"), often before Docker records the container's
+        // end: a dead sandbox process tells it apart from a command that exited 128.
+        if self.config.gvisor() && out.exit_code == Some(RUNSC_EXEC_FAILED) {
+            if let Some(oom) = self.ended(id).await {
+                if !oom {
+                    return Err(DockerError::Gone(id.to_string()));
+                }
+                out.oom_killed = true;
+                out.sandbox_lost = true;
+                out.exit_code = Some(137);
+            }
+        }
         Ok(out)
+    }
+
+    /// Whether the sandbox has ended (`Some`, with whether out of memory ended it) or still
+    /// runs (`None`): its host process (under gVisor, gVisor's kernel) gone or a zombie
+    /// means ended, and then Docker's record is waited for, at most [`KILL_WAIT`].
+    async fn ended(&self, id: &str) -> Option<bool> {
+        let info = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await;
+        let state = match info {
+            Ok(info) => info.state.unwrap_or_default(),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Some(false),
+            Err(_) => return None,
+        };
+        if state.running == Some(true) && process_alive(state.pid.unwrap_or(0)) {
+            return None;
+        }
+        match tokio::time::timeout(KILL_WAIT, self.stopped(id, true)).await {
+            Ok(oom) => Some(oom),
+            Err(_) => Some(false),
+        }
+    }
+
+    /// Resolves once the container has stopped, with whether the out-of-memory killer ended
+    /// it; never, unless `watch`.
+    async fn stopped(&self, id: &str, watch: bool) -> bool {
+        if !watch {
+            return std::future::pending().await;
+        }
+        loop {
+            // Docker answers when the container is no longer running (or the request times
+            // out: the container is looked at either way).
+            let _ = self
+                .docker
+                .wait_container(id, None::<WaitContainerOptions>)
+                .next()
+                .await;
+            match self
+                .docker
+                .inspect_container(id, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(info) => {
+                    let state = info.state.unwrap_or_default();
+                    if state.running != Some(true) {
+                        return state.oom_killed == Some(true);
+                    }
+                }
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => return false,
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Kills every process in the sandbox except its init: from the host through its cgroups
@@ -239,7 +345,16 @@ impl DockerSandboxes {
                 }
             }
         }
-        self.kill_all(id).await;
+        // Bounded: under gVisor an exec into a sandbox that is dying can wait for minutes.
+        if tokio::time::timeout(KILL_WAIT, self.kill_all(id))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                sandbox = id,
+                "killing from inside did not finish within {KILL_WAIT:?}"
+            );
+        }
     }
 
     /// Kills every process in the sandbox except its init: `kill -9 -1` run as the sandbox

@@ -71,6 +71,9 @@ pub enum DockerError {
     /// The image is absent and could not be pulled.
     #[error("{0}")]
     Pull(#[from] pull::PullError),
+    /// The configured OCI runtime is registered without arguments sandboxes need.
+    #[error("{0}")]
+    RuntimeArgs(String),
     /// The daemon does not know the configured OCI runtime.
     #[error("sandbox runtime {want:?} is not configured in the Docker daemon (it has: {known})")]
     NoRuntime {
@@ -176,8 +179,29 @@ impl DockerSandboxes {
             return Ok(());
         };
         let info = self.docker.info().await?;
-        let known: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
-        if known.iter().any(|k| k == want) {
+        let runtimes = info.runtimes.unwrap_or_default();
+        let known: Vec<String> = runtimes.keys().cloned().collect();
+        if let Some(rt) = runtimes.get(want) {
+            if self.config.gvisor() {
+                let args = rt.runtime_args.clone().unwrap_or_default();
+                let has = |a: &str| args.iter().any(|x| x == a);
+                if !has("--network=none") {
+                    return Err(DockerError::RuntimeArgs(format!(
+                        "the daemon's runsc runtime lacks --network=none (it has {args:?}): \
+                         gVisor's network stack refuses to start in a container without a \
+                         network; deploy/install-runsc.sh registers it with the arguments \
+                         sandboxes need"
+                    )));
+                }
+                if !has("--oci-seccomp") {
+                    tracing::warn!(
+                        ?args,
+                        "the daemon's runsc runtime lacks --oci-seccomp: \
+                        Docker's seccomp profile does not apply inside gVisor, so sandboxed \
+                        code may use unshare, keyctl and the like against gVisor's kernel"
+                    );
+                }
+            }
             Ok(())
         } else {
             Err(DockerError::NoRuntime {
@@ -185,6 +209,11 @@ impl DockerSandboxes {
                 known: known.join(", "),
             })
         }
+    }
+
+    /// True when sandboxes run under gVisor (see [`SandboxConfig::gvisor`]).
+    pub fn gvisor(&self) -> bool {
+        self.config.gvisor()
     }
 
     /// The default image of this worker.
@@ -263,7 +292,12 @@ impl DockerSandboxes {
             // Started without the parked quota: at 1% of a core the container's start (runc
             // init and the keeper's shell) took 1.1 s instead of 0.18 s. Parked right after.
             cpuset_cpus: Some(parking_cores.to_string()),
-            pids_limit: Some(self.config.pids_limit),
+            // Under gVisor the host's pids limit would count gVisor's own threads and stub
+            // processes, not the sandbox's processes, and reaching it ends gVisor's kernel
+            // (a shell fork bomb ended the sandbox with exit 2 in 5 s, reported as lost): the
+            // memory limit bounds a fork bomb there instead (out of memory, the command's
+            // outcome).
+            pids_limit: (!self.config.gvisor()).then_some(self.config.pids_limit),
             network_mode: Some("none".into()),
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([
@@ -337,17 +371,40 @@ impl DockerSandboxes {
             return Err(e.into());
         }
         // Parked through Docker, so that its record (which a later update, a memory resize
-        // among them, writes back whole) says parked too.
-        if let Err(e) = self.update_cpus(&id, parking_cores, PARKED_QUOTA_US).await {
-            let _ = self.remove(&id).await;
-            return Err(e);
+        // among them, writes back whole) says parked too. Under gVisor, which Docker cannot
+        // update, through the cgroup files below (and Docker never updates it later).
+        if !self.config.gvisor() {
+            if let Err(e) = self.update_cpus(&id, parking_cores, PARKED_QUOTA_US).await {
+                let _ = self.remove(&id).await;
+                return Err(e);
+            }
         }
+        let pid = match self.init_pid(&id).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = self.remove(&id).await;
+                return Err(e);
+            }
+        };
+        if self.config.gvisor() {
+            let parked = crate::cgroup::CgroupCpu::for_pid(pid)
+                .and_then(|c| c.apply(parking_cores, PARKED_QUOTA_US, false));
+            if let Err(e) = parked {
+                let _ = self.remove(&id).await;
+                return Err(DockerError::Io(e));
+            }
+        }
+        Ok(Created { id, pid, pull_us })
+    }
+
+    /// The host PID of a running container's init (under gVisor, its sandbox process).
+    async fn init_pid(&self, id: &str) -> Result<i64, DockerError> {
         let info = self
             .docker
-            .inspect_container(&id, None::<InspectContainerOptions>)
-            .await?;
-        let pid = info.state.and_then(|s| s.pid).unwrap_or(0);
-        Ok(Created { id, pid, pull_us })
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| DockerError::from_api(e, id))?;
+        Ok(info.state.and_then(|s| s.pid).unwrap_or(0))
     }
 
     /// Grants or parks cores through Docker's update API.
@@ -371,6 +428,12 @@ impl DockerSandboxes {
 
     /// Sets the container's memory limit (swap included, so there is none), up or down.
     pub async fn update_memory(&self, id: &str, memory_mb: u64) -> Result<(), DockerError> {
+        if self.config.gvisor() {
+            let pid = self.init_pid(id).await?;
+            return crate::memcg::MemoryCgroup::for_pid(pid)
+                .and_then(|c| c.set(memory_mb << 20))
+                .map_err(DockerError::Io);
+        }
         let memory = (memory_mb as i64) << 20;
         let body = ContainerUpdateBody {
             memory: Some(memory),

@@ -114,7 +114,12 @@ impl SandboxRuntime for DockerRuntime {
                     }
                 },
             };
+            // Under gVisor the host processes in the sandbox's cgroups are gVisor's own (its
+            // kernel and the stubs running the sandboxed code): a kill from outside would take
+            // the whole sandbox down. Commands are killed from inside, and out-of-memory is
+            // read from the command's exit.
             let containment = match Containment::for_pid(created.pid) {
+                _ if self.docker.gvisor() => None,
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, sandbox = %created.id,
@@ -223,7 +228,7 @@ impl SandboxRuntime for DockerRuntime {
                 .await?;
             out.exec_us = us_since(t);
             let ooms_after = containment.and_then(Containment::oom_kills);
-            out.oom_killed = matches!((ooms_before, ooms_after), (Some(b), Some(a)) if a > b);
+            out.oom_killed |= matches!((ooms_before, ooms_after), (Some(b), Some(a)) if a > b);
             // Only the wrapper's own failure, which names this exec's token: a command that
             // prints the mark and exits 125 completed with exit code 125.
             if inline_files && files_failed(out.exit_code, &out.stderr, &token) {

@@ -306,6 +306,7 @@ impl Worker {
             p.cpuset = list.clone();
         }
         let mut exec_us = 0;
+        let mut lost = false;
         let outcome = async {
             let granted = self.dk().grant(&s.handle, &list, n as i64 * PERIOD_US, true).await;
             drop(first_write);
@@ -331,6 +332,7 @@ impl Worker {
                 }
             };
             exec_us = out.exec_us;
+            lost = out.sandbox_lost;
             result.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
             result.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             result.truncated = out.truncated;
@@ -366,13 +368,17 @@ impl Worker {
             .give_back(&held);
         self.cores_freed.notify_waiters();
         result.outcome = outcome.unwrap_or_else(|o| o);
-        if matches!(
-            result.outcome,
-            Outcome::InfraError {
-                code: InfraCode::SandboxLost,
-                ..
-            }
-        ) {
+        // A sandbox that ended with the command (gVisor out of memory: the command's outcome
+        // stands, the trajectory's next command is told sandbox_lost) goes as a lost one does.
+        if lost
+            || matches!(
+                result.outcome,
+                Outcome::InfraError {
+                    code: InfraCode::SandboxLost,
+                    ..
+                }
+            )
+        {
             // Only this sandbox: a fence may have replaced the map's entry meanwhile.
             let mine = {
                 let mut st = self.state.lock().expect("state lock");
