@@ -268,9 +268,10 @@ pub async fn submit_and_wait(
         ),
         other => other.context("JetStream did not store the action (is the cluster up?)")?,
     };
-    if let Ok(stream) = js.get_stream(subject::RESULTS_STREAM).await {
+    // No stream info (a job's role may not read it): the last result by subject, directly.
+    if let Ok(stream) = js.get_stream_no_info(subject::RESULTS_STREAM).await {
         if let Ok(m) = stream
-            .get_last_raw_message_by_subject(&result_subject)
+            .direct_get_last_for_subject(result_subject.clone())
             .await
         {
             let enc = if m

@@ -41,8 +41,13 @@ impl Client {
         } else {
             // Only the scheduler (or an operator) may create streams: wait for them.
             let deadline = Instant::now() + Duration::from_secs(30);
-            while js.get_stream(subject::RESULTS_STREAM).await.is_err()
-                || js.get_stream(subject::ACTIONS_STREAM).await.is_err()
+            // By subject (STREAM.NAMES): a job's role may not read the streams' info.
+            let exists = |subject: &'static str| {
+                let js = js.clone();
+                async move { js.stream_by_subject(subject).await.is_ok() }
+            };
+            while !exists("tangram.v1.result.probe.probe").await
+                || !exists("tangram.v1.action.probe.probe").await
             {
                 if Instant::now() > deadline {
                     bail!("the streams do not exist (is the scheduler up?)");

@@ -50,7 +50,7 @@ async fn python_client_tests_pass_against_a_real_cluster() -> anyhow::Result<()>
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "python client tests failed:\n{text}");
-    assert!(text.contains("Ran 43 tests"), "{text}");
+    assert!(text.contains("Ran 44 tests"), "{text}");
     assert!(
         !text.contains("skipped"),
         "every Python test runs here:\n{text}"

@@ -348,3 +348,40 @@ async fn a_jobs_rollout_reads_only_its_own_job_in_status() -> anyhow::Result<()>
     }
     c.shutdown().await
 }
+
+/// Regression: a job's role could ask for the results stream's info with a subjects filter
+/// (in the request body, where permissions cannot look) and read every stored subject: every
+/// job's name and action ids. The role no longer has STREAM.INFO; its own client (and the
+/// Python client's result feed) starts without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_rollout_cannot_list_another_jobs_subjects_from_stream_info() -> anyhow::Result<()> {
+    let c = Cluster::start_secured(&[WorkerSpec::new("si-a")], &["siA", "siB"]).await?;
+    let op = Client::connect_with(&c.nats.url(), "ops", &c.credentials("operator")).await?;
+    op.wait_for_workers(&["si-a"], T).await?;
+    let b = Client::connect_with(&c.nats.url(), "siB", &c.credentials("rollout-siB")).await?;
+    let r = b.run(&open("secret-open-of-b", "siB", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    let ask = serde_json::json!({"subjects_filter": ">"}).to_string();
+    let info = format!("$JS.API.STREAM.INFO.{}", subject::RESULTS_STREAM);
+    // The operator reads it: the question does reveal siB's action ids to whoever may ask.
+    let nc = auth::connect(&c.nats.url(), "si-op", &c.credentials("operator")).await?;
+    let answer = nc.request(info.clone(), ask.clone().into()).await?;
+    let text = String::from_utf8_lossy(&answer.payload);
+    assert!(
+        text.contains("tangram.v1.result.siB.secret-open-of-b"),
+        "{text}"
+    );
+    // siA's role may not ask.
+    let nc = auth::connect(&c.nats.url(), "si-a", &c.credentials("rollout-siA")).await?;
+    let answer = within(nc.request(info, ask.into())).await;
+    assert!(
+        !matches!(&answer, Ok(Ok(m)) if !m.payload.is_empty()),
+        "siA read the results stream's info: {:?}",
+        answer.map(|r| r.map(|m| String::from_utf8_lossy(&m.payload).into_owned()))
+    );
+    // And siA's own client works without it.
+    let a = Client::connect_with(&c.nats.url(), "siA", &c.credentials("rollout-siA")).await?;
+    let r = a.run(&open("oa", "siA", "t1"), T).await?;
+    assert_eq!(r.outcome, Outcome::Completed { exit_code: 0 }, "{r:?}");
+    c.shutdown().await
+}

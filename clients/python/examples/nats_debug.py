@@ -11,8 +11,9 @@ Every command prints JSON, one object per line (``get`` indented); message bodie
 decoded from msgpack or JSON as their ``Content-Type`` says, and shown as text or hex when
 they are neither. ``--creds`` is an nkey seed file (``<state-dir>/creds/<role>.nk``), as
 the client takes it. What a role may read is the server's to say: a job's rollout
-credentials read stream info and the job's own results by subject; listing consumers,
-reading by sequence and tailing other subjects take the operator's.
+credentials read the job's own results by subject; stream info, listing consumers, reading
+by sequence and tailing other subjects take the operator's (a stream's info can list every
+job's stored subjects).
 """
 
 from __future__ import annotations

@@ -73,9 +73,10 @@ class ResultFeed:
 
     async def start(self) -> None:
         """Creates the consumer at the stream's end and starts the task that reads it."""
-        info = await asyncio.wait_for(self._js.stream_info(RESULTS_STREAM), self._request_timeout_s)
-        self._next_seq = (info.state.last_seq or 0) + 1
-        await self._create()
+        # At the end: a consumer of what is new, whose answer says where the stream ended.
+        # Not the stream's info: a job's credentials may not read it (its subject counts
+        # name every job's actions).
+        await self._create(at_end=True)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tangram-result-feed")
 
     async def stop(self) -> None:
@@ -91,7 +92,7 @@ class ResultFeed:
                 log.warning("result feed ended with %r", task.exception())
         await self._drop()
 
-    async def _create(self) -> None:
+    async def _create(self, at_end: bool = False) -> None:
         self._name = "tgc-" + uuid.uuid4().hex[:20]
         self._expected_cseq = 1
         self._sub = await self._nc.subscribe(
@@ -100,14 +101,18 @@ class ResultFeed:
         config = ConsumerConfig(
             name=self._name,
             filter_subject=self._filter,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self._next_seq,
+            deliver_policy=DeliverPolicy.NEW if at_end else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=None if at_end else self._next_seq,
             ack_policy=AckPolicy.NONE,
             inactive_threshold=self._inactive_s,
             mem_storage=True,
             num_replicas=1,
         )
-        await self._js.add_consumer(RESULTS_STREAM, config=config, timeout=self._request_timeout_s)
+        info = await self._js.add_consumer(RESULTS_STREAM, config=config,
+                                           timeout=self._request_timeout_s)
+        if at_end:
+            # A new consumer's delivered stream sequence is where the stream ended.
+            self._next_seq = (info.delivered.stream_seq if info.delivered else 0) + 1
 
     async def _drop(self) -> None:
         name, sub = self._name, self._sub

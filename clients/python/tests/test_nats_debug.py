@@ -26,8 +26,17 @@ class NatsDebugTest(unittest.TestCase):
         with SyncClient.connect(URL, job=JOB, nkeys_seed=SEED) as client:
             cls.result = client.run("t", {"kind": "reward", "service": SERVICE, "inputs": ["debug me"]})
 
+    def test_a_jobs_credentials_may_not_read_stream_info(self):
+        # Its subjects filter would list every job's stored subjects (docs/SECURITY.md).
+        rc, out, err = debug("streams", "TANGRAM_RESULTS", timeout_s=120)
+        self.assertEqual(rc, 0, err)
+        (line,) = lines(out)
+        self.assertEqual(line["stream"], "TANGRAM_RESULTS")
+        self.assertNotIn("messages", line)
+        self.assertIn("error", line)
+
     def test_streams_show_messages_bytes_and_consumers(self):
-        rc, out, err = debug("streams")
+        rc, out, err = debug("streams", creds=OPERATOR_SEED)
         self.assertEqual(rc, 0, err)
         by_name = {s["stream"]: s for s in lines(out)}
         self.assertEqual(set(by_name), {"TANGRAM_ACTIONS", "TANGRAM_RESULTS", "TANGRAM_DISPATCH",

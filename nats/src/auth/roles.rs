@@ -186,8 +186,10 @@ impl Role {
                     // Last-message reads name the subject in the request subject, so the
                     // server can hold them to this job (a MSG.GET names it in the body).
                     format!("$JS.API.DIRECT.GET.TANGRAM_RESULTS.tangram.v1.result.{job}.>"),
+                    // Looking a stream up by subject names streams, nothing they hold. Not
+                    // STREAM.INFO: its subjects filter, in the request body, lists every
+                    // job's stored subjects (job names and action ids).
                     "$JS.API.STREAM.NAMES".into(),
-                    "$JS.API.STREAM.INFO.*".into(),
                     // Ordered consumers over this job's results: the filter is in the
                     // request subject, so the server holds them to the job.
                     // The unnamed form (`CONSUMER.CREATE.TANGRAM_RESULTS`, nats-py's and
