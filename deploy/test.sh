@@ -19,7 +19,9 @@ fi
 bash deploy/install-tools.sh
 bash deploy/install-prometheus.sh
 bash deploy/install-registry.sh
-bash deploy/install-runsc.sh
+# gVisor for the probes under runsc: a failure here (no root, no package mirror, another
+# runsc already installed) fails those tests, with this script named, not the whole suite.
+bash deploy/install-runsc.sh || echo "deploy/test.sh: warning: deploy/install-runsc.sh failed; the gVisor tests will fail" >&2
 bash deploy/build-sandbox-image.sh
 cargo build --locked --bins
 profile=default

@@ -29,13 +29,20 @@ async fn a_running_exec_is_narrowed_for_an_arrival_and_widened_again_when_it_end
     let long = exec("long", "rl", "t1", &["sh", "-c", probe], 1, 2);
     c.submit(&long).await?;
     c.wait_until_running("mall-a", &long.id, T).await?;
-    // Running for real (its probe loop is in the container), on both cores.
+    // Running for real, on both cores: its first `sleep 0.1` is a process of its own, so its
+    // first `nproc` has printed. (The shell's own command line names `sleep 0.1` too, before
+    // any sample: waiting for that let the arrival come first under a loaded CI run, and the
+    // wide phase was never seen.)
     let probing = tangram_tests::eventually(T, || {
         sandboxes_of("mall-a").iter().any(|id| {
             let top = std::process::Command::new("docker")
                 .args(["top", id])
                 .output();
-            top.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("sleep 0.1"))
+            top.is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.trim_end().ends_with(" sleep 0.1") && !l.contains("seq"))
+            })
         })
     })
     .await;

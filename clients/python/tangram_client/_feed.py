@@ -112,7 +112,10 @@ class ResultFeed:
                                            timeout=self._request_timeout_s)
         if at_end:
             # A new consumer's delivered stream sequence is where the stream ended.
-            self._next_seq = (info.delivered.stream_seq if info.delivered else 0) + 1
+            if info.delivered is None or info.delivered.stream_seq is None:
+                raise RuntimeError("the server's answer to a new consumer said nothing of "
+                                   "where the stream ends")
+            self._next_seq = info.delivered.stream_seq + 1
 
     async def _drop(self) -> None:
         name, sub = self._name, self._sub

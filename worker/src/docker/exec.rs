@@ -127,6 +127,10 @@ impl DockerSandboxes {
                 },
             )
             .await?;
+        if out.sandbox_lost {
+            // Under gVisor the sandbox ended while the files were written.
+            return Err(DockerError::Gone(id.to_string()));
+        }
         match out.exit_code {
             Some(0) => Ok(()),
             code => Err(DockerError::Io(std::io::Error::other(format!(
@@ -287,8 +291,21 @@ impl DockerSandboxes {
             }) => return Some(false),
             Err(_) => return None,
         };
-        if state.running == Some(true) && process_alive(state.pid.unwrap_or(0)) {
-            return None;
+        // runsc's exec can fail a moment before the kernel has ended the sandbox process:
+        // looked at a few times over 100 ms before the exit code is believed.
+        let pid = state.pid.unwrap_or(0);
+        if state.running == Some(true) {
+            let mut alive = process_alive(pid);
+            for _ in 0..5 {
+                if !alive {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                alive = process_alive(pid);
+            }
+            if alive {
+                return None;
+            }
         }
         match tokio::time::timeout(KILL_WAIT, self.stopped(id, true)).await {
             Ok(oom) => Some(oom),
