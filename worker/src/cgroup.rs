@@ -32,40 +32,18 @@ pub enum CgroupCpu {
 impl CgroupCpu {
     /// Finds the CPU controls of the process `pid` (the container's init).
     pub fn for_pid(pid: i64) -> io::Result<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        Self::from_proc(&text, Path::new("/sys/fs/cgroup"))
+        Self::from_dirs(&ProcCgroups::of_pid(pid)?)
     }
 
     /// Parses `/proc/<pid>/cgroup` text against a cgroup mount root.
     pub fn from_proc(text: &str, root: &Path) -> io::Result<Self> {
-        let mut cpuset = None;
-        let mut cpu = None;
-        let mut unified = None;
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let rel = path.trim_start_matches('/');
-            if controllers.is_empty() {
-                unified = Some(rel.to_string());
-            }
-            for c in controllers.split(',') {
-                match c {
-                    "cpuset" => cpuset = Some(root.join(controllers).join(rel)),
-                    "cpu" => cpu = Some(root.join(controllers).join(rel)),
-                    _ => {}
-                }
-            }
-        }
-        match (cpuset, cpu, unified) {
+        Self::from_dirs(&ProcCgroups::parse(text, root))
+    }
+
+    fn from_dirs(dirs: &ProcCgroups) -> io::Result<Self> {
+        match (dirs.v1("cpuset"), dirs.v1("cpu"), &dirs.unified) {
             (Some(cpuset), Some(cpu), _) => Ok(CgroupCpu::V1 { cpuset, cpu }),
-            (None, None, Some(rel)) => {
-                let dir = root.join(&rel);
-                Ok(CgroupCpu::V2 { dir })
-            }
+            (None, None, Some(dir)) => Ok(CgroupCpu::V2 { dir: dir.clone() }),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "no cpu and cpuset cgroup for the process",
@@ -92,37 +70,86 @@ impl CgroupCpu {
     /// Widening writes the cpuset before the quota and narrowing the quota before the cpuset,
     /// so the container never holds more than the larger of the two states.
     pub fn apply(&self, cpus: &str, quota_us: i64, widening: bool) -> io::Result<()> {
-        let write = |dir: &Path, file: &str, value: &str| -> io::Result<()> {
-            std::fs::write(dir.join(file), value).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("writing {value:?} to {}: {e}", dir.join(file).display()),
-                )
-            })
-        };
         match self {
             CgroupCpu::V1 { cpuset, cpu } => {
                 let quota = quota_us.to_string();
                 if widening {
-                    write(cpuset, "cpuset.cpus", cpus)?;
-                    write(cpu, "cpu.cfs_quota_us", &quota)
+                    write_file(cpuset, "cpuset.cpus", cpus)?;
+                    write_file(cpu, "cpu.cfs_quota_us", &quota)
                 } else {
-                    write(cpu, "cpu.cfs_quota_us", &quota)?;
-                    write(cpuset, "cpuset.cpus", cpus)
+                    write_file(cpu, "cpu.cfs_quota_us", &quota)?;
+                    write_file(cpuset, "cpuset.cpus", cpus)
                 }
             }
             CgroupCpu::V2 { dir } => {
                 let max = format!("{quota_us} {PERIOD_US}");
                 if widening {
-                    write(dir, "cpuset.cpus", cpus)?;
-                    write(dir, "cpu.max", &max)
+                    write_file(dir, "cpuset.cpus", cpus)?;
+                    write_file(dir, "cpu.max", &max)
                 } else {
-                    write(dir, "cpu.max", &max)?;
-                    write(dir, "cpuset.cpus", cpus)
+                    write_file(dir, "cpu.max", &max)?;
+                    write_file(dir, "cpuset.cpus", cpus)
                 }
             }
         }
     }
+}
+
+/// The cgroup directories `/proc/<pid>/cgroup` names for a process, under a mount root: each
+/// cgroup v1 line's directory by its controllers (`cpu,cpuacct` names both), and the v2
+/// (unified) directory. Shared by the CPU controls, the memory limit and the containment.
+#[derive(Debug, Default)]
+pub(crate) struct ProcCgroups {
+    v1: Vec<(String, PathBuf)>,
+    /// The unified hierarchy's directory (the line with no controllers).
+    pub unified: Option<PathBuf>,
+}
+
+impl ProcCgroups {
+    /// Reads those of process `pid`, under `/sys/fs/cgroup`.
+    pub fn of_pid(pid: i64) -> io::Result<Self> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        Ok(Self::parse(&text, Path::new("/sys/fs/cgroup")))
+    }
+
+    /// Parses `/proc/<pid>/cgroup` text against a cgroup mount root.
+    pub fn parse(text: &str, root: &Path) -> Self {
+        let mut dirs = Self::default();
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(_), Some(controllers), Some(path)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let rel = path.trim_start_matches('/');
+            if controllers.is_empty() {
+                dirs.unified = Some(root.join(rel));
+            } else {
+                dirs.v1
+                    .push((controllers.to_string(), root.join(controllers).join(rel)));
+            }
+        }
+        dirs
+    }
+
+    /// The directory of v1 controller `name`, when mounted.
+    pub fn v1(&self, name: &str) -> Option<PathBuf> {
+        self.v1
+            .iter()
+            .find(|(controllers, _)| controllers.split(',').any(|c| c == name))
+            .map(|(_, dir)| dir.clone())
+    }
+}
+
+/// Writes `value` to `dir/file`, naming both in the error.
+pub(crate) fn write_file(dir: &Path, file: &str, value: &str) -> io::Result<()> {
+    std::fs::write(dir.join(file), value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", dir.join(file).display()),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! processes die as they thaw). cgroup v1 (`freezer`, `memory` hierarchies) and v2 (one
 //! directory with `cgroup.freeze` and `memory.events`) are both handled.
 
+use crate::cgroup::ProcCgroups;
 use rustix::process::{kill_process, Pid, Signal};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -44,34 +45,17 @@ enum Freezer {
 impl Containment {
     /// Finds the cgroups of the process `pid` (a sandbox's init).
     pub fn for_pid(pid: i64) -> io::Result<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        Self::from_proc(&text, Path::new("/sys/fs/cgroup"), pid)
+        Self::from_dirs(ProcCgroups::of_pid(pid)?, pid)
     }
 
     /// Parses `/proc/<pid>/cgroup` text against a cgroup mount root.
     pub fn from_proc(text: &str, root: &Path, pid: i64) -> io::Result<Self> {
-        let (mut freezer, mut memory, mut pids, mut unified) = (None, None, None, None);
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let rel = path.trim_start_matches('/');
-            if controllers.is_empty() {
-                unified = Some(root.join(rel));
-            }
-            for c in controllers.split(',') {
-                let dir = || root.join(controllers).join(rel);
-                match c {
-                    "freezer" => freezer = Some(dir()),
-                    "memory" => memory = Some(dir()),
-                    "pids" => pids = Some(dir()),
-                    _ => {}
-                }
-            }
-        }
+        Self::from_dirs(ProcCgroups::parse(text, root), pid)
+    }
+
+    fn from_dirs(dirs: ProcCgroups, pid: i64) -> io::Result<Self> {
+        let (freezer, memory, pids) = (dirs.v1("freezer"), dirs.v1("memory"), dirs.v1("pids"));
+        let unified = dirs.unified;
         // v1 when any v1 controller we use is mounted; the unified line of a hybrid host
         // holds no controllers.
         if freezer.is_some() || memory.is_some() || pids.is_some() {

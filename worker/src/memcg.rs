@@ -6,6 +6,7 @@
 //! when shrinking, since the kernel refuses a memory limit above it); on v2 `memory.max` and
 //! `memory.swap.max = 0`.
 
+use crate::cgroup::{write_file, ProcCgroups};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -21,43 +22,27 @@ pub enum MemoryCgroup {
 impl MemoryCgroup {
     /// Finds the memory cgroup of the process `pid` (the container's init).
     pub fn for_pid(pid: i64) -> io::Result<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-        Self::from_proc(&text, Path::new("/sys/fs/cgroup"))
+        Self::from_dirs(ProcCgroups::of_pid(pid)?)
     }
 
     /// Parses `/proc/<pid>/cgroup` text against a cgroup mount root.
     pub fn from_proc(text: &str, root: &Path) -> io::Result<Self> {
-        let mut unified = None;
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let rel = path.trim_start_matches('/');
-            if controllers.split(',').any(|c| c == "memory") {
-                return Ok(Self::V1(root.join(controllers).join(rel)));
-            }
-            if controllers.is_empty() {
-                unified = Some(root.join(rel));
-            }
+        Self::from_dirs(ProcCgroups::parse(text, root))
+    }
+
+    fn from_dirs(dirs: ProcCgroups) -> io::Result<Self> {
+        match (dirs.v1("memory"), dirs.unified) {
+            (Some(dir), _) => Ok(Self::V1(dir)),
+            (None, Some(dir)) => Ok(Self::V2(dir)),
+            (None, None) => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no memory cgroup for the process",
+            )),
         }
-        unified.map(Self::V2).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, "no memory cgroup for the process")
-        })
     }
 
     /// Sets the limit to `bytes`, with no swap.
     pub fn set(&self, bytes: u64) -> io::Result<()> {
-        let write = |dir: &Path, file: &str, value: &str| -> io::Result<()> {
-            std::fs::write(dir.join(file), value).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("writing {value:?} to {}: {e}", dir.join(file).display()),
-                )
-            })
-        };
         let value = bytes.to_string();
         match self {
             Self::V1(dir) => {
@@ -69,21 +54,21 @@ impl MemoryCgroup {
                 let swap = dir.join("memory.memsw.limit_in_bytes").exists();
                 if bytes >= current {
                     if swap {
-                        write(dir, "memory.memsw.limit_in_bytes", &value)?;
+                        write_file(dir, "memory.memsw.limit_in_bytes", &value)?;
                     }
-                    write(dir, "memory.limit_in_bytes", &value)
+                    write_file(dir, "memory.limit_in_bytes", &value)
                 } else {
-                    write(dir, "memory.limit_in_bytes", &value)?;
+                    write_file(dir, "memory.limit_in_bytes", &value)?;
                     if swap {
-                        write(dir, "memory.memsw.limit_in_bytes", &value)?;
+                        write_file(dir, "memory.memsw.limit_in_bytes", &value)?;
                     }
                     Ok(())
                 }
             }
             Self::V2(dir) => {
-                write(dir, "memory.max", &value)?;
+                write_file(dir, "memory.max", &value)?;
                 if dir.join("memory.swap.max").exists() {
-                    write(dir, "memory.swap.max", "0")?;
+                    write_file(dir, "memory.swap.max", "0")?;
                 }
                 Ok(())
             }
